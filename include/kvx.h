@@ -1,0 +1,392 @@
+/*
+ * kvx: move fixed-size KV-cache blocks between processes and hosts over UCX.
+ * The public API. Read it top to bottom: objects, lifetime, transfers, completions, errors.
+ */
+#ifndef KVX_H
+#define KVX_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvx_version.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__) || defined(__clang__)
+#define KVX_API __attribute__((visibility("default")))
+#else
+#define KVX_API
+#endif
+
+/*
+ * Overview
+ * --------
+ * A transport (kvx_transport_t) owns one memory region of num_blocks x block_len bytes, registered
+ * once with UCX. It exports a small metadata blob (kvx_transport_metadata) that a peer passes to
+ * kvx_peer_add under a name of its choosing (the peer id). Transfers move lists of blocks by index:
+ * kvx_xfer_write pushes local block local_idxs[i] into the peer's block remote_idxs[i];
+ * kvx_xfer_read pulls the other way. Each transfer gets an id and completes exactly once, as a
+ * success or a negative errno, reaped with kvx_transport_poll.
+ *
+ * Return values: every function returning int returns >= 0 on success (a count where documented)
+ * and a negative errno on failure. kvx-specific codes live above KVX_ERRNO_OFFSET.
+ *
+ * Threading: all functions taking a transport may be called from any thread, concurrently with
+ * each other (kvx serializes them internally), except kvx_transport_close and
+ * kvx_transport_destroy, which must not race with any other call on the same transport. A
+ * background progress thread (on by default, see num_threads) drives UCX so that peers can write
+ * into and read from this transport's region while the application never calls kvx at all.
+ * Completions are only ever delivered through kvx_transport_poll; kvx never calls back into the
+ * application except through the log callback.
+ */
+
+/** Opaque transport handle. */
+typedef struct kvx_transport kvx_transport_t;
+
+/* ---------------------------------------------------------------------------------------------
+ * Errors
+ * ------------------------------------------------------------------------------------------- */
+
+/** kvx-specific error codes are returned negated, like errno values: -KVX_EINCOMPAT. */
+#define KVX_ERRNO_OFFSET 1000
+/** The peer is incompatible: a different block length or a different config fingerprint. */
+#define KVX_EINCOMPAT (KVX_ERRNO_OFFSET + 1)
+
+/**
+ * Name an error code returned by kvx (negative or positive). Returns a static string; never NULL,
+ * never needs freeing. Unknown codes give "unknown error".
+ */
+KVX_API const char *kvx_strerror(int err);
+
+/** Version of the library actually loaded, as "MAJOR.MINOR.PATCH" (a static string). */
+KVX_API const char *kvx_version(void);
+
+/* ---------------------------------------------------------------------------------------------
+ * Logging
+ * ------------------------------------------------------------------------------------------- */
+
+typedef enum kvx_log_level {
+    KVX_LOG_OFF = 0,
+    KVX_LOG_ERROR = 1,
+    KVX_LOG_WARN = 2,
+    KVX_LOG_INFO = 3,
+    KVX_LOG_DEBUG = 4
+} kvx_log_level_t;
+
+/**
+ * Log sink: receives one formatted line (no trailing newline) and the level. May be called from
+ * any thread, including the progress thread, with kvx's internal lock held: it must not call kvx.
+ */
+typedef void (*kvx_log_fn)(void *arg, int level, const char *msg);
+
+/**
+ * Set the process-wide log sink and level used by transports that set none of their own, and by
+ * errors seen before a transport exists. fn == NULL restores the default sink (stderr). The
+ * default level is KVX_LOG_OFF unless the environment variable KVX_LOG names one of "error",
+ * "warn", "info", "debug". arg is kept until the next call; kvx never frees it.
+ */
+KVX_API void kvx_log_set(kvx_log_fn fn, void *arg, int level);
+
+/* ---------------------------------------------------------------------------------------------
+ * Transport lifetime
+ * ------------------------------------------------------------------------------------------- */
+
+/** Longest agent name, peer id and fingerprint, in bytes, without the terminating NUL. */
+#define KVX_NAME_MAX 63
+#define KVX_PEER_ID_MAX 255
+#define KVX_FINGERPRINT_MAX 64
+
+/** Bits of kvx_params_t.field_mask: a field whose bit is clear takes its documented default. */
+enum kvx_params_field {
+    KVX_PARAM_REGION = 1u << 0,      /**< base, num_blocks, block_len: required */
+    KVX_PARAM_AGENT_NAME = 1u << 1,  /**< default: "kvx-<host>-<pid>-<random>" */
+    KVX_PARAM_FINGERPRINT = 1u << 2, /**< default: "" (compatible with every peer) */
+    KVX_PARAM_BACKENDS = 1u << 3,    /**< default: {"ucx"} */
+    KVX_PARAM_NUM_THREADS = 1u << 4, /**< default: 1 */
+    KVX_PARAM_DEADLINE = 1u << 5,    /**< default: 5000 ms */
+    KVX_PARAM_KEEPALIVE = 1u << 6,   /**< default: 1000 ms */
+    KVX_PARAM_LOG = 1u << 7          /**< default: the process-wide sink of kvx_log_set */
+};
+
+/**
+ * Creation parameters. Start from zero, set the fields you need and name them in field_mask.
+ * Every pointer is read during kvx_transport_create only; kvx copies what it keeps.
+ */
+typedef struct kvx_params {
+    uint64_t field_mask;
+
+    /** The region: num_blocks blocks of block_len bytes starting at base. It must stay mapped and
+     *  valid until kvx_transport_close returns; kvx never frees it. num_blocks * block_len must
+     *  not overflow and must not wrap the address space. */
+    void *base;
+    uint64_t num_blocks;
+    uint64_t block_len;
+
+    /** Unique name of this agent among its peers; 1..KVX_NAME_MAX printable ASCII characters. */
+    const char *agent_name;
+
+    /** Configuration fingerprint (at most KVX_FINGERPRINT_MAX printable characters). Two
+     *  transports whose fingerprints are both non-empty and differ refuse to pair. The Python
+     *  binding computes it as the first 16 hex digits of sha256 of the config dict in JSON. */
+    const char *fingerprint;
+
+    /** Backend names, tried in order. Only "ucx" (any case) exists; anything else is -EINVAL. */
+    const char *const *backends;
+    size_t num_backends;
+
+    /** Progress threads. 0: no thread, so the application must call kvx_transport_poll for its
+     *  own transfers and for peers' transfers into its region to progress. Any positive value
+     *  starts one thread: UCX drives one worker per transport, and more threads would only
+     *  contend for it. Idle, the thread sleeps on the worker's event fd. */
+    unsigned num_threads;
+
+    /** Default per-transfer deadline in milliseconds, counted from submission; 0 disables it.
+     *  A transfer still unfinished at its deadline fails with -ETIMEDOUT (see kvx_xfer_write). */
+    uint64_t deadline_ms;
+
+    /** UCX keepalive interval in milliseconds: how soon a dead peer with transfers in flight is
+     *  noticed (about 1.5 x this value). 0 keeps UCX's own setting. */
+    uint64_t keepalive_ms;
+
+    /** Log sink and level for this transport (see kvx_log_set). */
+    kvx_log_fn log_fn;
+    void *log_arg;
+    int log_level;
+} kvx_params_t;
+
+/**
+ * Create a transport: start UCX, register the region once, start the progress thread.
+ * Returns 0 and sets *transport_p, or a negative errno (-EINVAL for bad parameters, -ENOMEM,
+ * -ENODEV when UCX cannot start) and leaves *transport_p untouched. The caller owns the handle
+ * and releases it with kvx_transport_destroy.
+ */
+KVX_API int kvx_transport_create(const kvx_params_t *params, kvx_transport_t **transport_p);
+
+/**
+ * Shut a transport down: fail what is in flight, close every peer connection, stop the progress
+ * thread, deregister the region. Idempotent: a second call returns 0 and does nothing. The handle
+ * stays valid for kvx_transport_destroy; every other call on it returns -ESHUTDOWN. When this
+ * returns, kvx and UCX no longer touch the region.
+ */
+KVX_API int kvx_transport_close(kvx_transport_t *transport);
+
+/** Close the transport if needed and free the handle. NULL is accepted and ignored. */
+KVX_API void kvx_transport_destroy(kvx_transport_t *transport);
+
+/** Bits of kvx_transport_attr_t.field_mask. */
+enum kvx_transport_attr_field {
+    KVX_TRANSPORT_ATTR_AGENT_NAME = 1u << 0,
+    KVX_TRANSPORT_ATTR_FINGERPRINT = 1u << 1,
+    KVX_TRANSPORT_ATTR_REGION = 1u << 2,
+    KVX_TRANSPORT_ATTR_NUM_THREADS = 1u << 3,
+    KVX_TRANSPORT_ATTR_DEADLINE = 1u << 4,
+    KVX_TRANSPORT_ATTR_METADATA_LEN = 1u << 5,
+    KVX_TRANSPORT_ATTR_NUM_PEERS = 1u << 6
+};
+
+/** Transport attributes; only the fields named in field_mask are written. */
+typedef struct kvx_transport_attr {
+    uint64_t field_mask;
+    char agent_name[KVX_NAME_MAX + 1];
+    char fingerprint[KVX_FINGERPRINT_MAX + 1];
+    void *base;
+    uint64_t num_blocks;
+    uint64_t block_len;
+    unsigned num_threads; /**< progress threads actually running (0 or 1) */
+    uint64_t deadline_ms;
+    size_t metadata_len;
+    size_t num_peers;
+} kvx_transport_attr_t;
+
+/** Fill the attributes named in attr->field_mask. Returns 0, -EINVAL or -ESHUTDOWN. */
+KVX_API int kvx_transport_query(kvx_transport_t *transport, kvx_transport_attr_t *attr);
+
+/**
+ * Copy this transport's metadata into buf. *len_p is buf's size on entry and the metadata's size
+ * on return. Returns 0, or -ENOSPC with *len_p set to the size needed (buf untouched). The size
+ * does not depend on num_blocks (a few hundred bytes). buf may be NULL when *len_p is 0.
+ */
+KVX_API int kvx_transport_metadata(kvx_transport_t *transport, void *buf, size_t *len_p);
+
+/* ---------------------------------------------------------------------------------------------
+ * Peers
+ * ------------------------------------------------------------------------------------------- */
+
+/** Bits of kvx_peer_params_t.field_mask. */
+enum kvx_peer_params_field {
+    /** Check the metadata against these values: any disagreement is -EINVAL. */
+    KVX_PEER_PARAM_EXPECT_REGION = 1u << 0
+};
+
+/** Optional parameters of kvx_peer_add. */
+typedef struct kvx_peer_params {
+    uint64_t field_mask;
+    uint64_t base_addr;
+    uint64_t num_blocks;
+    uint64_t block_len;
+} kvx_peer_params_t;
+
+/**
+ * Connect to a peer described by its metadata and call it peer_id (1..KVX_PEER_ID_MAX bytes).
+ * Returns 0 once the connection is wired up, or:
+ *   -EINVAL           bad arguments, or metadata that disagrees with params' expected region
+ *   -EBADMSG          metadata malformed, truncated, corrupted, or not kvx's
+ *   -EPROTONOSUPPORT  metadata of a format version this library does not know
+ *   -KVX_EINCOMPAT    block length differs from ours, or both fingerprints set and different
+ *   -EEXIST           the metadata is this transport's own (same agent name)
+ *   -ETIMEDOUT, -ECONNREFUSED, ...  UCX could not reach the peer
+ * On any error nothing changes: an existing peer of that id keeps its connection.
+ * If peer_id already names a peer, that peer is replaced: its old connection is closed first and
+ * its transfers in flight fail with -ECONNABORTED. Cost does not depend on num_blocks.
+ * metadata and params need only stay valid during the call.
+ */
+KVX_API int kvx_peer_add(kvx_transport_t *transport, const char *peer_id, const void *metadata,
+                         size_t metadata_len, const kvx_peer_params_t *params);
+
+/**
+ * Remove a peer: its transfers in flight fail with -ECONNABORTED (they come out of the next poll)
+ * and its connection is released even if a step of the teardown fails. Other peers are not
+ * touched. Returns 1 if the peer existed, 0 if it did not (a no-op), or -EINVAL / -ESHUTDOWN.
+ */
+KVX_API int kvx_peer_remove(kvx_transport_t *transport, const char *peer_id);
+
+/** State of a peer's connection (kvx_peer_attr_t.state). */
+typedef enum kvx_peer_state {
+    KVX_PEER_CONNECTED = 0, /**< transfers can be submitted */
+    KVX_PEER_FAILED = 1,    /**< the connection failed (see error); remove or re-add the peer */
+    KVX_PEER_REMOVED = 2    /**< removed; still holds completions not yet polled */
+} kvx_peer_state_t;
+
+/** Bits of kvx_peer_attr_t.field_mask. */
+enum kvx_peer_attr_field {
+    KVX_PEER_ATTR_AGENT_NAME = 1u << 0,
+    KVX_PEER_ATTR_TRANSPORT = 1u << 1,
+    KVX_PEER_ATTR_STATE = 1u << 2,
+    KVX_PEER_ATTR_REGION = 1u << 3,
+    KVX_PEER_ATTR_COUNTERS = 1u << 4
+};
+
+/** Size of kvx_peer_attr_t.transport. */
+#define KVX_TRANSPORT_NAME_MAX 64
+
+/** Peer attributes; only the fields named in field_mask are written. */
+typedef struct kvx_peer_attr {
+    uint64_t field_mask;
+    char agent_name[KVX_NAME_MAX + 1];
+    /** UCX transport(s) the data actually travels on, e.g. "sysv", "posix", "tcp", "rc_mlx5";
+     *  several are joined by ','. Empty once the connection is gone. */
+    char transport[KVX_TRANSPORT_NAME_MAX];
+    /** 1 when the data moves by hardware RMA (one-sided), 0 when UCX emulates RMA with active
+     *  messages (the target's worker copies the data: shared memory and tcp on UCX 1.13). */
+    int rma_hw;
+    int state; /**< kvx_peer_state_t */
+    int error; /**< 0, or the negative errno that failed the connection */
+    uint64_t remote_base;
+    uint64_t remote_num_blocks;
+    uint64_t block_len;
+    /* Counters, cumulative over the peer's life (they survive re-adding the same peer id). */
+    uint64_t bytes_written; /**< bytes of successful writes */
+    uint64_t bytes_read;    /**< bytes of successful reads */
+    uint64_t xfers_done;
+    uint64_t xfers_failed;
+    uint64_t xfers_inflight;
+    uint64_t latency_sum_ns; /**< submit-to-completion, summed over done + failed */
+    uint64_t latency_max_ns;
+} kvx_peer_attr_t;
+
+/** Fill the attributes named in attr->field_mask. Returns 0, -ENOENT, -EINVAL or -ESHUTDOWN. */
+KVX_API int kvx_peer_query(kvx_transport_t *transport, const char *peer_id, kvx_peer_attr_t *attr);
+
+/* ---------------------------------------------------------------------------------------------
+ * Transfers
+ * ------------------------------------------------------------------------------------------- */
+
+/** Bits of kvx_xfer_params_t.field_mask. */
+enum kvx_xfer_params_field {
+    KVX_XFER_PARAM_DEADLINE = 1u << 0 /**< override the transport's deadline; 0 disables it */
+};
+
+/** Optional per-transfer parameters. */
+typedef struct kvx_xfer_params {
+    uint64_t field_mask;
+    uint64_t deadline_ms;
+} kvx_xfer_params_t;
+
+/**
+ * Submit a write: local block local_idxs[i] goes into the peer's block remote_idxs[i], for i in
+ * [0, count). Runs of indices consecutive on both sides travel as one UCX operation. count may be
+ * 0 (the transfer completes at once with 0 bytes). params may be NULL.
+ *
+ * Returns 0 and sets *id_p to an id unique for the transport's life, or a negative errno with
+ * nothing submitted: -ENOENT (unknown peer), -EINVAL (bad arguments, an index out of range),
+ * -ENOTCONN (the peer's connection has failed: remove or re-add it), -ENOMEM, -ENOSPC (too many
+ * transfers in flight), -ESHUTDOWN. Never blocks on the network.
+ *
+ * The index arrays need not remain valid after the call returns. The local blocks must not be
+ * changed (write) or used (read) until the id comes out of kvx_transport_poll. Once an id comes
+ * out of poll, done or failed, neither kvx nor UCX touches its local blocks again (kvx closes the
+ * connection first when that is the only way to be sure). After a failure the contents of the
+ * destination blocks are undefined.
+ *
+ * Deadline: a transfer not finished at its deadline fails with -ETIMEDOUT. If none of its bytes
+ * had been handed to UCX yet, only it fails. Otherwise UCX cannot abort it, so kvx closes that
+ * peer's connection: every transfer in flight to the peer fails with -ETIMEDOUT and the peer
+ * goes to KVX_PEER_FAILED until it is re-added.
+ */
+KVX_API int kvx_xfer_write(kvx_transport_t *transport, const char *peer_id,
+                           const uint32_t *local_idxs, const uint32_t *remote_idxs, size_t count,
+                           const kvx_xfer_params_t *params, uint64_t *id_p);
+
+/** Submit a read: the peer's block remote_idxs[i] lands in local block local_idxs[i]. As
+ *  kvx_xfer_write otherwise. */
+KVX_API int kvx_xfer_read(kvx_transport_t *transport, const char *peer_id,
+                          const uint32_t *local_idxs, const uint32_t *remote_idxs, size_t count,
+                          const kvx_xfer_params_t *params, uint64_t *id_p);
+
+/** One finished transfer. */
+typedef struct kvx_completion {
+    uint64_t id;
+    int32_t status; /**< 0, or -ECONNRESET, -ETIMEDOUT, -ECONNABORTED, -ECANCELED, ... */
+    uint32_t flags; /**< KVX_COMPLETION_READ for a read */
+    uint64_t bytes; /**< bytes the transfer covers */
+    uint64_t duration_ns; /**< from submission to completion */
+} kvx_completion_t;
+
+#define KVX_COMPLETION_READ 1u
+
+/**
+ * Drive progress and copy out up to max completions, oldest first. peer_id == NULL takes them
+ * from every peer; otherwise only that peer's completions are taken and other peers' stay
+ * queued. Each id comes out exactly once. Returns the number written (0 when nothing finished
+ * or the peer is unknown), -EINVAL or -ESHUTDOWN. Allocates nothing.
+ */
+KVX_API int kvx_transport_poll(kvx_transport_t *transport, const char *peer_id,
+                               kvx_completion_t *completions, size_t max);
+
+/** Cancel modes. */
+typedef enum kvx_cancel_mode {
+    /** Stop tracking now: the ids never come out of poll. UCX may still be moving their bytes. */
+    KVX_CANCEL_IMMEDIATE = 0,
+    /** Stop what has not started; report the ids whose bytes UCX may still be moving. Each of
+     *  those comes out of poll later, as failed with -ECANCELED, and only then may the caller
+     *  reuse its blocks. Ids not reported are finished and forgotten at once. */
+    KVX_CANCEL_WAIT = 1
+} kvx_cancel_mode_t;
+
+/**
+ * Cancel transfers, best effort. Unknown and already-reported ids are ignored; finished ids not
+ * yet polled are forgotten. In KVX_CANCEL_WAIT mode, the ids that may still touch memory are
+ * written to pending (which must hold count ids; NULL is accepted when the caller does not want
+ * them). Returns how many ids were written to pending (always 0 in immediate mode), or -EINVAL
+ * or -ESHUTDOWN. ids need only stay valid during the call.
+ */
+KVX_API int kvx_xfer_cancel(kvx_transport_t *transport, const uint64_t *ids, size_t count,
+                            int mode, uint64_t *pending);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVX_H */

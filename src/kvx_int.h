@@ -1,0 +1,302 @@
+/*
+ * kvx internals shared by the core files: the transport, peer, connection and transfer objects,
+ * and the narrow interface of the UCX backend (ucx.c is the only file that includes UCP headers).
+ */
+#ifndef KVX_INT_H
+#define KVX_INT_H
+
+#include "kvx.h"
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+/* ---- intrusive circular list ---------------------------------------------------------------- */
+
+typedef struct kvx_list {
+    struct kvx_list *prev, *next;
+} kvx_list_t;
+
+static inline void kvx_list_init(kvx_list_t *h) { h->prev = h->next = h; }
+static inline bool kvx_list_empty(const kvx_list_t *h) { return h->next == h; }
+static inline bool kvx_list_linked(const kvx_list_t *n) { return n->next != NULL && n->next != n; }
+static inline void kvx_list_add_tail(kvx_list_t *h, kvx_list_t *n)
+{
+    n->prev = h->prev;
+    n->next = h;
+    h->prev->next = n;
+    h->prev = n;
+}
+static inline void kvx_list_del(kvx_list_t *n)
+{
+    n->prev->next = n->next;
+    n->next->prev = n->prev;
+    n->prev = n->next = n;
+}
+/* Move every node of from onto the empty list to; from becomes empty. */
+static inline void kvx_list_splice_init(kvx_list_t *from, kvx_list_t *to)
+{
+    if (kvx_list_empty(from)) {
+        kvx_list_init(to);
+        return;
+    }
+    to->next = from->next;
+    to->prev = from->prev;
+    to->next->prev = to;
+    to->prev->next = to;
+    kvx_list_init(from);
+}
+#define kvx_container_of(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
+#define kvx_list_first(h, type, member) kvx_container_of((h)->next, type, member)
+
+/* ---- objects -------------------------------------------------------------------------------- */
+
+typedef struct kvx_peer kvx_peer_t;
+typedef struct kvx_conn kvx_conn_t;
+typedef struct kvx_xfer kvx_xfer_t;
+typedef struct kvx_ucx kvx_ucx_t;           /* backend state of a transport (ucx.c) */
+typedef struct kvx_ucx_conn kvx_ucx_conn_t; /* backend state of a connection (ucx.c) */
+
+enum kvx_op { KVX_OP_WRITE = 0, KVX_OP_READ = 1 };
+
+/* A run of blocks consecutive on both sides: one UCX operation. */
+typedef struct kvx_run {
+    uint32_t local;
+    uint32_t remote;
+    uint32_t count;
+} kvx_run_t;
+
+/*
+ * Life of a transfer:
+ *   QUEUED   in conn->queue; runs [0, next_run) handed to UCX (none when next_run == 0)
+ *   FLUSHING every run posted, an endpoint flush outstanding: in conn->flushing
+ *   FAILING  its connection is closing; reported when the close completes: in conn->failing
+ *   DONE     finished, waiting in peer->cq for poll
+ *   ORPHAN   the application no longer tracks it (cancel immediate, close) but UCX still holds a
+ *            callback on it; freed when the callback arrives
+ * ucx_cb is true while UCX holds a flush callback with this transfer as user data.
+ */
+enum kvx_xfer_state {
+    KVX_XS_FREE = 0,
+    KVX_XS_QUEUED,
+    KVX_XS_FLUSHING,
+    KVX_XS_FAILING,
+    KVX_XS_DONE,
+    KVX_XS_ORPHAN
+};
+
+struct kvx_xfer {
+    kvx_transport_t *t;
+    uint64_t id;
+    uint32_t slot;
+    uint8_t state;
+    uint8_t op;
+    bool ucx_cb;
+    bool canceled;
+    kvx_peer_t *peer;
+    kvx_conn_t *conn;
+    kvx_list_t conn_link;   /* conn->queue / flushing / failing, or peer->cq when DONE */
+    kvx_list_t active_link; /* t->active: every transfer not yet DONE, for deadlines */
+    kvx_run_t *runs;
+    uint32_t nruns, next_run, runs_cap;
+    int status;
+    uint64_t bytes;
+    uint64_t t_submit_ns;
+    uint64_t t_done_ns;
+    uint64_t deadline_ns; /* absolute; 0 = none */
+    kvx_xfer_t *next_free;
+};
+
+enum kvx_conn_state { KVX_CONN_OPEN = 0, KVX_CONN_CLOSING, KVX_CONN_CLOSED };
+
+/* One UCX endpoint to a peer's worker plus the unpacked remote key of its region. */
+struct kvx_conn {
+    kvx_transport_t *t;
+    kvx_peer_t *peer; /* NULL once detached by remove/replace */
+    int state;
+    int err;          /* why it failed or closes */
+    int pending_err;  /* an error reported by UCX, handled outside UCX callbacks */
+    uint64_t remote_base;
+    uint64_t remote_num_blocks;
+    char agent_name[KVX_NAME_MAX + 1];
+    char transport[KVX_TRANSPORT_NAME_MAX];
+    int rma_hw;
+    kvx_list_t queue;    /* QUEUED transfers, in submission order */
+    kvx_list_t flushing; /* FLUSHING transfers */
+    kvx_list_t failing;  /* FAILING transfers */
+    unsigned reqs;       /* UCX operation requests outstanding (back-pressure) */
+    unsigned ucx_refs;   /* UCX callbacks still to come that name this connection */
+    kvx_list_t work_link; /* t->work: has queued runs to post or an error to handle */
+    kvx_list_t all_link;  /* t->conns */
+    kvx_ucx_conn_t *ucx;
+};
+
+struct kvx_peer {
+    char *id;
+    kvx_peer_t *hnext; /* hash chain */
+    kvx_conn_t *conn;  /* NULL when removed */
+    bool removed;
+    int last_err;
+    kvx_list_t cq;         /* DONE transfers, oldest first */
+    kvx_list_t ready_link; /* t->ready while cq is not empty */
+    uint64_t nxfers;       /* transfers naming this peer that are not yet freed */
+    uint64_t inflight;
+    /* counters */
+    uint64_t bytes_written, bytes_read, xfers_done, xfers_failed, lat_sum_ns, lat_max_ns;
+    char last_agent[KVX_NAME_MAX + 1];
+    char last_transport[KVX_TRANSPORT_NAME_MAX];
+    uint64_t last_base, last_num_blocks;
+};
+
+struct kvx_transport {
+    pthread_mutex_t lock;
+    atomic_int lock_waiters; /* API calls waiting for the lock: the progress thread yields */
+    bool closed;
+
+    char name[KVX_NAME_MAX + 1];
+    char fingerprint[KVX_FINGERPRINT_MAX + 1];
+    uint8_t *base;
+    uint64_t num_blocks;
+    uint64_t block_len;
+    uint64_t deadline_ns;
+    uint64_t keepalive_ms;
+    unsigned num_threads;
+
+    kvx_log_fn log_fn;
+    void *log_arg;
+    int log_level;
+    bool own_log;
+
+    kvx_ucx_t *ucx;
+    uint8_t *metadata;
+    size_t metadata_len;
+
+    /* peers by id */
+    kvx_peer_t **ptab;
+    size_t ptab_cap;
+    size_t npeers;     /* entries in ptab, removed ones included */
+    size_t nconnected; /* peers with a connection */
+    kvx_list_t ready;  /* peers with completions */
+    kvx_list_t conns;  /* every connection not yet freed */
+    kvx_list_t work;   /* connections with runs to post or an error to handle */
+
+    /* transfers */
+    kvx_xfer_t **slots;
+    uint32_t nslots;
+    kvx_xfer_t *free_xfers;
+    uint64_t next_seq;
+    kvx_list_t active; /* transfers not yet DONE (QUEUED, FLUSHING, FAILING) */
+    uint64_t next_deadline_ns; /* earliest deadline in active, or later; UINT64_MAX = none */
+
+    /* progress thread */
+    pthread_t thread;
+    bool thread_running;
+    bool thread_stop;
+    bool thread_sleeping;
+    uint64_t thread_wake_at_ns;
+    int wake_fd;
+};
+
+/* ---- locking -------------------------------------------------------------------------------- */
+
+/* API calls announce themselves so that a busy progress thread lets them in (glibc mutexes are
+ * not fair: a thread that unlocks and relocks in a loop would starve them). */
+static inline void kvx_lock(kvx_transport_t *t)
+{
+    atomic_fetch_add_explicit(&t->lock_waiters, 1, memory_order_relaxed);
+    pthread_mutex_lock(&t->lock);
+    atomic_fetch_sub_explicit(&t->lock_waiters, 1, memory_order_relaxed);
+}
+static inline void kvx_unlock(kvx_transport_t *t) { pthread_mutex_unlock(&t->lock); }
+
+/* ---- helpers (transport.c, log.c) ----------------------------------------------------------- */
+
+uint64_t kvx_now_ns(void);
+void kvx_log(const kvx_transport_t *t, int level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+#define kvx_error(t, ...) kvx_log((t), KVX_LOG_ERROR, __VA_ARGS__)
+#define kvx_warn(t, ...) kvx_log((t), KVX_LOG_WARN, __VA_ARGS__)
+#define kvx_info(t, ...) kvx_log((t), KVX_LOG_INFO, __VA_ARGS__)
+#define kvx_debug(t, ...) kvx_log((t), KVX_LOG_DEBUG, __VA_ARGS__)
+int kvx_log_env_level(void);
+void kvx_log_default(kvx_log_fn *fn, void **arg, int *level);
+
+/* ---- metadata codec (metadata.c) ------------------------------------------------------------ */
+
+#define KVX_MD_MAGIC 0x4d58564bu /* "KVXM" read little-endian */
+#define KVX_MD_VERSION 1u
+
+typedef struct kvx_md {
+    char agent_name[KVX_NAME_MAX + 1];
+    char fingerprint[KVX_FINGERPRINT_MAX + 1];
+    uint64_t base;
+    uint64_t num_blocks;
+    uint64_t block_len;
+    const uint8_t *worker_addr; /* points into the decoded buffer */
+    uint32_t worker_addr_len;
+    const uint8_t *rkey;
+    uint32_t rkey_len;
+} kvx_md_t;
+
+size_t kvx_md_encoded_len(const kvx_md_t *md);
+int kvx_md_encode(const kvx_md_t *md, uint8_t *buf, size_t cap);
+int kvx_md_decode(const void *buf, size_t len, kvx_md_t *md);
+uint32_t kvx_crc32(const void *buf, size_t len);
+
+/* ---- peers (peer.c) ------------------------------------------------------------------------- */
+
+int kvx_peer_check(const kvx_transport_t *t, const kvx_md_t *md, const kvx_peer_params_t *expect);
+kvx_peer_t *kvx_peer_lookup(const kvx_transport_t *t, const char *id);
+void kvx_peer_maybe_free(kvx_transport_t *t, kvx_peer_t *p);
+void kvx_peer_free_all(kvx_transport_t *t);
+
+/* ---- connections (peer.c) ------------------------------------------------------------------- */
+
+void kvx_conn_fail(kvx_conn_t *c, int err);
+void kvx_conn_release(kvx_conn_t *c, int err);
+void kvx_conn_handle_work(kvx_conn_t *c);
+void kvx_conn_wait_closed(kvx_transport_t *t, uint64_t timeout_ns);
+void kvx_conn_maybe_free(kvx_conn_t *c);
+
+/* ---- transfers (xfer.c, transport.c) -------------------------------------------------------- */
+
+void kvx_xfer_post(kvx_conn_t *c, size_t budget_bytes);
+void kvx_xfer_complete(kvx_xfer_t *x, int status);
+void kvx_xfer_release(kvx_xfer_t *x);
+void kvx_xfer_check_deadlines(kvx_transport_t *t, uint64_t now);
+kvx_xfer_t *kvx_xfer_alloc(kvx_transport_t *t);
+void kvx_xfer_free(kvx_transport_t *t, kvx_xfer_t *x);
+kvx_xfer_t *kvx_xfer_lookup(kvx_transport_t *t, uint64_t id);
+void kvx_xfer_free_all(kvx_transport_t *t);
+
+/* ---- progress (progress.c) ------------------------------------------------------------------ */
+
+unsigned kvx_progress_step(kvx_transport_t *t);
+int kvx_progress_start(kvx_transport_t *t);
+void kvx_progress_stop(kvx_transport_t *t);
+void kvx_progress_kick(kvx_transport_t *t, uint64_t when_ns);
+
+/* ---- UCX backend (ucx.c) -------------------------------------------------------------------- */
+
+int kvx_ucx_init(kvx_transport_t *t);
+void kvx_ucx_fini(kvx_transport_t *t);
+int kvx_ucx_local_info(kvx_transport_t *t, const void **waddr, size_t *waddr_len,
+                       const void **rkey, size_t *rkey_len);
+int kvx_ucx_conn_open(kvx_conn_t *c, const kvx_md_t *md, uint64_t timeout_ns);
+int kvx_ucx_conn_close(kvx_conn_t *c);
+void kvx_ucx_conn_free(kvx_conn_t *c);
+int kvx_ucx_rma(kvx_conn_t *c, int op, void *local, uint64_t remote, size_t len);
+int kvx_ucx_flush(kvx_conn_t *c, kvx_xfer_t *x);
+unsigned kvx_ucx_progress(kvx_transport_t *t);
+int kvx_ucx_arm(kvx_transport_t *t);
+int kvx_ucx_event_fd(kvx_transport_t *t);
+
+/* Called by ucx.c from inside UCX progress, with the transport lock held. */
+void kvx_on_flush_done(kvx_xfer_t *x, int status);
+void kvx_on_op_done(kvx_conn_t *c, int status);
+void kvx_on_conn_error(kvx_conn_t *c, int status);
+void kvx_on_conn_closed(kvx_conn_t *c);
+
+#endif /* KVX_INT_H */

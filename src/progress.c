@@ -1,0 +1,167 @@
+/*
+ * The progress engine: one step (UCX progress, deferred connection work, deadlines), and the
+ * passive-target thread that runs it so peers' transfers into this region complete while the
+ * application never calls kvx. Idle, the thread sleeps on the worker's event fd.
+ */
+#include "kvx_int.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+/* After the last sign of activity the thread keeps polling this long before it arms the event fd
+ * and sleeps: on tcp, arming after every empty progress costs ~50x more wake-ups. */
+#define KVX_SPIN_NS 100000ull
+/* While transfers are in flight the thread wakes at least this often (as a fraction of the
+ * keepalive interval), because UCX's keepalive only runs inside progress. */
+#define KVX_KEEPALIVE_DIVISOR 4
+#define KVX_DEFAULT_TICK_NS 100000000ull
+
+unsigned kvx_progress_step(kvx_transport_t *t)
+{
+    unsigned n = kvx_ucx_progress(t);
+    kvx_list_t todo;
+
+    /* Connections that asked for work during UCX callbacks (resume posting, fail) are served
+     * here, outside the callbacks. Work they queue again waits for the next step. */
+    kvx_list_splice_init(&t->work, &todo);
+    while (!kvx_list_empty(&todo)) {
+        kvx_conn_handle_work(kvx_list_first(&todo, kvx_conn_t, work_link));
+        n++;
+    }
+    if (t->next_deadline_ns != UINT64_MAX)
+        kvx_xfer_check_deadlines(t, kvx_now_ns());
+    return n;
+}
+
+/* Work that only polling can advance: UCX does not signal free space in a shared-memory FIFO. */
+static bool kvx_progress_busy(kvx_transport_t *t)
+{
+    if (!kvx_list_empty(&t->work))
+        return true;
+    for (kvx_list_t *n = t->conns.next; n != &t->conns; n = n->next) {
+        kvx_conn_t *c = kvx_container_of(n, kvx_conn_t, all_link);
+        if (c->state != KVX_CONN_CLOSED && (c->reqs > 0 || !kvx_list_empty(&c->queue)))
+            return true;
+    }
+    return false;
+}
+
+static void *kvx_progress_main(void *arg)
+{
+    kvx_transport_t *t = arg;
+    struct pollfd fds[2] = {{.fd = kvx_ucx_event_fd(t), .events = POLLIN},
+                            {.fd = t->wake_fd, .events = POLLIN}};
+    uint64_t last_active = kvx_now_ns(), now, until;
+    unsigned n;
+
+    pthread_mutex_lock(&t->lock);
+    while (!t->thread_stop) {
+        n = kvx_progress_step(t);
+        now = kvx_now_ns();
+        if (n > 0 || kvx_progress_busy(t))
+            last_active = now;
+        if (now - last_active < KVX_SPIN_NS || kvx_ucx_arm(t) == -EBUSY) {
+            pthread_mutex_unlock(&t->lock);
+            if (atomic_load_explicit(&t->lock_waiters, memory_order_relaxed) > 0 || n == 0)
+                sched_yield();
+            pthread_mutex_lock(&t->lock);
+            continue;
+        }
+
+        /* Armed: sleep until UCX has events, someone kicks us, or a deadline or keepalive tick
+         * is due. With nothing in flight, sleep without a timeout. */
+        until = UINT64_MAX;
+        if (!kvx_list_empty(&t->active)) {
+            uint64_t tick = t->keepalive_ms ? t->keepalive_ms * 1000000ull / KVX_KEEPALIVE_DIVISOR
+                                            : KVX_DEFAULT_TICK_NS;
+            until = now + tick;
+            if (t->next_deadline_ns < until)
+                until = t->next_deadline_ns;
+        }
+        t->thread_sleeping = true;
+        t->thread_wake_at_ns = until;
+        pthread_mutex_unlock(&t->lock);
+
+        struct timespec ts, *tsp = NULL;
+        if (until != UINT64_MAX) {
+            uint64_t d = until > now ? until - now : 0;
+            ts.tv_sec = (time_t)(d / 1000000000ull);
+            ts.tv_nsec = (long)(d % 1000000000ull);
+            tsp = &ts;
+        }
+        if (ppoll(fds, 2, tsp, NULL) > 0 && (fds[1].revents & POLLIN)) {
+            uint64_t v;
+            if (read(t->wake_fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+                kvx_warn(t, "progress: reading wake fd: %s", strerror(errno));
+        }
+
+        pthread_mutex_lock(&t->lock);
+        t->thread_sleeping = false;
+        last_active = kvx_now_ns();
+    }
+    pthread_mutex_unlock(&t->lock);
+    return NULL;
+}
+
+/* Wake the sleeping thread if it would otherwise sleep past when_ns (0: now). Lock held. */
+void kvx_progress_kick(kvx_transport_t *t, uint64_t when_ns)
+{
+    uint64_t one = 1;
+
+    if (!t->thread_sleeping || when_ns >= t->thread_wake_at_ns)
+        return;
+    t->thread_wake_at_ns = 0; /* one kick per sleep is enough */
+    if (write(t->wake_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+        kvx_warn(t, "progress: kicking thread: %s", strerror(errno));
+}
+
+int kvx_progress_start(kvx_transport_t *t)
+{
+    sigset_t all, old;
+    int rc;
+
+    t->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (t->wake_fd < 0) {
+        rc = -errno;
+        kvx_error(t, "progress: eventfd: %s", strerror(errno));
+        return rc;
+    }
+    t->thread_stop = false;
+    /* the thread takes no signals: they belong to the application's threads */
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    rc = -pthread_create(&t->thread, NULL, kvx_progress_main, t);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc < 0) {
+        kvx_error(t, "progress: pthread_create: %s", strerror(-rc));
+        close(t->wake_fd);
+        t->wake_fd = -1;
+        return rc;
+    }
+    t->thread_running = true;
+    return 0;
+}
+
+void kvx_progress_stop(kvx_transport_t *t)
+{
+    uint64_t one = 1;
+
+    kvx_lock(t);
+    if (!t->thread_running) {
+        kvx_unlock(t);
+        return;
+    }
+    t->thread_stop = true;
+    if (write(t->wake_fd, &one, sizeof(one)) < 0)
+        kvx_warn(t, "progress: waking thread to stop: %s", strerror(errno));
+    kvx_unlock(t);
+    pthread_join(t->thread, NULL);
+    close(t->wake_fd);
+    t->wake_fd = -1;
+    t->thread_running = false;
+}

@@ -1,0 +1,491 @@
+/*
+ * The UCX backend: every UCP call kvx makes lives here (context, worker, region registration,
+ * endpoints, RMA operations, flushes, progress, wake-up). The rest of kvx sees plain errnos.
+ */
+#include "kvx_int.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <ucp/api/ucp.h>
+
+struct kvx_ucx {
+    ucp_context_h ctx;
+    ucp_worker_h worker;
+    ucp_mem_h memh;
+    void *rkey_buf;
+    size_t rkey_len;
+    ucp_address_t *waddr;
+    size_t waddr_len;
+    int efd;
+};
+
+struct kvx_ucx_conn {
+    ucp_ep_h ep;
+    ucp_rkey_h rkey;
+};
+
+static int kvx_ucx_errno(ucs_status_t s)
+{
+    switch (s) {
+    case UCS_OK:
+        return 0;
+    case UCS_ERR_CANCELED:
+        return -ECANCELED;
+    case UCS_ERR_CONNECTION_RESET:
+    case UCS_ERR_ENDPOINT_TIMEOUT:
+        return -ECONNRESET;
+    case UCS_ERR_UNREACHABLE:
+        return -EHOSTUNREACH;
+    case UCS_ERR_REJECTED:
+        return -ECONNREFUSED;
+    case UCS_ERR_TIMED_OUT:
+        return -ETIMEDOUT;
+    case UCS_ERR_NO_MEMORY:
+        return -ENOMEM;
+    case UCS_ERR_INVALID_PARAM:
+        return -EINVAL;
+    case UCS_ERR_UNSUPPORTED:
+        return -ENOTSUP;
+    case UCS_ERR_BUSY:
+        return -EBUSY;
+    case UCS_ERR_NO_DEVICE:
+        return -ENODEV;
+    case UCS_ERR_NO_RESOURCE:
+        return -EAGAIN;
+    default:
+        return -EIO;
+    }
+}
+
+/*
+ * Shared memory drops out of an endpoint that asks for peer error handling unless the mm
+ * transports advertise it (UCX 1.13 falls back to tcp over loopback, 3-4x slower). Turning it on
+ * when no mm transport is enabled makes UCX warn about an unused setting, so look at UCX_TLS.
+ */
+static bool kvx_ucx_tls_has_shm(void)
+{
+    const char *tls = getenv("UCX_TLS");
+    char buf[512], *save = NULL, *tok;
+    bool negate, all = false, sm = false, sysv = false, posix = false;
+
+    if (tls == NULL || *tls == '\0')
+        return true;
+    negate = (tls[0] == '^');
+    snprintf(buf, sizeof(buf), "%s", tls + (negate ? 1 : 0));
+    for (tok = strtok_r(buf, ",", &save); tok != NULL; tok = strtok_r(NULL, ",", &save)) {
+        all |= strcmp(tok, "all") == 0;
+        sm |= strcmp(tok, "sm") == 0 || strcmp(tok, "shm") == 0 || strcmp(tok, "mm") == 0;
+        sysv |= strcmp(tok, "sysv") == 0;
+        posix |= strcmp(tok, "posix") == 0;
+    }
+    /* "^a,b" enables every transport except a and b. */
+    if (negate)
+        return !(sm || (sysv && posix));
+    return all || sm || sysv || posix;
+}
+
+static void kvx_ucx_config_set(kvx_transport_t *t, ucp_config_t *cfg, const char *key,
+                               const char *val)
+{
+    char env[128];
+    ucs_status_t s;
+
+    snprintf(env, sizeof(env), "UCX_%s", key);
+    if (getenv(env) != NULL)
+        return; /* the user's explicit setting wins */
+    s = ucp_config_modify(cfg, key, val);
+    if (s != UCS_OK)
+        kvx_debug(t, "ucx: cannot set %s=%s: %s", key, val, ucs_status_string(s));
+}
+
+int kvx_ucx_init(kvx_transport_t *t)
+{
+    kvx_ucx_t *u;
+    ucp_config_t *cfg = NULL;
+    ucs_status_t s;
+    int rc;
+    char val[32];
+
+    u = calloc(1, sizeof(*u));
+    if (u == NULL)
+        return -ENOMEM;
+    u->efd = -1;
+
+    s = ucp_config_read(NULL, NULL, &cfg);
+    if (s != UCS_OK) {
+        kvx_error(t, "ucx: ucp_config_read: %s", ucs_status_string(s));
+        rc = -ENODEV;
+        goto err_free;
+    }
+    if (kvx_ucx_tls_has_shm())
+        kvx_ucx_config_set(t, cfg, "MM_ERROR_HANDLING", "y");
+    if (t->keepalive_ms != 0) {
+        snprintf(val, sizeof(val), "%llums", (unsigned long long)t->keepalive_ms);
+        kvx_ucx_config_set(t, cfg, "KEEPALIVE_INTERVAL", val);
+    }
+
+    ucp_params_t params = {
+        .field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED |
+                      UCP_PARAM_FIELD_NAME,
+        .features = UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP,
+        .mt_workers_shared = 0,
+        .name = t->name,
+    };
+    s = ucp_init(&params, cfg, &u->ctx);
+    ucp_config_release(cfg);
+    if (s != UCS_OK) {
+        kvx_error(t, "ucx: ucp_init: %s", ucs_status_string(s));
+        rc = -ENODEV;
+        goto err_free;
+    }
+
+    /* kvx's own lock serializes every call on the worker (caller threads, progress thread). */
+    ucp_worker_params_t wparams = {
+        .field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+        .thread_mode = UCS_THREAD_MODE_SERIALIZED,
+    };
+    s = ucp_worker_create(u->ctx, &wparams, &u->worker);
+    if (s != UCS_OK) {
+        kvx_error(t, "ucx: ucp_worker_create: %s", ucs_status_string(s));
+        rc = -ENODEV;
+        goto err_cleanup;
+    }
+
+    ucp_mem_map_params_t mparams = {
+        .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                      UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE,
+        .address = t->base,
+        .length = t->num_blocks * t->block_len,
+        .memory_type = UCS_MEMORY_TYPE_HOST,
+    };
+    s = ucp_mem_map(u->ctx, &mparams, &u->memh);
+    if (s != UCS_OK) {
+        kvx_error(t, "ucx: ucp_mem_map of %llu bytes: %s",
+                  (unsigned long long)mparams.length, ucs_status_string(s));
+        rc = kvx_ucx_errno(s);
+        goto err_worker;
+    }
+    s = ucp_rkey_pack(u->ctx, u->memh, &u->rkey_buf, &u->rkey_len);
+    if (s != UCS_OK) {
+        kvx_error(t, "ucx: ucp_rkey_pack: %s", ucs_status_string(s));
+        rc = kvx_ucx_errno(s);
+        goto err_unmap;
+    }
+    s = ucp_worker_get_address(u->worker, &u->waddr, &u->waddr_len);
+    if (s != UCS_OK) {
+        kvx_error(t, "ucx: ucp_worker_get_address: %s", ucs_status_string(s));
+        rc = kvx_ucx_errno(s);
+        goto err_rkey;
+    }
+    s = ucp_worker_get_efd(u->worker, &u->efd);
+    if (s != UCS_OK) {
+        kvx_error(t, "ucx: ucp_worker_get_efd: %s", ucs_status_string(s));
+        rc = kvx_ucx_errno(s);
+        goto err_addr;
+    }
+    t->ucx = u;
+    return 0;
+
+err_addr:
+    ucp_worker_release_address(u->worker, u->waddr);
+err_rkey:
+    ucp_rkey_buffer_release(u->rkey_buf);
+err_unmap:
+    ucp_mem_unmap(u->ctx, u->memh);
+err_worker:
+    ucp_worker_destroy(u->worker);
+err_cleanup:
+    ucp_cleanup(u->ctx);
+err_free:
+    free(u);
+    return rc;
+}
+
+void kvx_ucx_fini(kvx_transport_t *t)
+{
+    kvx_ucx_t *u = t->ucx;
+
+    if (u == NULL)
+        return;
+    ucp_worker_release_address(u->worker, u->waddr);
+    ucp_rkey_buffer_release(u->rkey_buf);
+    ucp_mem_unmap(u->ctx, u->memh);
+    ucp_worker_destroy(u->worker);
+    ucp_cleanup(u->ctx);
+    free(u);
+    t->ucx = NULL;
+}
+
+int kvx_ucx_local_info(kvx_transport_t *t, const void **waddr, size_t *waddr_len,
+                       const void **rkey, size_t *rkey_len)
+{
+    *waddr = t->ucx->waddr;
+    *waddr_len = t->ucx->waddr_len;
+    *rkey = t->ucx->rkey_buf;
+    *rkey_len = t->ucx->rkey_len;
+    return 0;
+}
+
+/* ---- connections ---------------------------------------------------------------------------- */
+
+static void kvx_ucx_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    (void)ep;
+    kvx_on_conn_error(arg, kvx_ucx_errno(status));
+}
+
+/* Append name to a ','-joined list unless it is already there. */
+static void kvx_ucx_list_add(char *list, size_t cap, const char *name)
+{
+    size_t n = strlen(name), len = strlen(list);
+    const char *p = list;
+
+    while ((p = strstr(p, name)) != NULL) {
+        if ((p == list || p[-1] == ',') && (p[n] == '\0' || p[n] == ','))
+            return;
+        p += n;
+    }
+    if (len + n + 2 > cap)
+        return;
+    if (len > 0)
+        list[len++] = ',';
+    memcpy(list + len, name, n + 1);
+}
+
+/*
+ * Which transport carries the data. ucp_ep_print_info lists each lane as
+ *   "lane[0]:  3:sysv/memory.0 md[2] -> md[2]/sysv/sysdev[255] am am_bw#0 keepalive"
+ * Lanes tagged rma_bw do one-sided RMA on registered memory (RDMA, rkey reachable). Without
+ * them UCX emulates RMA with active messages on the am_bw lanes (shared memory, tcp in 1.13).
+ */
+static void kvx_ucx_describe(kvx_conn_t *c)
+{
+    char *text = NULL, *line, *save = NULL;
+    size_t size = 0;
+    char rma[KVX_TRANSPORT_NAME_MAX] = "", am[KVX_TRANSPORT_NAME_MAX] = "";
+    FILE *f = open_memstream(&text, &size);
+
+    if (f == NULL)
+        return;
+    ucp_ep_print_info(c->ucx->ep, f);
+    fclose(f);
+    for (line = strtok_r(text, "\n", &save); line != NULL; line = strtok_r(NULL, "\n", &save)) {
+        char tl[32];
+        const char *p = strstr(line, "lane[");
+
+        if (p == NULL || (p = strchr(p, ':')) == NULL)
+            continue;
+        /* "  3:sysv/memory.0" -> "sysv" */
+        while (*++p == ' ')
+            ;
+        while (*p >= '0' && *p <= '9')
+            p++;
+        if (*p != ':' || sscanf(p + 1, "%31[^/ ]", tl) != 1)
+            continue;
+        if (strstr(line, "rma_bw") != NULL)
+            kvx_ucx_list_add(rma, sizeof(rma), tl);
+        if (strstr(line, "am_bw") != NULL)
+            kvx_ucx_list_add(am, sizeof(am), tl);
+    }
+    free(text);
+    c->rma_hw = rma[0] != '\0';
+    snprintf(c->transport, sizeof(c->transport), "%s", c->rma_hw ? rma : am);
+}
+
+static void kvx_ucx_ep_force_close(kvx_transport_t *t, ucp_ep_h ep)
+{
+    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                             .flags = UCP_EP_CLOSE_FLAG_FORCE};
+    void *req = ucp_ep_close_nbx(ep, &p);
+
+    if (UCS_PTR_IS_PTR(req)) {
+        while (ucp_request_check_status(req) == UCS_INPROGRESS)
+            ucp_worker_progress(t->ucx->worker);
+        ucp_request_free(req);
+    }
+}
+
+int kvx_ucx_conn_open(kvx_conn_t *c, const kvx_md_t *md, uint64_t timeout_ns)
+{
+    kvx_transport_t *t = c->t;
+    kvx_ucx_conn_t *uc;
+    ucs_status_t s;
+    void *req;
+    int rc;
+    uint64_t end;
+
+    uc = calloc(1, sizeof(*uc));
+    if (uc == NULL)
+        return -ENOMEM;
+
+    ucp_ep_params_t ep_params = {
+        .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER | UCP_EP_PARAM_FIELD_NAME,
+        .address = (const ucp_address_t *)md->worker_addr,
+        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+        .err_handler = {.cb = kvx_ucx_err_cb, .arg = c},
+        .name = md->agent_name,
+    };
+    s = ucp_ep_create(t->ucx->worker, &ep_params, &uc->ep);
+    if (s != UCS_OK) {
+        kvx_error(t, "ucx: ucp_ep_create to %s: %s", md->agent_name, ucs_status_string(s));
+        rc = kvx_ucx_errno(s);
+        goto err_free;
+    }
+    s = ucp_ep_rkey_unpack(uc->ep, md->rkey, &uc->rkey);
+    if (s != UCS_OK) {
+        kvx_error(t, "ucx: ucp_ep_rkey_unpack from %s: %s", md->agent_name,
+                  ucs_status_string(s));
+        rc = s == UCS_ERR_UNREACHABLE ? -EHOSTUNREACH : -EBADMSG;
+        goto err_close;
+    }
+    c->ucx = uc;
+
+    /* Wire up now, so that the first transfer does not pay for it: a flush of the fresh
+     * endpoint completes once its lanes are connected. */
+    ucp_request_param_t fp = {.op_attr_mask = 0};
+    req = ucp_ep_flush_nbx(uc->ep, &fp);
+    if (UCS_PTR_IS_ERR(req)) {
+        rc = kvx_ucx_errno(UCS_PTR_STATUS(req));
+        goto err_rkey;
+    }
+    end = kvx_now_ns() + timeout_ns;
+    s = UCS_OK;
+    if (req != NULL) {
+        while ((s = ucp_request_check_status(req)) == UCS_INPROGRESS && c->pending_err == 0 &&
+               kvx_now_ns() < end)
+            ucp_worker_progress(t->ucx->worker);
+        ucp_request_free(req);
+    }
+    if (c->pending_err != 0 || s != UCS_OK) {
+        rc = c->pending_err != 0 ? c->pending_err
+             : s == UCS_INPROGRESS ? -ETIMEDOUT
+                                   : kvx_ucx_errno(s);
+        kvx_error(t, "ucx: connecting to %s: %s", md->agent_name, kvx_strerror(rc));
+        goto err_rkey;
+    }
+    kvx_ucx_describe(c);
+    return 0;
+
+err_rkey:
+    ucp_rkey_destroy(uc->rkey);
+    c->ucx = NULL;
+err_close:
+    kvx_ucx_ep_force_close(t, uc->ep);
+err_free:
+    free(uc);
+    return rc;
+}
+
+static void kvx_ucx_close_cb(void *req, ucs_status_t status, void *arg)
+{
+    kvx_conn_t *c = arg;
+
+    (void)status;
+    ucp_request_free(req);
+    c->ucx_refs--;
+    kvx_on_conn_closed(c);
+}
+
+/* Returns 0 when the endpoint is closed on return, 1 when kvx_on_conn_closed will follow. */
+int kvx_ucx_conn_close(kvx_conn_t *c)
+{
+    ucp_request_param_t p = {
+        .op_attr_mask =
+            UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+        .flags = UCP_EP_CLOSE_FLAG_FORCE,
+        .cb.send = kvx_ucx_close_cb,
+        .user_data = c,
+    };
+    void *req;
+
+    if (c->ucx == NULL || c->ucx->ep == NULL)
+        return 0;
+    req = ucp_ep_close_nbx(c->ucx->ep, &p);
+    c->ucx->ep = NULL;
+    if (UCS_PTR_IS_ERR(req)) {
+        kvx_warn(c->t, "ucx: closing endpoint to %s: %s", c->agent_name,
+                 ucs_status_string(UCS_PTR_STATUS(req)));
+        return 0;
+    }
+    if (req == NULL)
+        return 0;
+    c->ucx_refs++;
+    return 1;
+}
+
+void kvx_ucx_conn_free(kvx_conn_t *c)
+{
+    if (c->ucx == NULL)
+        return;
+    if (c->ucx->rkey != NULL)
+        ucp_rkey_destroy(c->ucx->rkey);
+    free(c->ucx);
+    c->ucx = NULL;
+}
+
+/* ---- operations ----------------------------------------------------------------------------- */
+
+static void kvx_ucx_op_cb(void *req, ucs_status_t status, void *arg)
+{
+    ucp_request_free(req);
+    kvx_on_op_done(arg, kvx_ucx_errno(status));
+}
+
+/* Returns 0 when UCX finished with the local buffer at once, 1 when kvx_on_op_done follows. */
+int kvx_ucx_rma(kvx_conn_t *c, int op, void *local, uint64_t remote, size_t len)
+{
+    ucp_request_param_t p = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+        .cb.send = kvx_ucx_op_cb,
+        .user_data = c,
+    };
+    void *req;
+
+    if (op == KVX_OP_WRITE)
+        req = ucp_put_nbx(c->ucx->ep, local, len, remote, c->ucx->rkey, &p);
+    else
+        req = ucp_get_nbx(c->ucx->ep, local, len, remote, c->ucx->rkey, &p);
+    if (req == NULL)
+        return 0;
+    if (UCS_PTR_IS_ERR(req))
+        return kvx_ucx_errno(UCS_PTR_STATUS(req));
+    c->reqs++;
+    c->ucx_refs++;
+    return 1;
+}
+
+static void kvx_ucx_flush_cb(void *req, ucs_status_t status, void *arg)
+{
+    ucp_request_free(req);
+    kvx_on_flush_done(arg, kvx_ucx_errno(status));
+}
+
+/* Returns 0 when every operation posted before it has completed remotely, 1 when
+ * kvx_on_flush_done(x) follows. */
+int kvx_ucx_flush(kvx_conn_t *c, kvx_xfer_t *x)
+{
+    ucp_request_param_t p = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+        .cb.send = kvx_ucx_flush_cb,
+        .user_data = x,
+    };
+    void *req = ucp_ep_flush_nbx(c->ucx->ep, &p);
+
+    if (req == NULL)
+        return 0;
+    if (UCS_PTR_IS_ERR(req))
+        return kvx_ucx_errno(UCS_PTR_STATUS(req));
+    x->ucx_cb = true;
+    c->ucx_refs++;
+    return 1;
+}
+
+unsigned kvx_ucx_progress(kvx_transport_t *t) { return ucp_worker_progress(t->ucx->worker); }
+
+/* Returns 0 when armed (the event fd will wake a poller), -EBUSY when events are pending. */
+int kvx_ucx_arm(kvx_transport_t *t) { return kvx_ucx_errno(ucp_worker_arm(t->ucx->worker)); }
+
+int kvx_ucx_event_fd(kvx_transport_t *t) { return t->ucx->efd; }

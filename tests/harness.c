@@ -1,0 +1,515 @@
+/*
+ * Test helpers (see harness.h): patterns, forked peers with a command channel, namespaces.
+ */
+#include "harness.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+uint64_t kt_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+void kt_log(const char *fmt, ...)
+{
+    va_list ap;
+    fprintf(stderr, "[%d] ", (int)getpid());
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "\n");
+}
+
+/* ---- regions and patterns ------------------------------------------------------------------- */
+
+kt_region_t kt_region_alloc(uint64_t num_blocks, uint64_t block_len)
+{
+    kt_region_t r = {.num_blocks = num_blocks, .block_len = block_len};
+    void *p = mmap(NULL, num_blocks * block_len, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED)
+        KT_FAIL("mmap %llu bytes: %s", (unsigned long long)(num_blocks * block_len),
+                strerror(errno));
+    r.base = p;
+    return r;
+}
+
+void kt_region_free(kt_region_t *r)
+{
+    if (r->base != NULL)
+        munmap(r->base, r->num_blocks * r->block_len);
+    r->base = NULL;
+}
+
+static uint64_t kt_mix(uint64_t z)
+{
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t kt_seed(uint64_t salt, uint64_t src, uint64_t round)
+{
+    return kt_mix(kt_mix(kt_mix(salt) ^ src) ^ round);
+}
+
+void kt_fill(const kt_region_t *r, uint64_t idx, uint64_t salt, uint64_t src, uint64_t round)
+{
+    uint64_t *w = (uint64_t *)(r->base + idx * r->block_len);
+    uint64_t s = kt_seed(salt, src, round);
+    for (uint64_t i = 0; i < r->block_len / 8; i++)
+        w[i] = s + i * 0x9e3779b97f4a7c15ull;
+}
+
+void kt_fill_all(const kt_region_t *r, uint64_t salt, uint64_t round)
+{
+    for (uint64_t i = 0; i < r->num_blocks; i++)
+        kt_fill(r, i, salt, i, round);
+}
+
+uint64_t kt_check(const kt_region_t *r, uint64_t idx, uint64_t salt, uint64_t src, uint64_t round)
+{
+    const uint64_t *w = (const uint64_t *)(r->base + idx * r->block_len);
+    uint64_t s = kt_seed(salt, src, round);
+    for (uint64_t i = 0; i < r->block_len / 8; i++)
+        if (w[i] != s + i * 0x9e3779b97f4a7c15ull)
+            return i + 1;
+    return 0;
+}
+
+/* ---- transports ----------------------------------------------------------------------------- */
+
+kvx_transport_t *kt_transport_ex(const kt_region_t *r, const char *name, unsigned threads,
+                                 const char *fingerprint, uint64_t deadline_ms)
+{
+    kvx_transport_t *t = NULL;
+    kvx_params_t p = {
+        .field_mask = KVX_PARAM_REGION | KVX_PARAM_NUM_THREADS,
+        .base = r->base,
+        .num_blocks = r->num_blocks,
+        .block_len = r->block_len,
+        .num_threads = threads,
+    };
+    if (name != NULL) {
+        p.field_mask |= KVX_PARAM_AGENT_NAME;
+        p.agent_name = name;
+    }
+    if (fingerprint != NULL) {
+        p.field_mask |= KVX_PARAM_FINGERPRINT;
+        p.fingerprint = fingerprint;
+    }
+    if (deadline_ms != 0) {
+        p.field_mask |= KVX_PARAM_DEADLINE;
+        p.deadline_ms = deadline_ms;
+    }
+    KT_OK(kvx_transport_create(&p, &t));
+    return t;
+}
+
+kvx_transport_t *kt_transport(const kt_region_t *r, const char *name, unsigned threads)
+{
+    return kt_transport_ex(r, name, threads, NULL, 0);
+}
+
+uint8_t *kt_metadata(kvx_transport_t *t, size_t *len)
+{
+    size_t n = 0;
+    uint8_t *buf;
+
+    KT_ERR(kvx_transport_metadata(t, NULL, &n), -ENOSPC);
+    buf = malloc(n);
+    KT_CHECK(buf != NULL);
+    KT_OK(kvx_transport_metadata(t, buf, &n));
+    *len = n;
+    return buf;
+}
+
+int kt_poll_n(kvx_transport_t *t, const char *peer_id, kvx_completion_t *out, int want,
+              int timeout_ms)
+{
+    uint64_t end = kt_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    int got = 0;
+
+    while (got < want && kt_now_ns() < end) {
+        int n = kvx_transport_poll(t, peer_id, out + got, (size_t)(want - got));
+        KT_OK(n);
+        for (int i = got; i < got + n; i++)
+            for (int j = 0; j < i; j++)
+                if (out[i].id == out[j].id)
+                    KT_FAIL("transfer id %llu completed twice", (unsigned long long)out[i].id);
+        got += n;
+        if (n == 0)
+            usleep(50);
+    }
+    return got;
+}
+
+/* ---- forked peers --------------------------------------------------------------------------- */
+
+kt_proc_t kt_spawn(int (*fn)(int sock, void *arg), void *arg, unsigned timeout_s)
+{
+    int sv[2];
+    kt_proc_t p;
+
+    fflush(NULL);
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
+        KT_FAIL("socketpair: %s", strerror(errno));
+    p.pid = fork();
+    if (p.pid < 0)
+        KT_FAIL("fork: %s", strerror(errno));
+    if (p.pid == 0) {
+        close(sv[0]);
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        alarm(timeout_s);
+        _exit(fn(sv[1], arg));
+    }
+    close(sv[1]);
+    p.sock = sv[0];
+    return p;
+}
+
+int kt_wait(kt_proc_t *p)
+{
+    int st;
+
+    if (p->pid <= 0)
+        return -1;
+    while (waitpid(p->pid, &st, 0) < 0)
+        if (errno != EINTR)
+            KT_FAIL("waitpid: %s", strerror(errno));
+    p->pid = 0;
+    if (p->sock >= 0)
+        close(p->sock);
+    p->sock = -1;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+void kt_kill(kt_proc_t *p, int sig)
+{
+    if (p->pid > 0)
+        kill(p->pid, sig);
+}
+
+static void kt_write_all(int fd, const void *buf, size_t len)
+{
+    const uint8_t *b = buf;
+    while (len > 0) {
+        ssize_t n = write(fd, b, len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            KT_FAIL("write: %s", strerror(errno));
+        b += n;
+        len -= (size_t)n;
+    }
+}
+
+static void kt_read_all(int fd, void *buf, size_t len)
+{
+    uint8_t *b = buf;
+    while (len > 0) {
+        ssize_t n = read(fd, b, len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n == 0)
+            KT_FAIL("peer closed the channel");
+        if (n < 0)
+            KT_FAIL("read: %s", strerror(errno));
+        b += n;
+        len -= (size_t)n;
+    }
+}
+
+void kt_send(int fd, const void *buf, size_t len)
+{
+    uint64_t n = len;
+    kt_write_all(fd, &n, sizeof(n));
+    kt_write_all(fd, buf, len);
+}
+
+size_t kt_recv(int fd, void *buf, size_t cap)
+{
+    uint64_t n;
+    kt_read_all(fd, &n, sizeof(n));
+    if (n > cap)
+        KT_FAIL("message of %llu bytes, room for %zu", (unsigned long long)n, cap);
+    kt_read_all(fd, buf, n);
+    return n;
+}
+
+uint8_t *kt_recv_alloc(int fd, size_t *len)
+{
+    uint64_t n;
+    uint8_t *buf;
+    kt_read_all(fd, &n, sizeof(n));
+    buf = malloc(n ? n : 1);
+    KT_CHECK(buf != NULL);
+    kt_read_all(fd, buf, n);
+    *len = n;
+    return buf;
+}
+
+/* ---- the standard target -------------------------------------------------------------------- */
+
+enum { KT_CMD_VERIFY = 1, KT_CMD_REFILL, KT_CMD_QUIT };
+
+typedef struct kt_cmd {
+    uint32_t op;
+    uint32_t n;
+    uint64_t salt;
+    uint64_t round;
+} kt_cmd_t;
+
+int kt_target_main(int sock, void *arg)
+{
+    const kt_target_args_t *a = arg;
+    kt_region_t r;
+    kvx_transport_t *t;
+    uint8_t *md;
+    size_t md_len, len;
+
+    if (a->netns != NULL)
+        kt_netns_enter(a->netns, a->ns_index);
+    r = kt_region_alloc(a->num_blocks, a->block_len);
+    kt_fill_all(&r, a->salt, 0);
+    t = kt_transport_ex(&r, a->name, a->threads, a->fingerprint, 0);
+    md = kt_metadata(t, &md_len);
+    kt_send(sock, md, md_len);
+    free(md);
+    for (;;) {
+        uint8_t *msg = kt_recv_alloc(sock, &len);
+        kt_cmd_t cmd;
+        uint64_t bad = 0;
+
+        KT_CHECK(len >= sizeof(cmd));
+        memcpy(&cmd, msg, sizeof(cmd));
+        if (cmd.op == KT_CMD_QUIT) {
+            free(msg);
+            break;
+        }
+        if (cmd.op == KT_CMD_VERIFY) {
+            const uint32_t *dst = (const uint32_t *)(msg + sizeof(cmd));
+            const uint32_t *src = dst + cmd.n;
+            KT_EQ(len, sizeof(cmd) + 8ull * cmd.n);
+            for (uint32_t i = 0; i < cmd.n; i++) {
+                uint64_t w = kt_check(&r, dst[i], cmd.salt, src[i], cmd.round);
+                if (w != 0 && bad++ < 3)
+                    kt_log("target: block %u (from %u, round %llu) wrong at word %llu", dst[i],
+                           src[i], (unsigned long long)cmd.round, (unsigned long long)(w - 1));
+            }
+        } else if (cmd.op == KT_CMD_REFILL) {
+            kt_fill_all(&r, a->salt, cmd.round);
+        }
+        kt_send(sock, &bad, sizeof(bad));
+        free(msg);
+    }
+    kvx_transport_destroy(t);
+    kt_region_free(&r);
+    return 0;
+}
+
+kt_target_t kt_target_start(const kt_target_args_t *args)
+{
+    kt_target_t tg = {.args = *args};
+    tg.proc = kt_spawn(kt_target_main, &tg.args, 120);
+    tg.md = kt_recv_alloc(tg.proc.sock, &tg.md_len);
+    return tg;
+}
+
+static uint64_t kt_target_cmd(kt_target_t *tg, const kt_cmd_t *cmd, const uint32_t *dst,
+                              const uint32_t *src)
+{
+    size_t len = sizeof(*cmd) + 8ull * cmd->n;
+    uint8_t *msg = malloc(len);
+    uint64_t bad;
+
+    KT_CHECK(msg != NULL);
+    memcpy(msg, cmd, sizeof(*cmd));
+    if (cmd->n) {
+        memcpy(msg + sizeof(*cmd), dst, 4ull * cmd->n);
+        memcpy(msg + sizeof(*cmd) + 4ull * cmd->n, src, 4ull * cmd->n);
+    }
+    kt_send(tg->proc.sock, msg, len);
+    free(msg);
+    kt_recv(tg->proc.sock, &bad, sizeof(bad));
+    return bad;
+}
+
+uint64_t kt_target_verify(kt_target_t *tg, const uint32_t *dst, const uint32_t *src, size_t n,
+                          uint64_t salt, uint64_t round)
+{
+    kt_cmd_t cmd = {.op = KT_CMD_VERIFY, .n = (uint32_t)n, .salt = salt, .round = round};
+    return kt_target_cmd(tg, &cmd, dst, src);
+}
+
+void kt_target_refill(kt_target_t *tg, uint64_t round)
+{
+    kt_cmd_t cmd = {.op = KT_CMD_REFILL, .round = round};
+    kt_target_cmd(tg, &cmd, NULL, NULL);
+}
+
+int kt_target_stop(kt_target_t *tg)
+{
+    kt_cmd_t cmd = {.op = KT_CMD_QUIT};
+    kt_send(tg->proc.sock, &cmd, sizeof(cmd));
+    free(tg->md);
+    tg->md = NULL;
+    return kt_wait(&tg->proc);
+}
+
+/* ---- index lists ---------------------------------------------------------------------------- */
+
+static uint64_t kt_gcd(uint64_t a, uint64_t b)
+{
+    while (b) {
+        uint64_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+void kt_indices(uint32_t *out, size_t n, uint64_t limit, bool scattered, uint64_t seed)
+{
+    KT_CHECK(n <= limit);
+    if (!scattered) {
+        uint64_t start = limit == n ? 0 : seed % (limit - n + 1);
+        for (size_t i = 0; i < n; i++)
+            out[i] = (uint32_t)(start + i);
+        return;
+    }
+    /* i -> (a*i + b) mod limit is a bijection when gcd(a, limit) == 1; a near limit/2 keeps
+     * neighbours far apart, so nothing coalesces by accident. */
+    uint64_t a = limit / 2 + 1, b = seed % limit;
+    while (limit > 2 && (kt_gcd(a, limit) != 1 || a % limit == 1))
+        a++;
+    for (size_t i = 0; i < n; i++)
+        out[i] = (uint32_t)((a * i + b) % limit);
+}
+
+/* ---- network namespaces --------------------------------------------------------------------- */
+
+static kt_netns_t *kt_netns_live;
+static pid_t kt_netns_owner;
+
+static int kt_sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int kt_sh(const char *fmt, ...)
+{
+    char cmd[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof(cmd), fmt, ap);
+    va_end(ap);
+    return system(cmd);
+}
+
+static void kt_netns_atexit(void)
+{
+    if (kt_netns_live != NULL && getpid() == kt_netns_owner)
+        kt_netns_destroy(kt_netns_live);
+}
+
+/* Namespaces of earlier runs that were killed before cleaning up (named kvxt<pid>x). */
+static void kt_netns_reap_stale(void)
+{
+    FILE *f = popen("ip netns list 2>/dev/null", "r");
+    char line[256];
+    if (f == NULL)
+        return;
+    while (fgets(line, sizeof(line), f) != NULL) {
+        int pid;
+        char tail;
+        if (sscanf(line, "kvxt%d%c", &pid, &tail) == 2 && kill(pid, 0) < 0 && errno == ESRCH) {
+            char name[64];
+            sscanf(line, "%63s", name);
+            kt_sh("ip netns del %s 2>/dev/null", name);
+        }
+    }
+    pclose(f);
+}
+
+bool kt_netns_create(kt_netns_t *n)
+{
+    int pid = (int)getpid();
+
+    memset(n, 0, sizeof(*n));
+    if (geteuid() != 0 || kt_sh("command -v ip >/dev/null 2>&1") != 0)
+        return false;
+    kt_netns_reap_stale();
+    for (int i = 0; i < 2; i++) {
+        snprintf(n->ns[i], sizeof(n->ns[i]), "kvxt%d%c", pid, 'a' + i);
+        snprintf(n->ifname[i], sizeof(n->ifname[i]), "kv%d%c", pid % 10000000, 'a' + i);
+        snprintf(n->addr[i], sizeof(n->addr[i]), "10.231.0.%d", i + 1);
+    }
+    if (kt_sh("ip netns add %s 2>/dev/null", n->ns[0]) != 0)
+        return false;
+    if (kt_sh("ip netns add %s 2>/dev/null", n->ns[1]) != 0) {
+        kt_sh("ip netns del %s", n->ns[0]);
+        return false;
+    }
+    n->up = true;
+    kt_netns_live = n;
+    kt_netns_owner = getpid();
+    atexit(kt_netns_atexit);
+    if (kt_sh("ip link add %s netns %s type veth peer name %s netns %s", n->ifname[0], n->ns[0],
+              n->ifname[1], n->ns[1]) != 0) {
+        kt_netns_destroy(n);
+        return false;
+    }
+    for (int i = 0; i < 2; i++) {
+        if (kt_sh("ip -n %s addr add %s/24 dev %s && ip -n %s link set %s up && "
+                  "ip -n %s link set lo up",
+                  n->ns[i], n->addr[i], n->ifname[i], n->ns[i], n->ifname[i], n->ns[i]) != 0) {
+            kt_netns_destroy(n);
+            return false;
+        }
+    }
+    return true;
+}
+
+void kt_netns_destroy(kt_netns_t *n)
+{
+    if (!n->up)
+        return;
+    /* deleting a namespace deletes the veth end inside it, and with it the pair */
+    kt_sh("ip netns del %s 2>/dev/null", n->ns[0]);
+    kt_sh("ip netns del %s 2>/dev/null", n->ns[1]);
+    n->up = false;
+    if (kt_netns_live == n)
+        kt_netns_live = NULL;
+}
+
+void kt_netns_enter(const kt_netns_t *n, int i)
+{
+    char path[128];
+    int fd;
+
+    snprintf(path, sizeof(path), "/var/run/netns/%s", n->ns[i]);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        KT_FAIL("open %s: %s", path, strerror(errno));
+    if (setns(fd, CLONE_NEWNET) < 0)
+        KT_FAIL("setns %s: %s", path, strerror(errno));
+    close(fd);
+    /* UCX would also offer lo, which looks reachable from the other namespace but is not. */
+    setenv("UCX_NET_DEVICES", n->ifname[i], 1);
+}
+
+void kt_netns_link(const kt_netns_t *n, bool up)
+{
+    kt_sh("ip -n %s link set %s %s", n->ns[0], n->ifname[0], up ? "up" : "down");
+}
