@@ -2,6 +2,7 @@
  * Test helpers (see harness.h): patterns, forked peers with a command channel, namespaces.
  */
 #include "harness.h"
+#include "pattern.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -54,25 +55,9 @@ void kt_region_free(kt_region_t *r)
     r->base = NULL;
 }
 
-static uint64_t kt_mix(uint64_t z)
-{
-    z += 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static uint64_t kt_seed(uint64_t salt, uint64_t src, uint64_t round)
-{
-    return kt_mix(kt_mix(kt_mix(salt) ^ src) ^ round);
-}
-
 void kt_fill(const kt_region_t *r, uint64_t idx, uint64_t salt, uint64_t src, uint64_t round)
 {
-    uint64_t *w = (uint64_t *)(r->base + idx * r->block_len);
-    uint64_t s = kt_seed(salt, src, round);
-    for (uint64_t i = 0; i < r->block_len / 8; i++)
-        w[i] = s + i * 0x9e3779b97f4a7c15ull;
+    kvx_pattern_fill(r->base + idx * r->block_len, r->block_len, salt, src, round);
 }
 
 void kt_fill_all(const kt_region_t *r, uint64_t salt, uint64_t round)
@@ -83,12 +68,7 @@ void kt_fill_all(const kt_region_t *r, uint64_t salt, uint64_t round)
 
 uint64_t kt_check(const kt_region_t *r, uint64_t idx, uint64_t salt, uint64_t src, uint64_t round)
 {
-    const uint64_t *w = (const uint64_t *)(r->base + idx * r->block_len);
-    uint64_t s = kt_seed(salt, src, round);
-    for (uint64_t i = 0; i < r->block_len / 8; i++)
-        if (w[i] != s + i * 0x9e3779b97f4a7c15ull)
-            return i + 1;
-    return 0;
+    return kvx_pattern_check(r->base + idx * r->block_len, r->block_len, salt, src, round);
 }
 
 /* ---- transports ----------------------------------------------------------------------------- */
