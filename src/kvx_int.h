@@ -284,7 +284,7 @@ int kvx_ucx_init(kvx_transport_t *t);
 void kvx_ucx_fini(kvx_transport_t *t);
 int kvx_ucx_local_info(kvx_transport_t *t, const void **waddr, size_t *waddr_len,
                        const void **rkey, size_t *rkey_len);
-int kvx_ucx_conn_open(kvx_conn_t *c, const kvx_md_t *md, uint64_t timeout_ns);
+int kvx_ucx_conn_open(kvx_conn_t *c, const kvx_md_t *md, uint64_t wait_ns);
 int kvx_ucx_conn_close(kvx_conn_t *c);
 void kvx_ucx_conn_free(kvx_conn_t *c);
 int kvx_ucx_rma(kvx_conn_t *c, int op, void *local, uint64_t remote, size_t len);

@@ -9,7 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define KVX_CONNECT_TIMEOUT_NS (10ull * 1000000000ull)
+/* How long kvx_peer_add waits for the wire-up before letting it finish in the background. */
+#define KVX_CONNECT_WAIT_NS (200ull * 1000000ull)
 #define KVX_CLOSE_WAIT_NS (5ull * 1000000000ull)
 
 /* ---- the peer table: a chained hash by peer id ---------------------------------------------- */
@@ -294,7 +295,7 @@ int kvx_peer_add(kvx_transport_t *t, const char *peer_id, const void *metadata,
     kvx_list_init(&c->failing);
     kvx_list_init(&c->work_link);
     kvx_list_init(&c->all_link);
-    rc = kvx_ucx_conn_open(c, &md, KVX_CONNECT_TIMEOUT_NS);
+    rc = kvx_ucx_conn_open(c, &md, KVX_CONNECT_WAIT_NS);
     if (rc < 0) {
         kvx_list_del(&c->work_link);
         free(c);

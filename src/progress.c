@@ -16,10 +16,10 @@
 /* After the last sign of activity the thread keeps polling this long before it arms the event fd
  * and sleeps: on tcp, arming after every empty progress costs ~50x more wake-ups. */
 #define KVX_SPIN_NS 100000ull
-/* While transfers are in flight the thread wakes at least this often (as a fraction of the
- * keepalive interval), because UCX's keepalive only runs inside progress. */
+/* The thread wakes at least once per keepalive interval, and four times as often while transfers
+ * are in flight. With UCX's own keepalive setting (keepalive_ms == 0), once a second. */
 #define KVX_KEEPALIVE_DIVISOR 4
-#define KVX_DEFAULT_TICK_NS 100000000ull
+#define KVX_IDLE_TICK_NS 1000000000ull
 
 unsigned kvx_progress_step(kvx_transport_t *t)
 {
@@ -73,28 +73,22 @@ static void *kvx_progress_main(void *arg)
             continue;
         }
 
-        /* Armed: sleep until UCX has events, someone kicks us, or a deadline or keepalive tick
-         * is due. With nothing in flight, sleep without a timeout. */
-        until = UINT64_MAX;
-        if (!kvx_list_empty(&t->active)) {
-            uint64_t tick = t->keepalive_ms ? t->keepalive_ms * 1000000ull / KVX_KEEPALIVE_DIVISOR
-                                            : KVX_DEFAULT_TICK_NS;
-            until = now + tick;
-            if (t->next_deadline_ns < until)
-                until = t->next_deadline_ns;
-        }
+        /* Armed: sleep until UCX has events, someone kicks us, a deadline is due, or it is time
+         * for UCX's keepalive, which only runs inside progress: it notices dead peers (often
+         * while transfers are in flight) and reclaims endpoints that removed peers left here
+         * (once per interval when idle). */
+        until = now + (t->keepalive_ms ? t->keepalive_ms * 1000000ull : KVX_IDLE_TICK_NS) /
+                          (kvx_list_empty(&t->active) ? 1 : KVX_KEEPALIVE_DIVISOR);
+        if (t->next_deadline_ns < until)
+            until = t->next_deadline_ns;
         t->thread_sleeping = true;
         t->thread_wake_at_ns = until;
         pthread_mutex_unlock(&t->lock);
 
-        struct timespec ts, *tsp = NULL;
-        if (until != UINT64_MAX) {
-            uint64_t d = until > now ? until - now : 0;
-            ts.tv_sec = (time_t)(d / 1000000000ull);
-            ts.tv_nsec = (long)(d % 1000000000ull);
-            tsp = &ts;
-        }
-        if (ppoll(fds, 2, tsp, NULL) > 0 && (fds[1].revents & POLLIN)) {
+        uint64_t d = until > now ? until - now : 0;
+        struct timespec ts = {.tv_sec = (time_t)(d / 1000000000ull),
+                              .tv_nsec = (long)(d % 1000000000ull)};
+        if (ppoll(fds, 2, &ts, NULL) > 0 && (fds[1].revents & POLLIN)) {
             uint64_t v;
             if (read(t->wake_fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
                 kvx_warn(t, "progress: reading wake fd: %s", strerror(errno));

@@ -24,6 +24,9 @@ struct kvx_ucx {
 struct kvx_ucx_conn {
     ucp_ep_h ep;
     ucp_rkey_h rkey;
+    bool opened;      /* kvx_ucx_conn_open succeeded */
+    bool wired;       /* the wire-up flush completed */
+    ucs_status_t wire_status;
 };
 
 static int kvx_ucx_errno(ucs_status_t s)
@@ -124,6 +127,10 @@ int kvx_ucx_init(kvx_transport_t *t)
     if (t->keepalive_ms != 0) {
         snprintf(val, sizeof(val), "%llums", (unsigned long long)t->keepalive_ms);
         kvx_ucx_config_set(t, cfg, "KEEPALIVE_INTERVAL", val);
+        /* UCX checks 128 endpoints per round by default: with more peers than that, a dead one
+         * could go unnoticed for several intervals, and the endpoints peers left behind here
+         * after removing us would be reclaimed at only 128 per interval. */
+        kvx_ucx_config_set(t, cfg, "KEEPALIVE_NUM_EPS", "inf");
     }
 
     ucp_params_t params = {
@@ -307,7 +314,30 @@ static void kvx_ucx_ep_force_close(kvx_transport_t *t, ucp_ep_h ep)
     }
 }
 
-int kvx_ucx_conn_open(kvx_conn_t *c, const kvx_md_t *md, uint64_t timeout_ns)
+/* The wire-up flush: completes once the endpoint's lanes are connected to the peer. */
+static void kvx_ucx_wire_cb(void *req, ucs_status_t status, void *arg)
+{
+    kvx_conn_t *c = arg;
+
+    ucp_request_free(req);
+    c->ucx->wired = true;
+    c->ucx->wire_status = status;
+    c->ucx_refs--;
+    if (c->ucx->opened) {
+        if (status != UCS_OK)
+            kvx_on_conn_error(c, kvx_ucx_errno(status));
+        kvx_conn_maybe_free(c);
+    }
+}
+
+/*
+ * Create the endpoint and start wiring it up at once, so that the first transfer does not pay
+ * for it. Wait up to wait_ns for the wire-up: a healthy peer answers within milliseconds, an
+ * unreachable one fails here. A peer that does not answer in time (stopped, busy) is not an
+ * error: wire-up goes on in the background and transfers queue behind it, bounded by their
+ * deadlines.
+ */
+int kvx_ucx_conn_open(kvx_conn_t *c, const kvx_md_t *md, uint64_t wait_ns)
 {
     kvx_transport_t *t = c->t;
     kvx_ucx_conn_t *uc;
@@ -343,37 +373,50 @@ int kvx_ucx_conn_open(kvx_conn_t *c, const kvx_md_t *md, uint64_t timeout_ns)
     }
     c->ucx = uc;
 
-    /* Wire up now, so that the first transfer does not pay for it: a flush of the fresh
-     * endpoint completes once its lanes are connected. */
-    ucp_request_param_t fp = {.op_attr_mask = 0};
+    ucp_request_param_t fp = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+        .cb.send = kvx_ucx_wire_cb,
+        .user_data = c,
+    };
     req = ucp_ep_flush_nbx(uc->ep, &fp);
     if (UCS_PTR_IS_ERR(req)) {
         rc = kvx_ucx_errno(UCS_PTR_STATUS(req));
         goto err_rkey;
     }
-    end = kvx_now_ns() + timeout_ns;
-    s = UCS_OK;
-    if (req != NULL) {
-        while ((s = ucp_request_check_status(req)) == UCS_INPROGRESS && c->pending_err == 0 &&
-               kvx_now_ns() < end)
-            ucp_worker_progress(t->ucx->worker);
-        ucp_request_free(req);
+    if (req == NULL) {
+        uc->wired = true;
+        uc->wire_status = UCS_OK;
+    } else {
+        c->ucx_refs++;
     }
-    if (c->pending_err != 0 || s != UCS_OK) {
-        rc = c->pending_err != 0 ? c->pending_err
-             : s == UCS_INPROGRESS ? -ETIMEDOUT
-                                   : kvx_ucx_errno(s);
+    end = kvx_now_ns() + wait_ns;
+    while (!uc->wired && c->pending_err == 0 && kvx_now_ns() < end)
+        ucp_worker_progress(t->ucx->worker);
+    rc = c->pending_err != 0                     ? c->pending_err
+         : uc->wired && uc->wire_status != UCS_OK ? kvx_ucx_errno(uc->wire_status)
+                                                  : 0;
+    if (rc != 0) {
         kvx_error(t, "ucx: connecting to %s: %s", md->agent_name, kvx_strerror(rc));
         goto err_rkey;
     }
+    if (!uc->wired)
+        kvx_info(t, "ucx: %s has not answered yet; wire-up goes on in the background",
+                 md->agent_name);
+    uc->opened = true;
     kvx_ucx_describe(c);
     return 0;
 
 err_rkey:
     ucp_rkey_destroy(uc->rkey);
-    c->ucx = NULL;
 err_close:
     kvx_ucx_ep_force_close(t, uc->ep);
+    /* the wire-up flush calls back once the close has purged it */
+    end = kvx_now_ns() + 1000000000ull;
+    while (c->ucx_refs > 0 && kvx_now_ns() < end)
+        ucp_worker_progress(t->ucx->worker);
+    if (c->ucx_refs > 0)
+        kvx_warn(t, "ucx: wire-up request to %s still pending after close", md->agent_name);
+    c->ucx = NULL;
 err_free:
     free(uc);
     return rc;

@@ -4,6 +4,7 @@
 #include "harness.h"
 #include "pattern.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <sched.h>
@@ -11,6 +12,7 @@
 #include <stdarg.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -183,6 +185,50 @@ void kt_kill(kt_proc_t *p, int sig)
     if (p->pid > 0)
         kill(p->pid, sig);
 }
+
+/* Every thread of pid in state T (stopped)? */
+static bool kt_all_stopped(pid_t pid)
+{
+    char path[320], line[512];
+    bool stopped = true;
+    FILE *f;
+    DIR *d;
+    struct dirent *e;
+
+    snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+    d = opendir(path);
+    if (d == NULL)
+        return false;
+    while ((e = readdir(d)) != NULL && stopped) {
+        if (e->d_name[0] == '.')
+            continue;
+        snprintf(path, sizeof(path), "/proc/%d/task/%s/stat", (int)pid, e->d_name);
+        f = fopen(path, "r");
+        if (f == NULL)
+            continue;
+        if (fgets(line, sizeof(line), f) != NULL) {
+            const char *p = strrchr(line, ')');
+            stopped = p != NULL && (p[2] == 'T' || p[2] == 't');
+        }
+        fclose(f);
+    }
+    closedir(d);
+    return stopped;
+}
+
+void kt_stop(kt_proc_t *p)
+{
+    uint64_t end = kt_now_ns() + 5000000000ull;
+
+    kill(p->pid, SIGSTOP);
+    while (!kt_all_stopped(p->pid)) {
+        if (kt_now_ns() > end)
+            KT_FAIL("process %d did not stop", (int)p->pid);
+        usleep(100);
+    }
+}
+
+void kt_cont(kt_proc_t *p) { kill(p->pid, SIGCONT); }
 
 static void kt_write_all(int fd, const void *buf, size_t len)
 {
@@ -458,7 +504,17 @@ bool kt_netns_create(kt_netns_t *n)
             return false;
         }
     }
-    return true;
+    /* the link reports UP a few milliseconds later; UCX skips devices that are down */
+    for (int tries = 0; tries < 250; tries++) {
+        if (kt_sh("ip -n %s link show %s | grep -q 'state UP' && "
+                  "ip -n %s link show %s | grep -q 'state UP'",
+                  n->ns[0], n->ifname[0], n->ns[1], n->ifname[1]) == 0)
+            return true;
+        usleep(20000);
+    }
+    kt_log("veth pair did not come up");
+    kt_netns_destroy(n);
+    return false;
 }
 
 void kt_netns_destroy(kt_netns_t *n)
@@ -485,6 +541,11 @@ void kt_netns_enter(const kt_netns_t *n, int i)
     if (setns(fd, CLONE_NEWNET) < 0)
         KT_FAIL("setns %s: %s", path, strerror(errno));
     close(fd);
+    /* UCX lists network devices in /sys/class/net: like `ip netns exec`, give this process its
+     * own mount namespace with a sysfs of the new network namespace. */
+    if (unshare(CLONE_NEWNS) < 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0 ||
+        umount2("/sys", MNT_DETACH) < 0 || mount("sysfs", "/sys", "sysfs", 0, NULL) < 0)
+        KT_FAIL("remounting /sys in namespace %s: %s", n->ns[i], strerror(errno));
     /* UCX would also offer lo, which looks reachable from the other namespace but is not. */
     setenv("UCX_NET_DEVICES", n->ifname[i], 1);
 }

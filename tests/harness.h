@@ -99,6 +99,10 @@ typedef struct kt_proc {
 kt_proc_t kt_spawn(int (*fn)(int sock, void *arg), void *arg, unsigned timeout_s);
 int kt_wait(kt_proc_t *p);   /* exit code, or 128 + signal */
 void kt_kill(kt_proc_t *p, int sig);
+/* SIGSTOP the child and wait until every one of its threads is stopped (kill() returns before
+ * the signal has taken effect); kt_cont resumes it. */
+void kt_stop(kt_proc_t *p);
+void kt_cont(kt_proc_t *p);
 
 /* Framed messages over a socket. */
 void kt_send(int fd, const void *buf, size_t len);
@@ -159,7 +163,9 @@ struct kt_netns {
  * behind) when namespaces cannot be made here. Removed by kt_netns_destroy and at exit. */
 bool kt_netns_create(kt_netns_t *n);
 void kt_netns_destroy(kt_netns_t *n);
-/* Move the calling process into namespace i (0 or 1). */
+/* Move the calling process into namespace i (0 or 1), with a mount namespace of its own whose
+ * /sys shows that namespace's devices (UCX reads them there). Call it in a child process only:
+ * from a private mount namespace, kt_netns_destroy could not remove the namespaces. */
 void kt_netns_enter(const kt_netns_t *n, int i);
 /* Take the link down or up from the root namespace side. */
 void kt_netns_link(const kt_netns_t *n, bool up);

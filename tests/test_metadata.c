@@ -1,0 +1,114 @@
+/*
+ * The metadata codec: a round trip, rejection of every truncation, of corruption anywhere, of
+ * foreign and future blobs; and a blob whose size does not depend on the number of blocks.
+ */
+#include "harness.h"
+#include "kvx_int.h"
+
+#include <errno.h>
+#include <string.h>
+
+static void codec(void)
+{
+    uint8_t waddr[200], rkey[12], buf[512], copy[512];
+    kvx_md_t in = {.agent_name = "engine-a", .fingerprint = "0123456789abcdef",
+                   .base = 0x7f0000000000ull, .num_blocks = 20000, .block_len = 65536,
+                   .worker_addr = waddr, .worker_addr_len = sizeof(waddr), .rkey = rkey,
+                   .rkey_len = sizeof(rkey)};
+    kvx_md_t out;
+    int len;
+
+    for (size_t i = 0; i < sizeof(waddr); i++)
+        waddr[i] = (uint8_t)(i * 7);
+    memset(rkey, 0xab, sizeof(rkey));
+    len = kvx_md_encode(&in, buf, sizeof(buf));
+    KT_EQ(len, (int)kvx_md_encoded_len(&in));
+    KT_ERR(kvx_md_encode(&in, buf, (size_t)len - 1), -ENOSPC);
+
+    KT_OK(kvx_md_decode(buf, (size_t)len, &out));
+    KT_CHECK(strcmp(out.agent_name, "engine-a") == 0);
+    KT_CHECK(strcmp(out.fingerprint, "0123456789abcdef") == 0);
+    KT_EQ(out.base, in.base);
+    KT_EQ(out.num_blocks, 20000);
+    KT_EQ(out.block_len, 65536);
+    KT_EQ(out.worker_addr_len, sizeof(waddr));
+    KT_CHECK(memcmp(out.worker_addr, waddr, sizeof(waddr)) == 0);
+    KT_EQ(out.rkey_len, sizeof(rkey));
+    KT_CHECK(memcmp(out.rkey, rkey, sizeof(rkey)) == 0);
+
+    /* every truncation, and trailing garbage */
+    for (int n = 0; n < len; n++)
+        KT_ERR(kvx_md_decode(buf, (size_t)n, &out), -EBADMSG);
+    memcpy(copy, buf, (size_t)len);
+    copy[len] = 0;
+    KT_ERR(kvx_md_decode(copy, (size_t)len + 1, &out), -EBADMSG);
+
+    /* a flipped bit anywhere: the version field says "unknown version", everything else
+     * "bad message" */
+    for (int i = 0; i < len; i++) {
+        for (int bit = 0; bit < 8; bit += 3) {
+            memcpy(copy, buf, (size_t)len);
+            copy[i] ^= (uint8_t)(1u << bit);
+            int want = (i == 4 || i == 5) ? -EPROTONOSUPPORT : -EBADMSG;
+            int rc = kvx_md_decode(copy, (size_t)len, &out);
+            if (rc != want)
+                KT_FAIL("byte %d bit %d flipped: got %d (%s), want %d", i, bit, rc,
+                        kvx_strerror(rc), want);
+        }
+    }
+
+    /* a future format version is refused as such */
+    memcpy(copy, buf, (size_t)len);
+    copy[4] = 2;
+    KT_ERR(kvx_md_decode(copy, (size_t)len, &out), -EPROTONOSUPPORT);
+    /* foreign bytes (a NIXL-like blob) and NULL */
+    KT_ERR(kvx_md_decode("nixl-agent-metadata....................................", 56, &out),
+           -EBADMSG);
+    KT_ERR(kvx_md_decode(NULL, 0, &out), -EBADMSG);
+
+    /* fields that decode but make no sense are refused even with a valid checksum */
+    kvx_md_t bad = in;
+    bad.num_blocks = 0;
+    len = kvx_md_encode(&bad, buf, sizeof(buf));
+    KT_ERR(kvx_md_decode(buf, (size_t)len, &out), -EBADMSG);
+    bad = in;
+    bad.num_blocks = UINT64_MAX / 2;
+    len = kvx_md_encode(&bad, buf, sizeof(buf));
+    KT_ERR(kvx_md_decode(buf, (size_t)len, &out), -EBADMSG);
+    bad = in;
+    strcpy(bad.agent_name, "has space");
+    len = kvx_md_encode(&bad, buf, sizeof(buf));
+    KT_ERR(kvx_md_decode(buf, (size_t)len, &out), -EBADMSG);
+}
+
+/* The blob of a 16-block region and of a 1,048,576-block region have the same size. */
+static void size_independent_of_blocks(void)
+{
+    kt_region_t small = kt_region_alloc(16, 64), big = kt_region_alloc(1048576, 64);
+    kvx_transport_t *a = kt_transport(&small, "same-length-name-a", 0);
+    kvx_transport_t *b = kt_transport(&big, "same-length-name-b", 0);
+    size_t la, lb;
+    uint8_t *ma = kt_metadata(a, &la), *mb = kt_metadata(b, &lb);
+    kvx_md_t da, db;
+
+    kt_log("metadata: %zu bytes for 16 blocks, %zu bytes for 1048576 blocks", la, lb);
+    KT_EQ(la, lb);
+    KT_CHECK(la < 4096);
+    KT_OK(kvx_md_decode(ma, la, &da));
+    KT_OK(kvx_md_decode(mb, lb, &db));
+    KT_EQ(db.num_blocks, 1048576);
+    KT_EQ(db.base, (uintptr_t)big.base);
+    free(ma);
+    free(mb);
+    kvx_transport_destroy(a);
+    kvx_transport_destroy(b);
+    kt_region_free(&small);
+    kt_region_free(&big);
+}
+
+int main(void)
+{
+    codec();
+    size_independent_of_blocks();
+    return 0;
+}

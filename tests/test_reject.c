@@ -1,0 +1,286 @@
+/*
+ * Every rejection of the API returns its error and leaves the transport as it was: the good
+ * peer keeps working (a write to it is verified after each rejection), nothing is added, no
+ * completion appears. Calls after close return -ESHUTDOWN.
+ */
+#include "harness.h"
+
+#include <errno.h>
+#include <string.h>
+
+#define BL 65536
+#define NB 64
+
+static kt_region_t r;
+static kvx_transport_t *t;
+static kt_target_t good;
+static uint64_t round_no;
+
+/* The transport still has exactly `peers` peers, and a write to "p" lands intact. */
+static void unchanged(size_t peers)
+{
+    kvx_transport_attr_t ta = {.field_mask = KVX_TRANSPORT_ATTR_NUM_PEERS};
+    kvx_completion_t c[4];
+    uint32_t li[3] = {1, 2, 9}, ri[3] = {5, 6, 40};
+    uint64_t id;
+
+    KT_OK(kvx_transport_query(t, &ta));
+    KT_EQ(ta.num_peers, peers);
+    KT_EQ(kvx_transport_poll(t, NULL, c, 4), 0); /* no stray completion */
+    round_no++;
+    for (int i = 0; i < 3; i++)
+        kt_fill(&r, li[i], 0x44, li[i], round_no);
+    KT_OK(kvx_xfer_write(t, "p", li, ri, 3, NULL, &id));
+    KT_EQ(kt_poll_n(t, "p", c, 1, 5000), 1);
+    KT_EQ(c[0].id, id);
+    KT_EQ(c[0].status, 0);
+    KT_EQ(kt_target_verify(&good, ri, li, 3, 0x44, round_no), 0);
+}
+
+static void create_rejections(void)
+{
+    kvx_transport_t *x = NULL;
+    const char *ucx_only[] = {"UCX"}, *unknown[] = {"ucx", "gds"};
+    char long_name[KVX_NAME_MAX + 2], long_fp[KVX_FINGERPRINT_MAX + 2];
+    kvx_params_t ok = {.field_mask = KVX_PARAM_REGION | KVX_PARAM_NUM_THREADS,
+                       .base = r.base, .num_blocks = NB, .block_len = BL, .num_threads = 0};
+    kvx_params_t p;
+
+    memset(long_name, 'n', sizeof(long_name) - 1);
+    long_name[sizeof(long_name) - 1] = '\0';
+    memset(long_fp, 'f', sizeof(long_fp) - 1);
+    long_fp[sizeof(long_fp) - 1] = '\0';
+
+    KT_ERR(kvx_transport_create(NULL, &x), -EINVAL);
+    KT_ERR(kvx_transport_create(&ok, NULL), -EINVAL);
+#define REJECT(field_changes)                                                                     \
+    do {                                                                                         \
+        p = ok;                                                                                  \
+        field_changes;                                                                           \
+        KT_ERR(kvx_transport_create(&p, &x), -EINVAL);                                           \
+        KT_CHECK(x == NULL);                                                                     \
+    } while (0)
+    REJECT(p.field_mask = 0);
+    REJECT(p.base = NULL);
+    REJECT(p.num_blocks = 0);
+    REJECT(p.block_len = 0);
+    REJECT(p.num_blocks = UINT64_MAX / 2; p.block_len = 4);           /* size overflows */
+    REJECT(p.base = (void *)(UINTPTR_MAX - 4096); p.num_blocks = 2); /* wraps the address space */
+    REJECT(p.num_blocks = (1ull << 32) + 1; p.block_len = 1);         /* indices are 32-bit */
+    REJECT(p.field_mask |= KVX_PARAM_AGENT_NAME; p.agent_name = "");
+    REJECT(p.field_mask |= KVX_PARAM_AGENT_NAME; p.agent_name = "has space");
+    REJECT(p.field_mask |= KVX_PARAM_AGENT_NAME; p.agent_name = long_name);
+    REJECT(p.field_mask |= KVX_PARAM_AGENT_NAME; p.agent_name = NULL);
+    REJECT(p.field_mask |= KVX_PARAM_FINGERPRINT; p.fingerprint = long_fp);
+    REJECT(p.field_mask |= KVX_PARAM_BACKENDS; p.backends = unknown; p.num_backends = 2);
+    REJECT(p.field_mask |= KVX_PARAM_BACKENDS; p.backends = ucx_only; p.num_backends = 0);
+    REJECT(p.field_mask |= KVX_PARAM_LOG; p.log_level = 9);
+#undef REJECT
+    /* the seed's spelling of the backend is accepted */
+    p = ok;
+    p.field_mask |= KVX_PARAM_BACKENDS;
+    p.backends = ucx_only;
+    p.num_backends = 1;
+    KT_OK(kvx_transport_create(&p, &x));
+    kvx_transport_destroy(x);
+}
+
+static void peer_rejections(kt_target_t *badlen, kt_target_t *badfp, kt_target_t *nofp)
+{
+    size_t own_len, n;
+    uint8_t *own = kt_metadata(t, &own_len), *md = malloc(good.md_len);
+    char long_id[KVX_PEER_ID_MAX + 2];
+    kvx_peer_params_t ex = {.field_mask = KVX_PEER_PARAM_EXPECT_REGION};
+    memset(long_id, 'i', sizeof(long_id) - 1);
+    long_id[sizeof(long_id) - 1] = '\0';
+
+    /* metadata export: too small a buffer says how much is needed */
+    n = 10;
+    KT_ERR(kvx_transport_metadata(t, md, &n), -ENOSPC);
+    KT_EQ(n, own_len);
+    KT_ERR(kvx_transport_metadata(t, md, NULL), -EINVAL);
+
+    KT_ERR(kvx_peer_add(t, "x", badlen->md, badlen->md_len, NULL), -KVX_EINCOMPAT);
+    unchanged(1);
+    KT_ERR(kvx_peer_add(t, "x", badfp->md, badfp->md_len, NULL), -KVX_EINCOMPAT);
+    unchanged(1);
+    KT_ERR(kvx_peer_add(t, "x", own, own_len, NULL), -EEXIST);
+    unchanged(1);
+    KT_ERR(kvx_peer_add(t, "x", good.md, good.md_len - 1, NULL), -EBADMSG);
+    KT_ERR(kvx_peer_add(t, "x", good.md, 20, NULL), -EBADMSG);
+    KT_ERR(kvx_peer_add(t, "x", "not kvx metadata at all", 23, NULL), -EBADMSG);
+    memcpy(md, good.md, good.md_len);
+    md[good.md_len / 2] ^= 0x40; /* corrupted inside the UCX address: the checksum catches it */
+    KT_ERR(kvx_peer_add(t, "x", md, good.md_len, NULL), -EBADMSG);
+    memcpy(md, good.md, good.md_len);
+    md[4] = 9; /* a format version from the future */
+    KT_ERR(kvx_peer_add(t, "x", md, good.md_len, NULL), -EPROTONOSUPPORT);
+    unchanged(1);
+
+    /* explicit arguments that disagree with the metadata */
+    ex.num_blocks = NB;
+    ex.block_len = BL;
+    ex.base_addr = 0;
+    {
+        kvx_peer_attr_t pa = {.field_mask = KVX_PEER_ATTR_REGION};
+        KT_OK(kvx_peer_query(t, "p", &pa));
+        ex.base_addr = pa.remote_base;
+    }
+    ex.base_addr++;
+    KT_ERR(kvx_peer_add(t, "x", good.md, good.md_len, &ex), -EINVAL);
+    ex.base_addr--;
+    ex.num_blocks++;
+    KT_ERR(kvx_peer_add(t, "x", good.md, good.md_len, &ex), -EINVAL);
+    ex.num_blocks--;
+    ex.block_len = 4096;
+    KT_ERR(kvx_peer_add(t, "x", good.md, good.md_len, &ex), -EINVAL);
+    ex.block_len = BL;
+    unchanged(1);
+
+    /* bad ids and pointers */
+    KT_ERR(kvx_peer_add(t, NULL, good.md, good.md_len, NULL), -EINVAL);
+    KT_ERR(kvx_peer_add(t, "", good.md, good.md_len, NULL), -EINVAL);
+    KT_ERR(kvx_peer_add(t, long_id, good.md, good.md_len, NULL), -EINVAL);
+    KT_ERR(kvx_peer_add(t, "x", NULL, 10, NULL), -EINVAL);
+    KT_ERR(kvx_peer_add(NULL, "x", good.md, good.md_len, NULL), -EINVAL);
+    unchanged(1);
+
+    /* a rejected re-add of an existing id leaves its connection alone */
+    KT_ERR(kvx_peer_add(t, "p", badlen->md, badlen->md_len, NULL), -KVX_EINCOMPAT);
+    unchanged(1);
+    KT_ERR(kvx_peer_add(t, "p", own, own_len, NULL), -EEXIST);
+    unchanged(1);
+    KT_ERR(kvx_peer_add(t, "p", good.md, good.md_len - 3, NULL), -EBADMSG);
+    unchanged(1);
+
+    /* accepted: an empty fingerprint pairs with anyone; matching explicit arguments */
+    KT_OK(kvx_peer_add(t, "q", nofp->md, nofp->md_len, NULL));
+    unchanged(2);
+    KT_EQ(kvx_peer_remove(t, "q"), 1);
+    KT_OK(kvx_peer_add(t, "p2", good.md, good.md_len, &ex));
+    unchanged(2);
+    KT_EQ(kvx_peer_remove(t, "p2"), 1);
+    KT_EQ(kvx_peer_remove(t, "never-added"), 0);
+    KT_ERR(kvx_peer_remove(t, NULL), -EINVAL);
+    unchanged(1);
+    free(own);
+    free(md);
+}
+
+static void xfer_rejections(void)
+{
+    uint32_t ok_i[2] = {0, 1}, bad_l[2] = {0, NB}, big[2] = {0, UINT32_MAX};
+    uint64_t id = 777;
+    kvx_completion_t c[4];
+    kvx_peer_attr_t before = {.field_mask = KVX_PEER_ATTR_COUNTERS}, after = before;
+
+    KT_OK(kvx_peer_query(t, "p", &before));
+    KT_ERR(kvx_xfer_write(t, "nobody", ok_i, ok_i, 2, NULL, &id), -ENOENT);
+    KT_ERR(kvx_xfer_write(t, "p", bad_l, ok_i, 2, NULL, &id), -EINVAL); /* local out of range */
+    KT_ERR(kvx_xfer_write(t, "p", ok_i, bad_l, 2, NULL, &id), -EINVAL); /* remote out of range */
+    KT_ERR(kvx_xfer_write(t, "p", big, ok_i, 2, NULL, &id), -EINVAL);
+    KT_ERR(kvx_xfer_read(t, "p", ok_i, big, 2, NULL, &id), -EINVAL);
+    KT_ERR(kvx_xfer_write(t, "p", NULL, ok_i, 2, NULL, &id), -EINVAL);
+    KT_ERR(kvx_xfer_write(t, "p", ok_i, NULL, 2, NULL, &id), -EINVAL);
+    KT_ERR(kvx_xfer_write(t, "p", ok_i, ok_i, 2, NULL, NULL), -EINVAL);
+    KT_ERR(kvx_xfer_write(t, NULL, ok_i, ok_i, 2, NULL, &id), -EINVAL);
+    KT_ERR(kvx_xfer_write(NULL, "p", ok_i, ok_i, 2, NULL, &id), -EINVAL);
+    KT_EQ(id, 777); /* out-parameters are written only on success */
+    KT_OK(kvx_peer_query(t, "p", &after));
+    KT_EQ(after.xfers_done + after.xfers_failed + after.xfers_inflight,
+          before.xfers_done + before.xfers_failed + before.xfers_inflight);
+    KT_EQ(kvx_transport_poll(t, NULL, c, 4), 0);
+
+    /* an empty transfer is legal and completes at once with 0 bytes */
+    KT_OK(kvx_xfer_write(t, "p", NULL, NULL, 0, NULL, &id));
+    KT_EQ(kt_poll_n(t, "p", c, 1, 5000), 1);
+    KT_EQ(c[0].id, id);
+    KT_EQ(c[0].status, 0);
+    KT_EQ(c[0].bytes, 0);
+
+    KT_ERR(kvx_transport_poll(t, NULL, NULL, 4), -EINVAL);
+    KT_ERR(kvx_transport_poll(NULL, NULL, c, 4), -EINVAL);
+    KT_ERR(kvx_xfer_cancel(t, &id, 1, 3, NULL), -EINVAL);
+    KT_ERR(kvx_xfer_cancel(t, NULL, 2, KVX_CANCEL_WAIT, NULL), -EINVAL);
+    KT_EQ(kvx_xfer_cancel(t, &id, 1, KVX_CANCEL_WAIT, NULL), 0); /* already reported: ignored */
+    {
+        kvx_peer_attr_t pa = {.field_mask = KVX_PEER_ATTR_STATE};
+        KT_ERR(kvx_peer_query(t, "nobody", &pa), -ENOENT);
+        KT_ERR(kvx_peer_query(t, "p", NULL), -EINVAL);
+    }
+    unchanged(1);
+}
+
+static void after_close(void)
+{
+    uint8_t buf[1024];
+    size_t n = sizeof(buf);
+    uint32_t i0 = 0;
+    uint64_t id;
+    kvx_completion_t c;
+    kvx_transport_attr_t ta = {.field_mask = KVX_TRANSPORT_ATTR_NUM_PEERS};
+    kvx_peer_attr_t pa = {.field_mask = KVX_PEER_ATTR_STATE};
+
+    KT_OK(kvx_transport_close(t));
+    KT_OK(kvx_transport_close(t)); /* idempotent */
+    KT_ERR(kvx_transport_metadata(t, buf, &n), -ESHUTDOWN);
+    KT_ERR(kvx_transport_query(t, &ta), -ESHUTDOWN);
+    KT_ERR(kvx_peer_add(t, "p", good.md, good.md_len, NULL), -ESHUTDOWN);
+    KT_ERR(kvx_peer_remove(t, "p"), -ESHUTDOWN);
+    KT_ERR(kvx_peer_query(t, "p", &pa), -ESHUTDOWN);
+    KT_ERR(kvx_xfer_write(t, "p", &i0, &i0, 1, NULL, &id), -ESHUTDOWN);
+    KT_ERR(kvx_xfer_read(t, "p", &i0, &i0, 1, NULL, &id), -ESHUTDOWN);
+    KT_ERR(kvx_transport_poll(t, NULL, &c, 1), -ESHUTDOWN);
+    KT_ERR(kvx_xfer_cancel(t, &id, 1, KVX_CANCEL_WAIT, NULL), -ESHUTDOWN);
+}
+
+static void error_names(void)
+{
+    const int codes[] = {EINVAL, ENOENT, ENOMEM, ENOSPC, EEXIST, EBADMSG, EPROTONOSUPPORT,
+                         ETIMEDOUT, ECONNRESET, ECONNABORTED, ECANCELED, ENOTCONN, ESHUTDOWN,
+                         KVX_EINCOMPAT};
+    for (size_t i = 0; i < sizeof(codes) / sizeof(codes[0]); i++) {
+        KT_CHECK(strcmp(kvx_strerror(-codes[i]), "unknown error") != 0);
+        KT_CHECK(strcmp(kvx_strerror(-codes[i]), kvx_strerror(codes[i])) == 0);
+    }
+    KT_CHECK(strcmp(kvx_strerror(0), "success") == 0);
+    KT_CHECK(strcmp(kvx_strerror(-99999), "unknown error") == 0);
+    KT_CHECK(strcmp(kvx_version(), KVX_VERSION_STRING) == 0);
+}
+
+int main(void)
+{
+    kt_target_args_t a = {.num_blocks = NB, .block_len = BL, .salt = 1, .threads = 1,
+                          .name = "good", .fingerprint = "fp-1"};
+    kt_target_args_t b = a, f = a, e = a;
+    kt_target_t badlen, badfp, nofp;
+
+    b.name = "badlen";
+    b.block_len = 4096;
+    f.name = "badfp";
+    f.fingerprint = "fp-2";
+    e.name = "nofp";
+    e.fingerprint = NULL;
+    good = kt_target_start(&a);
+    badlen = kt_target_start(&b);
+    badfp = kt_target_start(&f);
+    nofp = kt_target_start(&e);
+
+    error_names();
+    r = kt_region_alloc(NB, BL);
+    create_rejections();
+    t = kt_transport_ex(&r, "self", 1, "fp-1", 0);
+    KT_OK(kvx_peer_add(t, "p", good.md, good.md_len, NULL));
+    unchanged(1);
+    peer_rejections(&badlen, &badfp, &nofp);
+    xfer_rejections();
+    after_close();
+    kvx_transport_destroy(t);
+    kvx_transport_destroy(NULL);
+    kt_region_free(&r);
+    KT_EQ(kt_target_stop(&good), 0);
+    KT_EQ(kt_target_stop(&badlen), 0);
+    KT_EQ(kt_target_stop(&badfp), 0);
+    KT_EQ(kt_target_stop(&nofp), 0);
+    return 0;
+}
