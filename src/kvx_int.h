@@ -191,6 +191,7 @@ struct kvx_transport {
     uint64_t next_deadline_ns; /* earliest deadline in active, or later; UINT64_MAX = none */
 
     /* progress thread */
+    _Atomic uint64_t app_poll_ns; /* last time the application polled (it drives UCX then) */
     pthread_t thread;
     bool thread_running;
     bool thread_stop;

@@ -16,6 +16,8 @@
 /* After the last sign of activity the thread keeps polling this long before it arms the event fd
  * and sleeps: on tcp, arming after every empty progress costs ~50x more wake-ups. */
 #define KVX_SPIN_NS 100000ull
+/* An application that polled this recently is driving UCX itself. */
+#define KVX_APP_ACTIVE_NS 1000000ull
 /* The thread wakes at least once per keepalive interval, and four times as often while transfers
  * are in flight. With UCX's own keepalive setting (keepalive_ms == 0), once a second. */
 #define KVX_KEEPALIVE_DIVISOR 4
@@ -51,6 +53,14 @@ static bool kvx_progress_busy(kvx_transport_t *t)
     return false;
 }
 
+static void kvx_progress_drain_wake(kvx_transport_t *t)
+{
+    uint64_t v;
+
+    if (read(t->wake_fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+        kvx_warn(t, "progress: reading wake fd: %s", strerror(errno));
+}
+
 static void *kvx_progress_main(void *arg)
 {
     kvx_transport_t *t = arg;
@@ -61,13 +71,25 @@ static void *kvx_progress_main(void *arg)
 
     pthread_mutex_lock(&t->lock);
     while (!t->thread_stop) {
+        now = kvx_now_ns();
+        if (now - atomic_load_explicit(&t->app_poll_ns, memory_order_relaxed) < KVX_APP_ACTIVE_NS) {
+            /* The application is polling, and its polls drive UCX: two threads taking turns on
+             * one worker only slow each other down. Step aside, but look again soon. */
+            pthread_mutex_unlock(&t->lock);
+            struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)KVX_APP_ACTIVE_NS};
+            if (ppoll(&fds[1], 1, &ts, NULL) > 0)
+                kvx_progress_drain_wake(t);
+            pthread_mutex_lock(&t->lock);
+            last_active = kvx_now_ns();
+            continue;
+        }
         n = kvx_progress_step(t);
         now = kvx_now_ns();
         if (n > 0 || kvx_progress_busy(t))
             last_active = now;
         if (now - last_active < KVX_SPIN_NS || kvx_ucx_arm(t) == -EBUSY) {
             pthread_mutex_unlock(&t->lock);
-            if (atomic_load_explicit(&t->lock_waiters, memory_order_relaxed) > 0 || n == 0)
+            if (atomic_load_explicit(&t->lock_waiters, memory_order_relaxed) > 0)
                 sched_yield();
             pthread_mutex_lock(&t->lock);
             continue;
@@ -88,11 +110,8 @@ static void *kvx_progress_main(void *arg)
         uint64_t d = until > now ? until - now : 0;
         struct timespec ts = {.tv_sec = (time_t)(d / 1000000000ull),
                               .tv_nsec = (long)(d % 1000000000ull)};
-        if (ppoll(fds, 2, &ts, NULL) > 0 && (fds[1].revents & POLLIN)) {
-            uint64_t v;
-            if (read(t->wake_fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
-                kvx_warn(t, "progress: reading wake fd: %s", strerror(errno));
-        }
+        if (ppoll(fds, 2, &ts, NULL) > 0 && (fds[1].revents & POLLIN))
+            kvx_progress_drain_wake(t);
 
         pthread_mutex_lock(&t->lock);
         t->thread_sleeping = false;

@@ -459,6 +459,7 @@ int kvx_transport_poll(kvx_transport_t *t, const char *peer_id, kvx_completion_t
         return -ESHUTDOWN;
     }
     kvx_progress_step(t);
+    atomic_store_explicit(&t->app_poll_ns, kvx_now_ns(), memory_order_relaxed);
     if (peer_id != NULL) {
         kvx_peer_t *p = kvx_peer_lookup(t, peer_id);
         if (p != NULL)

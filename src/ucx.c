@@ -63,15 +63,16 @@ static int kvx_ucx_errno(ucs_status_t s)
 }
 
 /*
- * Shared memory drops out of an endpoint that asks for peer error handling unless the mm
- * transports advertise it (UCX 1.13 falls back to tcp over loopback, 3-4x slower). Turning it on
- * when no mm transport is enabled makes UCX warn about an unused setting, so look at UCX_TLS.
+ * Does UCX_TLS enable one of these transports (members), or a family alias naming them all? kvx
+ * tunes a transport only when it is in use: UCX warns about settings nothing consumed.
  */
-static bool kvx_ucx_tls_has_shm(void)
+static bool kvx_ucx_tls_uses(const char *const *members, size_t n, const char *const *aliases,
+                             size_t naliases)
 {
     const char *tls = getenv("UCX_TLS");
     char buf[512], *save = NULL, *tok;
-    bool negate, all = false, sm = false, sysv = false, posix = false;
+    bool negate, alias = false, all = false;
+    size_t named = 0;
 
     if (tls == NULL || *tls == '\0')
         return true;
@@ -79,25 +80,41 @@ static bool kvx_ucx_tls_has_shm(void)
     snprintf(buf, sizeof(buf), "%s", tls + (negate ? 1 : 0));
     for (tok = strtok_r(buf, ",", &save); tok != NULL; tok = strtok_r(NULL, ",", &save)) {
         all |= strcmp(tok, "all") == 0;
-        sm |= strcmp(tok, "sm") == 0 || strcmp(tok, "shm") == 0 || strcmp(tok, "mm") == 0;
-        sysv |= strcmp(tok, "sysv") == 0;
-        posix |= strcmp(tok, "posix") == 0;
+        for (size_t i = 0; i < naliases; i++)
+            alias |= strcmp(tok, aliases[i]) == 0;
+        for (size_t i = 0; i < n; i++)
+            named += strcmp(tok, members[i]) == 0;
     }
-    /* "^a,b" enables every transport except a and b. */
-    if (negate)
-        return !(sm || (sysv && posix));
-    return all || sm || sysv || posix;
+    /* "^a,b" enables every transport except a and b */
+    return negate ? !(alias || named == n) : (all || alias || named > 0);
 }
 
+static bool kvx_ucx_tls_uses_shm(void)
+{
+    static const char *const mm[] = {"sysv", "posix"}, *const alias[] = {"sm", "shm", "mm"};
+    return kvx_ucx_tls_uses(mm, 2, alias, 3);
+}
+
+static bool kvx_ucx_tls_uses_tcp(void)
+{
+    static const char *const tcp[] = {"tcp"};
+    return kvx_ucx_tls_uses(tcp, 1, NULL, 0);
+}
+
+/* Set key=val in UCX's configuration unless the user set it (or a more specific form of it:
+ * the UCX_* variables listed in user_env) in the environment. */
 static void kvx_ucx_config_set(kvx_transport_t *t, ucp_config_t *cfg, const char *key,
-                               const char *val)
+                               const char *val, const char *const *user_env)
 {
     char env[128];
     ucs_status_t s;
 
     snprintf(env, sizeof(env), "UCX_%s", key);
     if (getenv(env) != NULL)
-        return; /* the user's explicit setting wins */
+        return;
+    for (; user_env != NULL && *user_env != NULL; user_env++)
+        if (getenv(*user_env) != NULL)
+            return;
     s = ucp_config_modify(cfg, key, val);
     if (s != UCS_OK)
         kvx_debug(t, "ucx: cannot set %s=%s: %s", key, val, ucs_status_string(s));
@@ -122,15 +139,38 @@ int kvx_ucx_init(kvx_transport_t *t)
         rc = -ENODEV;
         goto err_free;
     }
-    if (kvx_ucx_tls_has_shm())
-        kvx_ucx_config_set(t, cfg, "MM_ERROR_HANDLING", "y");
+    /*
+     * kvx's UCX defaults; an explicit UCX_<NAME> in the environment wins over each of them.
+     * - Peer error handling drops shared memory from an endpoint unless the mm transports
+     *   advertise it: UCX 1.13 then falls back to tcp over loopback, 3-4x slower.
+     * - Shared-memory FIFO of 128 elements of 32 KiB (UCX: 64 of 8 KiB): software RMA moves
+     *   blocks through this FIFO, and fewer, larger messages gave +25-35% on 64 KiB and 1 MiB
+     *   blocks here. Not 64 KiB or more: UCX 1.13 then loses every put of a 64 KiB block
+     *   (kvx-bench's verification caught it) - a FIFO element's length is 16 bits.
+     * - tcp segments of 60 KiB (UCX: 8 KiB): 2.5-3x the throughput of 64 KiB and 1 MiB blocks.
+     */
+    if (kvx_ucx_tls_uses_shm()) {
+        static const char *const eh[] = {"UCX_SYSV_ERROR_HANDLING", "UCX_POSIX_ERROR_HANDLING",
+                                         NULL};
+        static const char *const seg[] = {"UCX_SYSV_SEG_SIZE", "UCX_POSIX_SEG_SIZE", NULL};
+        static const char *const fifo[] = {"UCX_SYSV_FIFO_SIZE", "UCX_POSIX_FIFO_SIZE", NULL};
+        kvx_ucx_config_set(t, cfg, "MM_ERROR_HANDLING", "y", eh);
+        kvx_ucx_config_set(t, cfg, "MM_SEG_SIZE", "32k", seg);
+        kvx_ucx_config_set(t, cfg, "MM_FIFO_SIZE", "128", fifo);
+    }
+    /* UCX matches modified keys without the transport's own prefix: "TX_SEG_SIZE", which only
+     * tcp has, reaches tcp; "TCP_TX_SEG_SIZE" would be ignored with a warning. */
+    if (kvx_ucx_tls_uses_tcp()) {
+        static const char *const tx[] = {"UCX_TCP_TX_SEG_SIZE", NULL};
+        kvx_ucx_config_set(t, cfg, "TX_SEG_SIZE", "60k", tx);
+    }
     if (t->keepalive_ms != 0) {
         snprintf(val, sizeof(val), "%llums", (unsigned long long)t->keepalive_ms);
-        kvx_ucx_config_set(t, cfg, "KEEPALIVE_INTERVAL", val);
+        kvx_ucx_config_set(t, cfg, "KEEPALIVE_INTERVAL", val, NULL);
         /* UCX checks 128 endpoints per round by default: with more peers than that, a dead one
          * could go unnoticed for several intervals, and the endpoints peers left behind here
          * after removing us would be reclaimed at only 128 per interval. */
-        kvx_ucx_config_set(t, cfg, "KEEPALIVE_NUM_EPS", "inf");
+        kvx_ucx_config_set(t, cfg, "KEEPALIVE_NUM_EPS", "inf", NULL);
     }
 
     ucp_params_t params = {

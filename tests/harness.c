@@ -399,32 +399,22 @@ int kt_target_stop(kt_target_t *tg)
 
 /* ---- index lists ---------------------------------------------------------------------------- */
 
-static uint64_t kt_gcd(uint64_t a, uint64_t b)
-{
-    while (b) {
-        uint64_t t = a % b;
-        a = b;
-        b = t;
-    }
-    return a;
-}
-
 void kt_indices(uint32_t *out, size_t n, uint64_t limit, bool scattered, uint64_t seed)
 {
-    KT_CHECK(n <= limit);
+    uint32_t *unused = malloc(sizeof(uint32_t) * (n ? n : 1));
+
+    KT_CHECK(n <= limit && unused != NULL);
     if (!scattered) {
         uint64_t start = limit == n ? 0 : seed % (limit - n + 1);
         for (size_t i = 0; i < n; i++)
             out[i] = (uint32_t)(start + i);
-        return;
+    } else {
+        /* the benchmark's scattered map, rotated by seed: distinct, neighbours far apart */
+        kvx_index_map(out, unused, n, limit, 0, 0, PAT_SCATTER, NULL);
+        for (size_t i = 0; i < n; i++)
+            out[i] = (uint32_t)((out[i] + seed) % limit);
     }
-    /* i -> (a*i + b) mod limit is a bijection when gcd(a, limit) == 1; a near limit/2 keeps
-     * neighbours far apart, so nothing coalesces by accident. */
-    uint64_t a = limit / 2 + 1, b = seed % limit;
-    while (limit > 2 && (kt_gcd(a, limit) != 1 || a % limit == 1))
-        a++;
-    for (size_t i = 0; i < n; i++)
-        out[i] = (uint32_t)((a * i + b) % limit);
+    free(unused);
 }
 
 /* ---- network namespaces --------------------------------------------------------------------- */

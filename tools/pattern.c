@@ -38,3 +38,55 @@ uint64_t kvx_pattern_check(const uint8_t *block, uint64_t block_len, uint64_t sa
             return i + 1;
     return 0;
 }
+
+static uint64_t kvx_gcd(uint64_t a, uint64_t b)
+{
+    while (b) {
+        uint64_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+/* A multiplier a with gcd(a, n) == 1: i -> a*i mod n is a bijection that sends neighbours far
+ * apart. */
+static uint64_t kvx_scatter_mult(uint64_t n)
+{
+    uint64_t a = n / 2 + 1;
+    while (n > 2 && (kvx_gcd(a, n) != 1 || a % n == 1))
+        a++;
+    return a;
+}
+
+static uint64_t kvx_rng(void)
+{
+    static uint64_t x = 0x2545f4914f6cdd1dull;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return x;
+}
+
+void kvx_index_map(uint32_t *local, uint32_t *remote, uint64_t n, uint64_t span, uint64_t lbase,
+                   uint64_t rbase, int kind, uint64_t *scratch)
+{
+    uint64_t a = kvx_scatter_mult(span);
+
+    if (kind == PAT_RANDOM) {
+        /* n distinct random picks of [0, span): a partial Fisher-Yates shuffle */
+        for (uint64_t i = 0; i < span; i++)
+            scratch[i] = i;
+        for (uint64_t i = 0; i < n; i++) {
+            uint64_t j = i + kvx_rng() % (span - i), tmp = scratch[i];
+            scratch[i] = scratch[j];
+            scratch[j] = tmp;
+        }
+    }
+    for (uint64_t i = 0; i < n; i++) {
+        uint64_t l = kind == PAT_CONTIG ? i : kind == PAT_SCATTER ? (a * i) % span : scratch[i];
+        uint64_t r = kind == PAT_CONTIG ? l : (a * l + span / 3) % span;
+        local[i] = (uint32_t)(lbase + l);
+        remote[i] = (uint32_t)(rbase + r);
+    }
+}

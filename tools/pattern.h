@@ -6,11 +6,24 @@
 #define KVX_TOOLS_PATTERN_H
 
 #include <stdint.h>
+#include <stddef.h>
 
 void kvx_pattern_fill(uint8_t *block, uint64_t block_len, uint64_t salt, uint64_t src,
                       uint64_t round);
 /* 0 when the block holds the pattern, else 1 + the index of the first wrong word. */
 uint64_t kvx_pattern_check(const uint8_t *block, uint64_t block_len, uint64_t salt, uint64_t src,
                            uint64_t round);
+
+/* Index maps shared by kvx-bench and kvx-memcpy, so both move the very same blocks. */
+enum kvx_pattern_kind { PAT_CONTIG, PAT_SCATTER, PAT_RANDOM };
+
+/*
+ * n local blocks in [lbase, lbase + span) mapped to remote blocks in [rbase, rbase + span).
+ * Scattered: neighbours land far apart on both sides, so nothing coalesces. Random: n distinct
+ * random picks (uses scratch, span entries). The remote index is always the same function of
+ * the local one, so overlapping transfers leave every remote block one expected content.
+ */
+void kvx_index_map(uint32_t *local, uint32_t *remote, uint64_t n, uint64_t span, uint64_t lbase,
+                   uint64_t rbase, int kind, uint64_t *scratch);
 
 #endif
