@@ -365,6 +365,14 @@ typedef struct kvx_completion {
 KVX_API int kvx_transport_poll(kvx_transport_t *transport, const char *peer_id,
                                kvx_completion_t *completions, size_t max);
 
+/**
+ * Sleep until kvx_transport_poll(transport, peer_id, ...) has a completion to return, driving
+ * progress meanwhile, or until timeout_ms passes (-1: no limit). For applications that would
+ * otherwise spin on poll: idle, the calling thread sleeps on UCX's event fd. Consumes nothing.
+ * Returns 1 when a completion is waiting, 0 on timeout, or -EINVAL / -ESHUTDOWN.
+ */
+KVX_API int kvx_transport_wait(kvx_transport_t *transport, const char *peer_id, int timeout_ms);
+
 /** Cancel modes. */
 typedef enum kvx_cancel_mode {
     /** Stop tracking now: the ids never come out of poll. UCX may still be moving their bytes. */

@@ -198,6 +198,11 @@ struct kvx_transport {
     bool thread_sleeping;
     uint64_t thread_wake_at_ns;
     int wake_fd;
+
+    /* application threads in kvx_transport_wait, and how kvx wakes them */
+    unsigned waiters;
+    bool cq_signaled;
+    int cq_fd;
 };
 
 /* ---- locking -------------------------------------------------------------------------------- */
@@ -275,6 +280,7 @@ void kvx_xfer_free_all(kvx_transport_t *t);
 /* ---- progress (progress.c) ------------------------------------------------------------------ */
 
 unsigned kvx_progress_step(kvx_transport_t *t);
+void kvx_progress_notify_waiters(kvx_transport_t *t);
 int kvx_progress_start(kvx_transport_t *t);
 void kvx_progress_stop(kvx_transport_t *t);
 void kvx_progress_kick(kvx_transport_t *t, uint64_t when_ns);

@@ -53,20 +53,42 @@ static bool kvx_progress_busy(kvx_transport_t *t)
     return false;
 }
 
-static void kvx_progress_drain_wake(kvx_transport_t *t)
+/* When the progress engine must look again at the latest: the next deadline, and UCX's
+ * keepalive, which only runs inside progress (it notices dead peers and reclaims endpoints that
+ * removed peers left here). */
+static uint64_t kvx_progress_tick(kvx_transport_t *t, uint64_t now)
 {
-    uint64_t v;
+    uint64_t until = now + (t->keepalive_ms ? t->keepalive_ms * 1000000ull : KVX_IDLE_TICK_NS) /
+                               (kvx_list_empty(&t->active) ? 1 : KVX_KEEPALIVE_DIVISOR);
+    return t->next_deadline_ns < until ? t->next_deadline_ns : until;
+}
 
-    if (read(t->wake_fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
-        kvx_warn(t, "progress: reading wake fd: %s", strerror(errno));
+/*
+ * Arm the worker's event fd and sleep, with the lock released, until UCX has events, fd is
+ * readable, or until_ns. Returns at once if UCX has events pending already. Lock held on entry
+ * and on return.
+ */
+static void kvx_progress_sleep(kvx_transport_t *t, int fd, uint64_t now, uint64_t until_ns)
+{
+    struct pollfd fds[2] = {{.fd = kvx_ucx_event_fd(t), .events = POLLIN},
+                            {.fd = fd, .events = POLLIN}};
+    uint64_t d = until_ns > now ? until_ns - now : 0, v;
+    struct timespec ts = {.tv_sec = (time_t)(d / 1000000000ull),
+                          .tv_nsec = (long)(d % 1000000000ull)};
+
+    if (kvx_ucx_arm(t) == -EBUSY)
+        return;
+    pthread_mutex_unlock(&t->lock);
+    if (ppoll(fds, 2, &ts, NULL) > 0 && (fds[1].revents & POLLIN) &&
+        read(fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+        kvx_warn(t, "progress: reading fd %d: %s", fd, strerror(errno));
+    pthread_mutex_lock(&t->lock);
 }
 
 static void *kvx_progress_main(void *arg)
 {
     kvx_transport_t *t = arg;
-    struct pollfd fds[2] = {{.fd = kvx_ucx_event_fd(t), .events = POLLIN},
-                            {.fd = t->wake_fd, .events = POLLIN}};
-    uint64_t last_active = kvx_now_ns(), now, until;
+    uint64_t last_active = kvx_now_ns(), now;
     unsigned n;
 
     pthread_mutex_lock(&t->lock);
@@ -75,10 +97,13 @@ static void *kvx_progress_main(void *arg)
         if (now - atomic_load_explicit(&t->app_poll_ns, memory_order_relaxed) < KVX_APP_ACTIVE_NS) {
             /* The application is polling, and its polls drive UCX: two threads taking turns on
              * one worker only slow each other down. Step aside, but look again soon. */
-            pthread_mutex_unlock(&t->lock);
+            struct pollfd wake = {.fd = t->wake_fd, .events = POLLIN};
             struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)KVX_APP_ACTIVE_NS};
-            if (ppoll(&fds[1], 1, &ts, NULL) > 0)
-                kvx_progress_drain_wake(t);
+            uint64_t v;
+            pthread_mutex_unlock(&t->lock);
+            if (ppoll(&wake, 1, &ts, NULL) > 0 && read(t->wake_fd, &v, sizeof(v)) < 0 &&
+                errno != EAGAIN)
+                kvx_warn(t, "progress: reading wake fd: %s", strerror(errno));
             pthread_mutex_lock(&t->lock);
             last_active = kvx_now_ns();
             continue;
@@ -87,38 +112,80 @@ static void *kvx_progress_main(void *arg)
         now = kvx_now_ns();
         if (n > 0 || kvx_progress_busy(t))
             last_active = now;
-        if (now - last_active < KVX_SPIN_NS || kvx_ucx_arm(t) == -EBUSY) {
+        if (now - last_active < KVX_SPIN_NS) {
             pthread_mutex_unlock(&t->lock);
             if (atomic_load_explicit(&t->lock_waiters, memory_order_relaxed) > 0)
                 sched_yield();
             pthread_mutex_lock(&t->lock);
             continue;
         }
-
-        /* Armed: sleep until UCX has events, someone kicks us, a deadline is due, or it is time
-         * for UCX's keepalive, which only runs inside progress: it notices dead peers (often
-         * while transfers are in flight) and reclaims endpoints that removed peers left here
-         * (once per interval when idle). */
-        until = now + (t->keepalive_ms ? t->keepalive_ms * 1000000ull : KVX_IDLE_TICK_NS) /
-                          (kvx_list_empty(&t->active) ? 1 : KVX_KEEPALIVE_DIVISOR);
-        if (t->next_deadline_ns < until)
-            until = t->next_deadline_ns;
         t->thread_sleeping = true;
-        t->thread_wake_at_ns = until;
-        pthread_mutex_unlock(&t->lock);
-
-        uint64_t d = until > now ? until - now : 0;
-        struct timespec ts = {.tv_sec = (time_t)(d / 1000000000ull),
-                              .tv_nsec = (long)(d % 1000000000ull)};
-        if (ppoll(fds, 2, &ts, NULL) > 0 && (fds[1].revents & POLLIN))
-            kvx_progress_drain_wake(t);
-
-        pthread_mutex_lock(&t->lock);
+        t->thread_wake_at_ns = kvx_progress_tick(t, now);
+        kvx_progress_sleep(t, t->wake_fd, now, t->thread_wake_at_ns);
         t->thread_sleeping = false;
         last_active = kvx_now_ns();
     }
     pthread_mutex_unlock(&t->lock);
     return NULL;
+}
+
+/* A completion was queued while application threads sleep in kvx_transport_wait. */
+void kvx_progress_notify_waiters(kvx_transport_t *t)
+{
+    uint64_t one = 1;
+
+    if (t->cq_signaled)
+        return;
+    t->cq_signaled = true;
+    if (write(t->cq_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+        kvx_warn(t, "progress: waking waiters: %s", strerror(errno));
+}
+
+int kvx_transport_wait(kvx_transport_t *t, const char *peer_id, int timeout_ms)
+{
+    uint64_t now = kvx_now_ns(), last_active = now;
+    uint64_t end = timeout_ms < 0 ? UINT64_MAX : now + (uint64_t)timeout_ms * 1000000ull;
+    int rc;
+
+    if (t == NULL)
+        return -EINVAL;
+    kvx_lock(t);
+    t->waiters++;
+    for (;;) {
+        kvx_peer_t *p;
+        unsigned n;
+
+        if (t->closed) {
+            rc = -ESHUTDOWN;
+            break;
+        }
+        n = kvx_progress_step(t);
+        now = kvx_now_ns();
+        atomic_store_explicit(&t->app_poll_ns, now, memory_order_relaxed);
+        p = peer_id != NULL ? kvx_peer_lookup(t, peer_id) : NULL;
+        if (peer_id != NULL ? p != NULL && !kvx_list_empty(&p->cq) : !kvx_list_empty(&t->ready)) {
+            rc = 1;
+            break;
+        }
+        if (now >= end) {
+            rc = 0;
+            break;
+        }
+        if (n > 0 || kvx_progress_busy(t))
+            last_active = now;
+        if (now - last_active < KVX_SPIN_NS) {
+            kvx_unlock(t);
+            sched_yield();
+            kvx_lock(t);
+            continue;
+        }
+        uint64_t until = kvx_progress_tick(t, now);
+        t->cq_signaled = false;
+        kvx_progress_sleep(t, t->cq_fd, now, until < end ? until : end);
+    }
+    t->waiters--;
+    kvx_unlock(t);
+    return rc;
 }
 
 /* Wake the sleeping thread if it would otherwise sleep past when_ns (0: now). Lock held. */

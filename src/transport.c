@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/eventfd.h>
 #include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
@@ -137,6 +138,12 @@ int kvx_transport_create(const kvx_params_t *params, kvx_transport_t **transport
     t->next_deadline_ns = UINT64_MAX;
     t->next_seq = 1;
     t->wake_fd = -1;
+    t->cq_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (t->cq_fd < 0) {
+        rc = -errno;
+        free(t);
+        return rc;
+    }
     t->base = params->base;
     t->num_blocks = params->num_blocks;
     t->block_len = params->block_len;
@@ -181,6 +188,7 @@ err_md:
 err_ucx:
     kvx_ucx_fini(t);
 err_free:
+    close(t->cq_fd);
     pthread_mutex_destroy(&t->lock);
     free(t);
     return rc;
@@ -222,6 +230,8 @@ int kvx_transport_close(kvx_transport_t *t)
     kvx_peer_free_all(t);
     free(t->metadata);
     t->metadata = NULL;
+    close(t->cq_fd);
+    t->cq_fd = -1;
     t->closed = true;
     kvx_info(t, "closed");
     kvx_unlock(t);
@@ -400,6 +410,8 @@ void kvx_xfer_complete(kvx_xfer_t *x, int status)
     kvx_list_add_tail(&p->cq, &x->conn_link);
     if (!kvx_list_linked(&p->ready_link))
         kvx_list_add_tail(&x->t->ready, &p->ready_link);
+    if (x->t->waiters > 0)
+        kvx_progress_notify_waiters(x->t);
 }
 
 /* The application is done with a transfer (polled or canceled). */

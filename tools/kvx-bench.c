@@ -46,7 +46,7 @@ static struct opts {
     int threads, target_threads;
     int peers;
     int client_index, clients;
-    bool json, verify, loopback, same_block, quiet;
+    bool json, verify, loopback, same_block, quiet, wait;
     const char *addrs[MAX_PEERS];
     int naddrs;
     int port;
@@ -145,7 +145,7 @@ static void *region_alloc(uint64_t bytes)
 
 /* ---- control channel: framed messages over TCP ---------------------------------------------- */
 
-enum { MSG_REGION = 1, MSG_VERIFY, MSG_REFILL, MSG_BYE };
+enum { MSG_REGION = 1, MSG_VERIFY, MSG_REFILL, MSG_BARRIER, MSG_BYE };
 
 typedef struct msg_hdr {
     uint32_t type;
@@ -203,6 +203,14 @@ typedef struct srv_region {
 
 static srv_region_t srv_regions[MAX_SIZES * 2];
 static int srv_nregions;
+
+/* A barrier for several initiators sharing this target: each sends {id, n}; all n are answered
+ * when the n-th arrives, so that their measured phases overlap. */
+static struct {
+    uint32_t id, n;
+    int fds[64];
+    int nfds;
+} srv_barrier;
 
 static srv_region_t *srv_region_get(uint64_t block_len, uint64_t num_blocks)
 {
@@ -278,6 +286,26 @@ static void srv_handle(int fd, msg_hdr_t *h, uint8_t *buf)
         for (uint64_t i = 0; i < r->num_blocks; i++)
             kvx_pattern_fill(r->base + i * r->block_len, r->block_len, SERVER_SALT, i, 0);
         msg_send(fd, MSG_REFILL, NULL, 0);
+        break;
+    }
+    case MSG_BARRIER: {
+        uint32_t b[2];
+        if (h->len != sizeof(b))
+            die("server: bad BARRIER");
+        memcpy(b, buf, sizeof(b));
+        if (srv_barrier.nfds == 0) {
+            srv_barrier.id = b[0];
+            srv_barrier.n = b[1];
+        } else if (srv_barrier.id != b[0] || srv_barrier.n != b[1]) {
+            die("server: initiators disagree on barrier %u/%u vs %u/%u", b[0], b[1],
+                srv_barrier.id, srv_barrier.n);
+        }
+        srv_barrier.fds[srv_barrier.nfds++] = fd;
+        if ((uint32_t)srv_barrier.nfds == srv_barrier.n) {
+            for (int i = 0; i < srv_barrier.nfds; i++)
+                msg_send(srv_barrier.fds[i], MSG_BARRIER, NULL, 0);
+            srv_barrier.nfds = 0;
+        }
         break;
     }
     default:
@@ -390,6 +418,8 @@ typedef struct result {
     char transport[KVX_TRANSPORT_NAME_MAX];
     uint64_t bad;
     uint64_t bytes;
+    uint64_t start_ns, end_ns; /* CLOCK_MONOTONIC: comparable between processes of one host */
+    int initiator;             /* -1: the aggregate of several initiators */
 } result_t;
 
 static const char *pattern_name(int p)
@@ -498,6 +528,12 @@ static void run_size(int *ctl, uint64_t size, result_t *res_out, int *nres)
                 free(msg_recv(ctl[i], &h, false));
             }
 
+        if (o.clients > 1) {
+            uint32_t b[2] = {(uint32_t)(*nres), (uint32_t)o.clients};
+            msg_hdr_t h;
+            msg_send(ctl[0], MSG_BARRIER, b, sizeof(b));
+            free(msg_recv(ctl[0], &h, false));
+        }
         /* transfers k = 0 .. total*npeers-1; k goes to peer k % npeers; a window of
          * inflight*npeers transfers stays in flight */
         int ntx = total * npeers, window = o.inflight * npeers, submitted = 0, completed = 0;
@@ -529,6 +565,8 @@ static void run_size(int *ctl, uint64_t size, result_t *res_out, int *nres)
             int n = kvx_transport_poll(t, NULL, comp, 64);
             if (n < 0)
                 die("poll: %s", kvx_strerror(n));
+            if (n == 0 && o.wait)
+                kvx_transport_wait(t, NULL, 100);
             for (int i = 0; i < n; i++) {
                 if (comp[i].status != 0)
                     die("transfer %llu failed: %s", (unsigned long long)comp[i].id,
@@ -545,6 +583,9 @@ static void run_size(int *ctl, uint64_t size, result_t *res_out, int *nres)
         double secs = (double)(end - start) / 1e9;
         qsort(lat, (size_t)nlat, sizeof(*lat), cmp_u64);
         res->bytes = bytes;
+        res->start_ns = start;
+        res->end_ns = end;
+        res->initiator = o.client_index;
         res->gbps = (double)bytes / secs / 1e9;
         res->xfers_per_s = (double)nlat / secs;
         res->p50_us = nlat ? (double)lat[nlat / 2] / 1e3 : 0;
@@ -600,35 +641,45 @@ static void run_size(int *ctl, uint64_t size, result_t *res_out, int *nres)
 
 static void print_results(const result_t *res, int n)
 {
-    char sz[24];
+    char sz[24], op[24];
 
     if (o.json) {
         for (int i = 0; i < n; i++) {
             const result_t *r = &res[i];
             printf("{\"tool\":\"kvx-bench\",\"op\":\"%s\",\"block_size\":%llu,"
                    "\"blocks_per_xfer\":%llu,\"pattern\":\"%s\",\"iters\":%d,\"inflight\":%d,"
-                   "\"peers\":%d,\"threads\":%d,\"bytes\":%llu,\"gbps\":%.4f,"
-                   "\"xfers_per_s\":%.1f,\"p50_us\":%.2f,\"p99_us\":%.2f,"
-                   "\"submit_ns_per_block\":%.1f,\"create_ms\":%.3f,\"metadata_bytes\":%zu,"
-                   "\"peer_add_ms\":%.3f,\"transport\":\"%s\",\"verified\":%s,\"bad_blocks\":%llu}\n",
+                   "\"peers\":%d,\"initiators\":%d,\"initiator\":%d,\"threads\":%d,"
+                   "\"bytes\":%llu,\"gbps\":%.4f,\"xfers_per_s\":%.1f,\"p50_us\":%.2f,"
+                   "\"p99_us\":%.2f,\"submit_ns_per_block\":%.1f,\"create_ms\":%.3f,"
+                   "\"metadata_bytes\":%zu,\"peer_add_ms\":%.3f,\"transport\":\"%s\","
+                   "\"start_ns\":%llu,\"end_ns\":%llu,\"verified\":%s,\"bad_blocks\":%llu}\n",
                    r->op, (unsigned long long)r->size, (unsigned long long)r->blocks,
-                   pattern_name(o.pattern), o.iters, o.inflight, o.naddrs, o.threads,
-                   (unsigned long long)r->bytes, r->gbps, r->xfers_per_s, r->p50_us, r->p99_us,
-                   r->submit_ns_per_block, r->create_ms, r->md_bytes, r->peer_add_ms,
-                   r->transport, !o.verify ? "null" : r->bad ? "false" : "true",
+                   pattern_name(o.pattern), o.iters, o.inflight, o.naddrs, o.clients,
+                   r->initiator, o.threads, (unsigned long long)r->bytes, r->gbps, r->xfers_per_s,
+                   r->p50_us, r->p99_us, r->submit_ns_per_block, r->create_ms, r->md_bytes,
+                   r->peer_add_ms, r->transport, (unsigned long long)r->start_ns,
+                   (unsigned long long)r->end_ns, !o.verify ? "null" : r->bad ? "false" : "true",
                    (unsigned long long)r->bad);
         }
+        fflush(stdout);
         return;
     }
     printf("kvx-bench %s: %s blocks, %d iteration(s) after %d warm-up, %d in flight per peer, "
-           "%d peer(s), progress thread %s\n",
+           "%d peer(s), %d initiator(s), progress thread %s\n",
            kvx_version(), pattern_name(o.pattern), o.iters, o.warmup, o.inflight, o.naddrs,
-           o.threads ? "on" : "off");
-    printf("%-6s %6s %8s %10s %10s %9s %9s %10s  %-10s %s\n", "op", "block", "blocks", "GB/s",
+           o.clients, o.threads ? "on" : "off");
+    printf("%-8s %6s %8s %10s %10s %9s %9s %10s  %-10s %s\n", "op", "block", "blocks", "GB/s",
            "xfers/s", "p50 us", "p99 us", "sub ns/blk", "transport", "verified");
     for (int i = 0; i < n; i++) {
         const result_t *r = &res[i];
-        printf("%-6s %6s %8llu %10.3f %10.1f %9.1f %9.1f %10.1f  %-10s %s\n", r->op,
+        if (o.clients > 1)
+            snprintf(op, sizeof(op), "%s%s%.0d", r->op, r->initiator < 0 ? "*" : "#",
+                     r->initiator < 0 ? 0 : r->initiator);
+        else
+            snprintf(op, sizeof(op), "%s", r->op);
+        if (o.clients > 1 && r->initiator == 0)
+            op[strlen(r->op) + 1] = '0', op[strlen(r->op) + 2] = '\0';
+        printf("%-8s %6s %8llu %10.3f %10.1f %9.1f %9.1f %10.1f  %-10s %s\n", op,
                fmt_size(r->size, sz, sizeof(sz)), (unsigned long long)r->blocks, r->gbps,
                r->xfers_per_s, r->p50_us, r->p99_us, r->submit_ns_per_block, r->transport,
                !o.verify ? "off" : r->bad ? "NO" : "yes");
@@ -636,6 +687,93 @@ static void print_results(const result_t *res, int n)
     if (n > 0)
         printf("set-up: create %.2f ms, metadata %zu bytes, peer add %.2f ms\n", res[0].create_ms,
                res[0].md_bytes, res[0].peer_add_ms);
+    if (o.clients > 1)
+        printf("rows op#k: initiator k; op*: all initiators together (their bytes over the span "
+               "from the first start to the last end)\n");
+}
+
+/* ---- several initiators (--initiators with --loopback) -------------------------------------- */
+
+static double json_num(const char *line, const char *key)
+{
+    char pat[64];
+    const char *p;
+    snprintf(pat, sizeof(pat), "\"%s\":", key);
+    p = strstr(line, pat);
+    return p ? strtod(p + strlen(pat), NULL) : 0;
+}
+
+static void json_str(const char *line, const char *key, char *out, size_t cap)
+{
+    char pat[64];
+    const char *p, *e;
+    snprintf(pat, sizeof(pat), "\"%s\":\"", key);
+    out[0] = '\0';
+    if ((p = strstr(line, pat)) == NULL || (e = strchr(p + strlen(pat), '"')) == NULL)
+        return;
+    p += strlen(pat);
+    snprintf(out, cap, "%.*s", (int)(e - p), p);
+}
+
+/* Read the initiators' JSON lines, and add, per (op, size), their aggregate. */
+static int collect_initiators(FILE **outs, int m, result_t *res, int cap)
+{
+    static char opname[MAX_SIZES * 4][8];
+    char line[2048];
+    int n = 0, base;
+
+    for (int k = 0; k < m; k++) {
+        while (fgets(line, sizeof(line), outs[k]) != NULL && n < cap) {
+            result_t *r = &res[n];
+            if (line[0] != '{')
+                continue;
+            memset(r, 0, sizeof(*r));
+            json_str(line, "op", opname[n], sizeof(opname[n]));
+            r->op = opname[n];
+            r->size = (uint64_t)json_num(line, "block_size");
+            r->blocks = (uint64_t)json_num(line, "blocks_per_xfer");
+            r->gbps = json_num(line, "gbps");
+            r->xfers_per_s = json_num(line, "xfers_per_s");
+            r->p50_us = json_num(line, "p50_us");
+            r->p99_us = json_num(line, "p99_us");
+            r->submit_ns_per_block = json_num(line, "submit_ns_per_block");
+            r->create_ms = json_num(line, "create_ms");
+            r->md_bytes = (size_t)json_num(line, "metadata_bytes");
+            r->peer_add_ms = json_num(line, "peer_add_ms");
+            r->bytes = (uint64_t)json_num(line, "bytes");
+            r->start_ns = (uint64_t)json_num(line, "start_ns");
+            r->end_ns = (uint64_t)json_num(line, "end_ns");
+            r->bad = (uint64_t)json_num(line, "bad_blocks");
+            r->initiator = k;
+            json_str(line, "transport", r->transport, sizeof(r->transport));
+            n++;
+        }
+    }
+    base = n;
+    for (int i = 0; i < base && n < cap; i++) {
+        result_t *a = NULL;
+        for (int j = base; j < n; j++)
+            if (res[j].size == res[i].size && strcmp(res[j].op, res[i].op) == 0)
+                a = &res[j];
+        if (a == NULL) {
+            a = &res[n++];
+            *a = res[i];
+            a->initiator = -1;
+            a->bytes = 0;
+            a->bad = 0;
+            a->xfers_per_s = 0;
+            a->start_ns = UINT64_MAX;
+            a->end_ns = 0;
+        }
+        a->bytes += res[i].bytes;
+        a->bad += res[i].bad;
+        a->xfers_per_s += res[i].xfers_per_s;
+        a->p99_us = res[i].p99_us > a->p99_us ? res[i].p99_us : a->p99_us;
+        a->start_ns = res[i].start_ns < a->start_ns ? res[i].start_ns : a->start_ns;
+        a->end_ns = res[i].end_ns > a->end_ns ? res[i].end_ns : a->end_ns;
+        a->gbps = (double)a->bytes / (double)(a->end_ns - a->start_ns);
+    }
+    return n;
 }
 
 static int client_run(void)
@@ -680,9 +818,14 @@ static void usage(void)
            "  -t, --threads N       progress threads of the initiator (default 1)\n"
            "  -T, --target-threads N  progress threads of the target (default 1)\n"
            "  -N, --peers N         with --loopback: targets to fork (default 1)\n"
+           "  -I, --initiators N    with --loopback: initiator processes sharing the target(s),\n"
+           "                        each on its own slice of their regions (default 1)\n"
+           "      --client-index K --clients N   without --loopback: this initiator is K of N\n"
            "      --same-block      one block, the same remote block every time (ucx_perftest's\n"
            "                        cache-hot mode)\n"
            "  -p, --port N          server port (default %d; 0 = any)\n"
+           "      --wait            sleep in kvx_transport_wait instead of spinning on poll\n"
+           "                        (for more busy threads than cores)\n"
            "      --json            one JSON object per result line\n"
            "      --no-verify       skip checking the bytes that landed\n"
            "      --quiet           no progress display\n",
@@ -698,10 +841,11 @@ int main(int argc, char **argv)
         {"target-threads", 1, 0, 'T'}, {"peers", 1, 0, 'N'}, {"port", 1, 0, 'p'},
         {"loopback", 0, 0, 'L'}, {"json", 0, 0, 'J'},   {"no-verify", 0, 0, 'V'},
         {"same-block", 0, 0, 'S'}, {"quiet", 0, 0, 'Q'}, {"help", 0, 0, 'h'},
-        {"client-index", 1, 0, 'I'}, {"clients", 1, 0, 'C'}, {0, 0, 0, 0}};
+        {"client-index", 1, 0, 'K'}, {"clients", 1, 0, 'C'},
+        {"initiators", 1, 0, 'C'}, {"wait", 0, 0, 'W'}, {0, 0, 0, 0}};
     int c;
 
-    while ((c = getopt_long(argc, argv, "s:r:b:P:o:n:w:q:t:T:N:p:h", lo, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "s:r:b:P:o:n:w:q:t:T:N:I:p:h", lo, NULL)) != -1) {
         switch (c) {
         case 's': {
             char *list = strdup(optarg), *save = NULL;
@@ -739,8 +883,10 @@ int main(int argc, char **argv)
         case 'V': o.verify = false; break;
         case 'S': o.same_block = true; break;
         case 'Q': o.quiet = true; break;
-        case 'I': o.client_index = atoi(optarg); break;
-        case 'C': o.clients = atoi(optarg); break;
+        case 'W': o.wait = true; break;
+        case 'K': o.client_index = atoi(optarg); break;
+        case 'C':
+        case 'I': o.clients = atoi(optarg); break;
         case 'h': usage(); return 0;
         default: usage(); return 2;
         }
@@ -778,7 +924,52 @@ int main(int argc, char **argv)
             snprintf(addr[i], sizeof(addr[i]), "127.0.0.1:%d", port);
             o.addrs[o.naddrs++] = addr[i];
         }
-        rc = client_run();
+        if (o.clients > 1) {
+            /* several initiators into the target(s): each a process of its own, on its slice of
+             * the target region, started together by the target's barrier */
+            pid_t cp[64];
+            FILE *outs[64];
+            result_t res[64 * MAX_SIZES * 2];
+            bool json = o.json;
+            int n, bad = 0;
+
+            if (o.clients > 64)
+                die("at most 64 initiators");
+            for (int k = 0; k < o.clients; k++) {
+                int pfd[2];
+                if (pipe(pfd) < 0)
+                    die("pipe: %s", strerror(errno));
+                fflush(NULL);
+                cp[k] = fork();
+                if (cp[k] == 0) {
+                    prctl(PR_SET_PDEATHSIG, SIGKILL);
+                    close(pfd[0]);
+                    dup2(pfd[1], 1);
+                    o.client_index = k;
+                    o.json = o.quiet = true;
+                    _exit(client_run());
+                }
+                close(pfd[1]);
+                outs[k] = fdopen(pfd[0], "r");
+            }
+            n = collect_initiators(outs, o.clients, res, (int)(sizeof(res) / sizeof(res[0])));
+            rc = 0;
+            for (int k = 0; k < o.clients; k++) {
+                fclose(outs[k]);
+                waitpid(cp[k], &st, 0);
+                if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+                    rc = 1;
+            }
+            o.json = json;
+            print_results(res, n);
+            for (int i = 0; i < n; i++)
+                bad |= res[i].bad != 0;
+            if (bad)
+                fprintf(stderr, "kvx-bench: verification FAILED\n");
+            rc |= bad;
+        } else {
+            rc = client_run();
+        }
         for (int i = 0; i < o.peers; i++) {
             waitpid(pids[i], &st, 0);
             if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
