@@ -152,6 +152,26 @@ static void replace(kt_target_t *tb, kt_target_t *tc)
     verify(tc, 256, 32);
 }
 
+/* kvx_transport_wait sleeps until poll has something for the given scope, or times out. */
+static void wait_for_completions(kt_target_t *ta)
+{
+    kvx_completion_t c[4];
+    uint64_t id, t0;
+
+    t0 = kt_now_ns();
+    KT_EQ(kvx_transport_wait(t, NULL, 100), 0); /* nothing in flight: times out */
+    KT_CHECK(kt_now_ns() - t0 >= 90000000ull);
+    id = submit("A", 0, 32);
+    KT_EQ(kvx_transport_wait(t, "B", 50), 0); /* A's completion is not B's */
+    KT_EQ(kvx_transport_wait(t, "A", 5000), 1);
+    KT_EQ(kvx_transport_wait(t, NULL, 5000), 1); /* it consumed nothing */
+    KT_EQ(kvx_transport_poll(t, "A", c, 4), 1);
+    KT_EQ(c[0].id, id);
+    KT_EQ(c[0].status, 0);
+    verify(ta, 0, 32);
+    KT_ERR(kvx_transport_wait(NULL, NULL, 0), -EINVAL);
+}
+
 static void cancel(kt_target_t *ta)
 {
     uint64_t ids[6], pending[6], done_id;
@@ -208,6 +228,7 @@ int main(void)
     KT_OK(kvx_peer_add(t, "B", tb.md, tb.md_len, NULL));
 
     isolation();
+    wait_for_completions(&ta);
     remove_fails_only_that_peer(&ta, &tb);
     replace(&tb, &tc);
     cancel(&ta);

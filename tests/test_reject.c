@@ -232,6 +232,7 @@ static void after_close(void)
     KT_ERR(kvx_xfer_read(t, "p", &i0, &i0, 1, NULL, &id), -ESHUTDOWN);
     KT_ERR(kvx_transport_poll(t, NULL, &c, 1), -ESHUTDOWN);
     KT_ERR(kvx_xfer_cancel(t, &id, 1, KVX_CANCEL_WAIT, NULL), -ESHUTDOWN);
+    KT_ERR(kvx_transport_wait(t, NULL, 10), -ESHUTDOWN);
 }
 
 static void error_names(void)
