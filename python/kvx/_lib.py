@@ -1,0 +1,188 @@
+"""ctypes declarations of libkvx (include/kvx.h) and how the library is found."""
+
+import ctypes
+import ctypes.util
+import os
+
+c_uint64_p = ctypes.POINTER(ctypes.c_uint64)
+c_uint32_p = ctypes.POINTER(ctypes.c_uint32)
+
+# field-mask bits, as in kvx.h
+PARAM_REGION = 1 << 0
+PARAM_AGENT_NAME = 1 << 1
+PARAM_FINGERPRINT = 1 << 2
+PARAM_BACKENDS = 1 << 3
+PARAM_NUM_THREADS = 1 << 4
+PARAM_DEADLINE = 1 << 5
+PARAM_KEEPALIVE = 1 << 6
+PEER_PARAM_EXPECT_REGION = 1 << 0
+PEER_ATTR_AGENT_NAME = 1 << 0
+PEER_ATTR_TRANSPORT = 1 << 1
+PEER_ATTR_STATE = 1 << 2
+PEER_ATTR_REGION = 1 << 3
+PEER_ATTR_COUNTERS = 1 << 4
+PEER_ATTR_ALL = (1 << 5) - 1
+XFER_PARAM_DEADLINE = 1 << 0
+CANCEL_IMMEDIATE = 0
+CANCEL_WAIT = 1
+COMPLETION_READ = 1
+
+NAME_MAX = 63
+FINGERPRINT_MAX = 64
+TRANSPORT_NAME_MAX = 64
+ERRNO_OFFSET = 1000
+EINCOMPAT = ERRNO_OFFSET + 1
+PEER_STATES = {0: "connected", 1: "failed", 2: "removed"}
+
+LOG_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p)
+
+
+class Params(ctypes.Structure):
+    _fields_ = [
+        ("field_mask", ctypes.c_uint64),
+        ("base", ctypes.c_void_p),
+        ("num_blocks", ctypes.c_uint64),
+        ("block_len", ctypes.c_uint64),
+        ("agent_name", ctypes.c_char_p),
+        ("fingerprint", ctypes.c_char_p),
+        ("backends", ctypes.POINTER(ctypes.c_char_p)),
+        ("num_backends", ctypes.c_size_t),
+        ("num_threads", ctypes.c_uint),
+        ("deadline_ms", ctypes.c_uint64),
+        ("keepalive_ms", ctypes.c_uint64),
+        ("log_fn", LOG_FN),
+        ("log_arg", ctypes.c_void_p),
+        ("log_level", ctypes.c_int),
+    ]
+
+
+class PeerParams(ctypes.Structure):
+    _fields_ = [
+        ("field_mask", ctypes.c_uint64),
+        ("base_addr", ctypes.c_uint64),
+        ("num_blocks", ctypes.c_uint64),
+        ("block_len", ctypes.c_uint64),
+    ]
+
+
+class PeerAttr(ctypes.Structure):
+    _fields_ = [
+        ("field_mask", ctypes.c_uint64),
+        ("agent_name", ctypes.c_char * (NAME_MAX + 1)),
+        ("transport", ctypes.c_char * TRANSPORT_NAME_MAX),
+        ("rma_hw", ctypes.c_int),
+        ("state", ctypes.c_int),
+        ("error", ctypes.c_int),
+        ("remote_base", ctypes.c_uint64),
+        ("remote_num_blocks", ctypes.c_uint64),
+        ("block_len", ctypes.c_uint64),
+        ("bytes_written", ctypes.c_uint64),
+        ("bytes_read", ctypes.c_uint64),
+        ("xfers_done", ctypes.c_uint64),
+        ("xfers_failed", ctypes.c_uint64),
+        ("xfers_inflight", ctypes.c_uint64),
+        ("latency_sum_ns", ctypes.c_uint64),
+        ("latency_max_ns", ctypes.c_uint64),
+    ]
+
+
+class XferParams(ctypes.Structure):
+    _fields_ = [("field_mask", ctypes.c_uint64), ("deadline_ms", ctypes.c_uint64)]
+
+
+class Completion(ctypes.Structure):
+    _fields_ = [
+        ("id", ctypes.c_uint64),
+        ("status", ctypes.c_int32),
+        ("flags", ctypes.c_uint32),
+        ("bytes", ctypes.c_uint64),
+        ("duration_ns", ctypes.c_uint64),
+    ]
+
+
+def _candidates():
+    env = os.environ.get("KVX_LIBRARY")
+    if env:
+        yield env
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(os.path.dirname(here))
+    # the build tree of a source checkout (python/kvx -> build/)
+    for build in ("build", "build-asan"):
+        yield os.path.join(root, build, "libkvx.so")
+    # an install prefix next to this package (<prefix>/lib/python3/dist-packages/kvx)
+    for up in (3, 4):
+        prefix = here
+        for _ in range(up):
+            prefix = os.path.dirname(prefix)
+        yield os.path.join(prefix, "libkvx.so")
+        yield os.path.join(prefix, "lib", "libkvx.so")
+    found = ctypes.util.find_library("kvx")
+    if found:
+        yield found
+    yield "libkvx.so.0"
+
+
+_lib = None
+_load_error = None
+
+
+def load():
+    """The loaded libkvx, or None (see load_error()) when it cannot be found or loaded."""
+    global _lib, _load_error
+    if _lib is not None or _load_error is not None:
+        return _lib
+    errors = []
+    for path in _candidates():
+        if os.sep in path and not os.path.exists(path):
+            continue
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError as e:
+            errors.append(f"{path}: {e}")
+            continue
+        _declare(lib)
+        _lib = lib
+        return lib
+    _load_error = "libkvx not found (set KVX_LIBRARY): " + "; ".join(errors or ["no candidate"])
+    return None
+
+
+def load_error():
+    return _load_error
+
+
+def _declare(lib):
+    t = ctypes.c_void_p
+    sig = {
+        "kvx_strerror": (ctypes.c_char_p, [ctypes.c_int]),
+        "kvx_version": (ctypes.c_char_p, []),
+        "kvx_transport_create": (ctypes.c_int, [ctypes.POINTER(Params), ctypes.POINTER(t)]),
+        "kvx_transport_close": (ctypes.c_int, [t]),
+        "kvx_transport_destroy": (None, [t]),
+        "kvx_transport_metadata": (ctypes.c_int, [t, ctypes.c_void_p,
+                                                  ctypes.POINTER(ctypes.c_size_t)]),
+        "kvx_peer_add": (ctypes.c_int, [t, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t,
+                                        ctypes.POINTER(PeerParams)]),
+        "kvx_peer_remove": (ctypes.c_int, [t, ctypes.c_char_p]),
+        "kvx_peer_query": (ctypes.c_int, [t, ctypes.c_char_p, ctypes.POINTER(PeerAttr)]),
+        "kvx_xfer_write": (ctypes.c_int, [t, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p,
+                                          ctypes.c_size_t, ctypes.POINTER(XferParams),
+                                          c_uint64_p]),
+        "kvx_xfer_read": (ctypes.c_int, [t, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p,
+                                         ctypes.c_size_t, ctypes.POINTER(XferParams),
+                                         c_uint64_p]),
+        "kvx_transport_poll": (ctypes.c_int, [t, ctypes.c_char_p, ctypes.POINTER(Completion),
+                                              ctypes.c_size_t]),
+        "kvx_transport_wait": (ctypes.c_int, [t, ctypes.c_char_p, ctypes.c_int]),
+        "kvx_xfer_cancel": (ctypes.c_int, [t, c_uint64_p, ctypes.c_size_t, ctypes.c_int,
+                                           c_uint64_p]),
+    }
+    for name, (res, args) in sig.items():
+        f = getattr(lib, name)
+        f.restype = res
+        f.argtypes = args
+
+
+def strerror(rc):
+    lib = load()
+    return lib.kvx_strerror(rc).decode() if lib else f"error {rc}"

@@ -1,0 +1,394 @@
+"""KvxTransport: kvx as a drop-in data transport for a Python serving engine's P2P KV tier.
+
+It has the constructor shape and the methods of the NIXL-based transport it replaces, and
+follows the transport contract: None (never an exception) from write_blocks/read_blocks when a
+transfer cannot be submitted, ValueError from add_remote_peer for incompatible peers, per-peer
+poll isolation, honest cancel, idempotent close, and a clear exception for use after close.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import hashlib
+import json
+from array import array
+from collections.abc import Iterable
+from typing import Any, NamedTuple, Optional
+
+from . import _lib
+
+try:  # the serving engine's interface, when it is installed
+    from vllm.v1.kv_offload.tiering.p2p.data.base import (  # type: ignore
+        DataTransport as _Base,
+        PollResult,
+    )
+except Exception:  # pragma: no cover - depends on the environment
+    _Base = object
+
+    class PollResult(NamedTuple):
+        """Transfer ids finished since the previous poll."""
+
+        done: Any
+        failed: Any
+
+
+# Returned by poll() whenever nothing finished: the steady state allocates nothing.
+_EMPTY_POLL_RESULT = PollResult(done=(), failed=())
+
+_POLL_BATCH = 256
+
+# Errors of add_remote_peer that mean "this peer is not acceptable": ValueError. The others
+# (the peer is unreachable) are ConnectionError.
+_VALUE_ERRORS = {errno.EINVAL, errno.EBADMSG, errno.EPROTONOSUPPORT, errno.EEXIST, _lib.EINCOMPAT}
+
+
+class KvxError(RuntimeError):
+    """A kvx call failed; errno is the positive error code."""
+
+    def __init__(self, what: str, rc: int):
+        super().__init__(f"{what}: {_lib.strerror(rc)} ({rc})")
+        self.errno = -rc
+
+
+def config_fingerprint(config_fields: Optional[dict]) -> str:
+    """First 16 hex digits of sha256 of the config serialized as compact, key-sorted JSON; ""
+    (compatible with every peer) when there are no fields."""
+    if not config_fields:
+        return ""
+    blob = json.dumps(config_fields, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def _index_array(idxs) -> Optional[tuple]:
+    """(ctypes buffer, length) of 32-bit indices, or None when they cannot be indices.
+
+    Buffers of 4-byte integers (array('i'/'I'), NumPy int32/uint32, memoryviews of them) are
+    taken as they are, with one copy; anything else (lists, int64 arrays) goes through
+    array('I'), which checks every value. Negative int32 values become huge uint32 ones, which
+    kvx rejects as out of range.
+    """
+    try:
+        mv = memoryview(idxs)
+    except TypeError:
+        mv = None
+    if mv is not None and mv.itemsize == 4 and mv.format in ("i", "I", "=i", "=I", "<i", "<I"):
+        if not mv.c_contiguous:
+            mv = memoryview(mv.tobytes()).cast(mv.format[-1])
+        n = mv.nbytes // 4
+        if n == 0:
+            return None, 0
+        if not mv.readonly:  # no copy: kvx copies what it keeps during the call
+            return (ctypes.c_uint32 * n).from_buffer(mv), n
+        return (ctypes.c_uint32 * n).from_buffer_copy(mv), n
+    try:
+        a = array("I", idxs)
+    except (OverflowError, TypeError, ValueError):
+        return None
+    n = len(a)
+    if n == 0:
+        return None, 0
+    return (ctypes.c_uint32 * n).from_buffer(a), n
+
+
+class KvxTransport(_Base):  # type: ignore[misc, valid-type]
+    """Registers one region (a 2-D memoryview, num_blocks x block_len bytes) with kvx and moves
+    blocks of it to and from peers.
+
+    Threading: every method may be called from any thread; kvx serializes them. A background
+    progress thread (num_threads > 0) lets peers write into and read from this region while this
+    process never calls kvx. num_threads > 1 is accepted and runs one thread: UCX drives one
+    worker per transport.
+    """
+
+    def __init__(
+        self,
+        agent_name: Optional[str],
+        view: memoryview,
+        config_fields: Optional[dict] = None,
+        backends: Optional[list] = None,
+        num_threads: int = 4,
+        deadline_ms: Optional[int] = None,
+    ) -> None:
+        mv = self._check_view(view)
+        self._view = mv
+        self._num_blocks = mv.shape[0]
+        self._block_len = mv.shape[1] * mv.itemsize
+        self._region = (ctypes.c_char * mv.nbytes).from_buffer(mv)
+        self._base_addr = ctypes.addressof(self._region)
+        self._config_fingerprint = config_fingerprint(config_fields)
+        self._backends = list(backends) if backends else ["UCX"]
+        self._num_threads = num_threads
+        self._agent_name = agent_name
+        self._handle: Optional[int] = None
+        self._closed = False
+        self._comps = (_lib.Completion * _POLL_BATCH)()
+        self._id = ctypes.c_uint64()
+        if _Base is not object:
+            try:
+                super().__init__(view, config_fields=config_fields)
+            except Exception:  # the base's own bookkeeping is optional to kvx
+                pass
+        self._init(deadline_ms)
+
+    @staticmethod
+    def _check_view(view) -> memoryview:
+        try:
+            mv = view if isinstance(view, memoryview) else memoryview(view)
+        except TypeError:
+            raise ValueError(f"view must be a buffer (a 2-D memoryview), not {type(view).__name__}")
+        if mv.ndim != 2:
+            raise ValueError(f"view must be 2-D (num_blocks x block_len), not {mv.ndim}-D")
+        if mv.readonly:
+            raise ValueError("view must be writable: peers write into it")
+        if not mv.c_contiguous:
+            raise ValueError("view must be C-contiguous: one region of num_blocks x block_len")
+        if mv.shape[0] == 0 or mv.shape[1] == 0:
+            raise ValueError(f"view must hold at least one byte per block, shape {mv.shape}")
+        return mv
+
+    def _init(self, deadline_ms: Optional[int]) -> None:
+        lib = _lib.load()
+        if lib is None:
+            return  # available stays False, as the seed does when NIXL is missing
+        p = _lib.Params()
+        p.field_mask = _lib.PARAM_REGION | _lib.PARAM_FINGERPRINT | _lib.PARAM_BACKENDS | \
+            _lib.PARAM_NUM_THREADS
+        p.base = self._base_addr
+        p.num_blocks = self._num_blocks
+        p.block_len = self._block_len
+        p.fingerprint = self._config_fingerprint.encode()
+        backends = [b.encode() for b in self._backends]
+        arr = (ctypes.c_char_p * len(backends))(*backends)
+        p.backends = arr
+        p.num_backends = len(backends)
+        p.num_threads = max(0, int(self._num_threads))
+        if self._agent_name is not None:
+            p.field_mask |= _lib.PARAM_AGENT_NAME
+            p.agent_name = str(self._agent_name).encode()
+        if deadline_ms is not None:
+            p.field_mask |= _lib.PARAM_DEADLINE
+            p.deadline_ms = int(deadline_ms)
+        h = ctypes.c_void_p()
+        rc = lib.kvx_transport_create(ctypes.byref(p), ctypes.byref(h))
+        if rc == -errno.EINVAL:
+            raise ValueError(f"KvxTransport: invalid arguments (agent name {self._agent_name!r}, "
+                             f"backends {self._backends}, region {self._num_blocks} x "
+                             f"{self._block_len}): {_lib.strerror(rc)}")
+        if rc < 0:
+            return  # UCX could not start here: available is False
+        self._handle = h.value
+        self._lib = lib
+
+    # ---- properties ------------------------------------------------------------------------
+
+    @property
+    def available(self) -> bool:
+        return self._handle is not None and not self._closed
+
+    @property
+    def base_addr(self) -> int:
+        return self._base_addr
+
+    @property
+    def num_blocks(self) -> int:
+        return self._num_blocks
+
+    @property
+    def block_len(self) -> int:
+        return self._block_len
+
+    @property
+    def config_fingerprint(self) -> str:
+        return self._config_fingerprint
+
+    def _h(self) -> int:
+        if self._closed:
+            raise RuntimeError("KvxTransport is closed")
+        if self._handle is None:
+            raise RuntimeError("KvxTransport is not available: " +
+                               (_lib.load_error() or "UCX could not start"))
+        return self._handle
+
+    # ---- metadata and peers ----------------------------------------------------------------
+
+    def get_agent_metadata(self) -> bytes:
+        h = self._h()
+        n = ctypes.c_size_t(0)
+        self._lib.kvx_transport_metadata(h, None, ctypes.byref(n))
+        buf = ctypes.create_string_buffer(n.value)
+        rc = self._lib.kvx_transport_metadata(h, buf, ctypes.byref(n))
+        if rc < 0:
+            raise KvxError("get_agent_metadata", rc)
+        return buf.raw[: n.value]
+
+    def add_remote_peer(self, peer_id: str, agent_metadata: bytes, base_addr: int,
+                        num_blocks: int, block_len: int) -> None:
+        """Connect to a peer. ValueError when the peer is incompatible (block length,
+        fingerprint), the metadata is malformed or our own, or disagrees with the arguments;
+        ConnectionError when it cannot be reached. On error nothing changes."""
+        h = self._h()
+        md = bytes(agent_metadata)
+        pp = _lib.PeerParams(_lib.PEER_PARAM_EXPECT_REGION, int(base_addr) & (2**64 - 1),
+                             int(num_blocks) & (2**64 - 1), int(block_len) & (2**64 - 1))
+        rc = self._lib.kvx_peer_add(h, str(peer_id).encode(), md, len(md), ctypes.byref(pp))
+        if rc == 0:
+            return
+        if -rc in _VALUE_ERRORS:
+            raise ValueError(f"add_remote_peer({peer_id!r}): {_lib.strerror(rc)}")
+        raise ConnectionError(-rc, f"add_remote_peer({peer_id!r}): {_lib.strerror(rc)}")
+
+    def remove_remote_peer(self, peer_id: str) -> None:
+        """Fail the peer's transfers in flight (they come out of the next poll as failed) and
+        release its connection. Unknown peer: nothing happens."""
+        rc = self._lib.kvx_peer_remove(self._h(), str(peer_id).encode())
+        if rc < 0:
+            raise KvxError("remove_remote_peer", rc)
+
+    def peer_info(self, peer_id: str) -> Optional[dict]:
+        """Transport in use, state and counters of a peer; None if unknown."""
+        a = _lib.PeerAttr()
+        a.field_mask = _lib.PEER_ATTR_ALL
+        rc = self._lib.kvx_peer_query(self._h(), str(peer_id).encode(), ctypes.byref(a))
+        if rc < 0:
+            return None
+        return {
+            "agent_name": a.agent_name.decode(),
+            "transport": a.transport.decode(),
+            "rma_hw": bool(a.rma_hw),
+            "state": _lib.PEER_STATES.get(a.state, str(a.state)),
+            "error": a.error,
+            "remote_base": a.remote_base,
+            "remote_num_blocks": a.remote_num_blocks,
+            "block_len": a.block_len,
+            "bytes_written": a.bytes_written,
+            "bytes_read": a.bytes_read,
+            "xfers_done": a.xfers_done,
+            "xfers_failed": a.xfers_failed,
+            "xfers_inflight": a.xfers_inflight,
+            "latency_sum_ns": a.latency_sum_ns,
+            "latency_max_ns": a.latency_max_ns,
+        }
+
+    # ---- transfers -------------------------------------------------------------------------
+
+    def _submit(self, fn, peer_id, local_idxs, remote_idxs, deadline_ms) -> Optional[int]:
+        h = self._h()
+        loc = _index_array(local_idxs)
+        rem = _index_array(remote_idxs)
+        if loc is None or rem is None or loc[1] != rem[1]:
+            return None
+        params = None
+        if deadline_ms is not None:
+            params = ctypes.byref(_lib.XferParams(_lib.XFER_PARAM_DEADLINE, int(deadline_ms)))
+        rc = fn(h, str(peer_id).encode(), loc[0], rem[0], loc[1], params,
+                ctypes.byref(self._id))
+        return None if rc < 0 else self._id.value
+
+    def write_blocks(self, peer_id: str, local_idxs, remote_idxs,
+                     deadline_ms: Optional[int] = None) -> Optional[int]:
+        """Submit a write of local_idxs[i] into the peer's remote_idxs[i]. Returns a transfer id
+        that poll() reports once, or None when the peer is unknown or failed, the lists differ
+        in length, an index is out of range, or submission fails. Never blocks, never raises for
+        a dead peer."""
+        return self._submit(self._lib.kvx_xfer_write, peer_id, local_idxs, remote_idxs,
+                            deadline_ms)
+
+    def read_blocks(self, peer_id: str, local_idxs, remote_idxs,
+                    deadline_ms: Optional[int] = None) -> Optional[int]:
+        """Submit a read of the peer's remote_idxs[i] into local_idxs[i]; as write_blocks."""
+        return self._submit(self._lib.kvx_xfer_read, peer_id, local_idxs, remote_idxs,
+                            deadline_ms)
+
+    def poll(self, peer_id: Optional[str] = None) -> PollResult:
+        """Drive progress; return the ids that finished since the last poll, each once. With a
+        peer_id, only that peer's transfers, leaving the others' for their own polls; None takes
+        them all (shutdown drain)."""
+        h = self._h()
+        pid = None if peer_id is None else str(peer_id).encode()
+        done = failed = None
+        while True:
+            n = self._lib.kvx_transport_poll(h, pid, self._comps, _POLL_BATCH)
+            if n <= 0:
+                if n < 0:
+                    raise KvxError("poll", n)
+                break
+            for i in range(n):
+                c = self._comps[i]
+                if c.status == 0:
+                    if done is None:
+                        done = []
+                    done.append(c.id)
+                else:
+                    if failed is None:
+                        failed = []
+                    failed.append(c.id)
+            if n < _POLL_BATCH:
+                break
+        if done is None and failed is None:
+            return _EMPTY_POLL_RESULT
+        return PollResult(done=done if done is not None else _EMPTY_POLL_RESULT.done,
+                          failed=failed if failed is not None else _EMPTY_POLL_RESULT.failed)
+
+    def wait(self, peer_id: Optional[str] = None, timeout: Optional[float] = None) -> bool:
+        """Sleep until poll(peer_id) has something to return (True) or timeout seconds pass
+        (False), driving progress meanwhile."""
+        ms = -1 if timeout is None else max(0, int(timeout * 1000))
+        pid = None if peer_id is None else str(peer_id).encode()
+        rc = self._lib.kvx_transport_wait(self._h(), pid, ms)
+        if rc < 0:
+            raise KvxError("wait", rc)
+        return rc > 0
+
+    def cancel(self, transfer_ids: Iterable[int], mode: str = "immediate") -> list:
+        """Best effort. "immediate": stop tracking the ids now (they never come out of poll);
+        returns []. "wait": returns the ids whose bytes may still be moving; each comes out of a
+        later poll as failed (canceled) and only then may its blocks be reused. Unknown or
+        finished ids are ignored."""
+        if mode not in ("immediate", "wait"):
+            raise ValueError(f"cancel mode must be 'immediate' or 'wait', not {mode!r}")
+        h = self._h()
+        ids = array("Q", [int(i) for i in transfer_ids if 0 <= int(i) < 2**64])
+        n = len(ids)
+        if n == 0:
+            return []
+        buf = (ctypes.c_uint64 * n).from_buffer(ids)
+        pending = (ctypes.c_uint64 * n)()
+        rc = self._lib.kvx_xfer_cancel(h, buf, n,
+                                       _lib.CANCEL_WAIT if mode == "wait" else _lib.CANCEL_IMMEDIATE,
+                                       pending)
+        if rc < 0:
+            raise KvxError("cancel", rc)
+        return list(pending[:rc])
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Fail and release everything, remove all peers, deregister the region. Idempotent.
+        Any later call raises RuntimeError."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._handle is not None:
+            self._lib.kvx_transport_destroy(self._handle)
+            self._handle = None
+        # drop our hold on the caller's buffer, so that it can be released (an mmap closed)
+        self._region = None
+        self._view = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        state = "closed" if self._closed else "available" if self.available else "unavailable"
+        return (f"KvxTransport({self._agent_name!r}, {self._num_blocks} x {self._block_len} "
+                f"bytes, {state})")

@@ -1,0 +1,432 @@
+"""The Python face of kvx, against real peers in other processes: every rule of the transport
+contract, the seed's calling sequence, and every transfer checked byte for byte.
+
+Run: PYTHONPATH=python /usr/bin/python3 -m pytest tests/python   (or -m unittest)
+"""
+
+import errno
+import hashlib
+import json
+import mmap
+import multiprocessing
+import os
+import signal
+import sys
+import time
+import unittest
+from array import array
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import kvx  # noqa: E402
+from peer_proc import block_pattern, fill, target_main  # noqa: E402
+
+BL = 65536
+NB = 128
+SALT = 0x5A
+CTX = multiprocessing.get_context("spawn")
+
+
+def all_stopped(pid):
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+            if f.read().rpartition(")")[2].split()[0] not in ("T", "t"):
+                return False
+    return True
+
+
+class Target:
+    """A target engine in a child process (see peer_proc.py)."""
+
+    def __init__(self, name, num_blocks=NB, block_len=BL, salt=1, config_fields=None, env=None):
+        self.conn, child = CTX.Pipe()
+        self.proc = CTX.Process(target=target_main, daemon=True,
+                                args=(child, name, num_blocks, block_len, salt, config_fields, env))
+        self.proc.start()
+        self.md, self.base, self.num_blocks, self.block_len, self.pid = self.recv(60)
+        self.salt = salt
+
+    def recv(self, timeout=30):
+        if not self.conn.poll(timeout):
+            raise TimeoutError("target did not answer")
+        return self.conn.recv()
+
+    def verify(self, dst, src, salt, rnd):
+        self.conn.send(("verify", list(zip(dst, src)), salt, rnd))
+        return self.recv()
+
+    def refill(self, rnd):
+        self.conn.send(("refill", rnd))
+        self.recv()
+
+    def stop(self):
+        os.kill(self.pid, signal.SIGSTOP)
+        end = time.time() + 5
+        while not all_stopped(self.pid):
+            if time.time() > end:
+                raise TimeoutError("target did not stop")
+            time.sleep(0.0005)
+
+    def cont(self):
+        os.kill(self.pid, signal.SIGCONT)
+
+    def quit(self):
+        if self.proc.is_alive():
+            self.cont()
+            self.conn.send(("quit",))
+            self.recv()
+        self.proc.join(10)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join()
+
+    def add_to(self, t, peer_id):
+        t.add_remote_peer(peer_id, self.md, self.base, self.num_blocks, self.block_len)
+
+
+class Local:
+    """This process's engine: a transport over an mmap'd region of patterned blocks."""
+
+    def __init__(self, name, num_blocks=NB, block_len=BL, config_fields=None, **kw):
+        self.region = mmap.mmap(-1, num_blocks * block_len)
+        self.block_len = block_len
+        fill(self.region, block_len, num_blocks, SALT, 0)
+        self.t = kvx.KvxTransport(name, memoryview(self.region).cast("B", (num_blocks, block_len)),
+                                  config_fields, **kw)
+
+    def block(self, i):
+        return self.region[i * self.block_len:(i + 1) * self.block_len]
+
+    def close(self):
+        self.t.close()
+        self.region.close()
+
+
+def poll_until(t, want, peer_id=None, timeout=10.0):
+    """Poll until `want` ids came out (done or failed); each must come out once."""
+    done, failed = [], []
+    end = time.time() + timeout
+    while len(done) + len(failed) < want and time.time() < end:
+        r = t.poll(peer_id)
+        done += r.done
+        failed += r.failed
+        if not r.done and not r.failed:
+            time.sleep(0.0002)
+    ids = done + failed
+    assert len(ids) == len(set(ids)), f"an id came out twice: {ids}"
+    return done, failed
+
+
+def scattered(n, limit, seed):
+    a = limit // 2 + 1
+    while limit > 2 and any(limit % p == 0 and a % p == 0 for p in range(2, a + 1)):
+        a += 1
+    return [(a * i + seed) % limit for i in range(n)]
+
+
+class TestOffline(unittest.TestCase):
+    """What needs no peer."""
+
+    def test_fingerprint_matches_the_seed(self):
+        for cfg in ({"model": "llama", "tp": 8}, {"b": [1, 2], "a": {"z": None, "y": 1.5}},
+                    {"dtype": "bf16", "block_size": 16, "layers": 80}, {"ü": "ß"}):
+            want = hashlib.sha256(json.dumps(cfg, sort_keys=True, separators=(",", ":"))
+                                  .encode()).hexdigest()[:16]
+            self.assertEqual(kvx.config_fingerprint(cfg), want)
+            loc = Local("fp", 4, 4096, cfg)
+            self.assertEqual(loc.t.config_fingerprint, want)
+            loc.close()
+        self.assertEqual(kvx.config_fingerprint(None), "")
+        self.assertEqual(kvx.config_fingerprint({}), "")
+
+    def test_view_checks(self):
+        with self.assertRaisesRegex(ValueError, "writable"):
+            kvx.KvxTransport("v", memoryview(bytes(8192)).cast("B", (2, 4096)))
+        with self.assertRaisesRegex(ValueError, "2-D"):
+            kvx.KvxTransport("v", memoryview(bytearray(8192)))
+        with self.assertRaisesRegex(ValueError, "C-contiguous"):
+            kvx.KvxTransport("v", memoryview(bytearray(8192)).cast("B", (4, 2048))[::2])
+        with self.assertRaisesRegex(ValueError, "buffer"):
+            kvx.KvxTransport("v", 12345)
+        with self.assertRaisesRegex(ValueError, "invalid arguments"):
+            kvx.KvxTransport("has space", memoryview(bytearray(8192)).cast("B", (2, 4096)))
+        with self.assertRaisesRegex(ValueError, "invalid arguments"):
+            kvx.KvxTransport("v", memoryview(bytearray(8192)).cast("B", (2, 4096)),
+                             backends=["UCX", "GDS"])
+
+    def test_properties_close_and_use_after_close(self):
+        loc = Local("props", 8, 4096, {"x": 1}, num_threads=0)
+        t = loc.t
+        self.assertTrue(t.available)
+        self.assertEqual((t.num_blocks, t.block_len), (8, 4096))
+        self.assertEqual(t.base_addr, kvx.transport.ctypes.addressof(
+            kvx.transport.ctypes.c_char.from_buffer(loc.region)))
+        md = t.get_agent_metadata()
+        self.assertIsInstance(md, bytes)
+        self.assertIs(t.poll(), t.poll())  # the shared empty result
+        t.close()
+        t.close()  # idempotent
+        self.assertFalse(t.available)
+        for call in (t.get_agent_metadata, t.poll, lambda: t.write_blocks("p", [0], [0]),
+                     lambda: t.add_remote_peer("p", md, 1, 1, 1), lambda: t.cancel([1]),
+                     lambda: t.remove_remote_peer("p"), lambda: t.peer_info("p")):
+            with self.assertRaisesRegex(RuntimeError, "closed"):
+                call()
+        loc.region.close()  # the transport released its hold on the region
+
+
+class TestWithPeers(unittest.TestCase):
+    """Real transfers between processes."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.a = Target("target-a", salt=1)
+        cls.b = Target("target-b", salt=2)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.a.quit()
+        cls.b.quit()
+
+    def setUp(self):
+        self.loc = Local("initiator")
+        self.t = self.loc.t
+        self.a.add_to(self.t, "A")
+        self.b.add_to(self.t, "B")
+
+    def tearDown(self):
+        self.a.cont()
+        self.b.cont()
+        self.loc.close()
+
+    def test_write_and_read_every_byte(self):
+        for rnd, (loc_idx, rem_idx) in enumerate([
+                (list(range(8)), list(range(40, 48))),              # contiguous: one run
+                (scattered(32, 64, 0), scattered(32, NB, 5)),        # scattered
+                (list(range(64, 80)), scattered(16, NB, 9))]):       # mixed
+            for i in loc_idx:
+                self.loc.region[i * BL:(i + 1) * BL] = block_pattern(BL, SALT, i, rnd + 1)
+            tid = self.t.write_blocks("A", loc_idx, rem_idx)
+            self.assertIsNotNone(tid)
+            done, failed = poll_until(self.t, 1, "A")
+            self.assertEqual((done, failed), ([tid], []))
+            self.assertEqual(self.a.verify(rem_idx, loc_idx, SALT, rnd + 1), [])
+        # read from B, whose blocks carry (2, index, 0) after a refill
+        self.b.refill(0)
+        dst = list(range(100, 120))
+        src = scattered(20, NB, 3)
+        tid = self.t.read_blocks("B", dst, src)
+        self.assertEqual(poll_until(self.t, 1, "B"), ([tid], []))
+        for d, s in zip(dst, src):
+            self.assertEqual(self.loc.block(d), block_pattern(BL, 2, s, 0), f"block {d} <- {s}")
+        info = self.t.peer_info("B")
+        self.assertEqual(info["bytes_read"], 20 * BL)
+        self.assertEqual(info["xfers_done"], 1)
+        self.assertIn(info["transport"], ("sysv", "posix", "tcp"))
+        self.assertEqual(self.t.peer_info("A")["bytes_written"], (8 + 32 + 16) * BL)
+        self.assertIsNone(self.t.peer_info("nobody"))
+
+    def test_index_types(self):
+        kinds = [[3, 4, 5], array("i", [3, 4, 5]), array("I", [3, 4, 5]),
+                 memoryview(array("i", [3, 4, 5])), (3, 4, 5), range(3, 6)]
+        try:
+            import numpy as np
+            kinds += [np.array([3, 4, 5], np.int32), np.array([3, 4, 5], np.uint32),
+                      np.array([3, 4, 5], np.int64), np.array([9, 3, 8, 4, 7, 5], np.int32)[1::2]]
+        except ImportError:
+            pass
+        for k in kinds:
+            tid = self.t.write_blocks("A", k, [10, 11, 12])
+            self.assertIsNotNone(tid, f"{type(k)}")
+            self.assertEqual(poll_until(self.t, 1, "A"), ([tid], []))
+        self.assertEqual(self.a.verify([10, 11, 12], [3, 4, 5], SALT, 0), [])
+        # a large scattered list passes by buffer
+        big = array("i", scattered(NB, NB, 1))
+        tid = self.t.write_blocks("A", big, array("i", range(NB)))
+        self.assertEqual(poll_until(self.t, 1, "A"), ([tid], []))
+        self.assertEqual(self.a.verify(list(range(NB)), list(big), SALT, 0), [])
+
+    def test_rejected_submissions_return_none(self):
+        t = self.t
+        self.assertIsNone(t.write_blocks("nobody", [0], [0]))
+        self.assertIsNone(t.write_blocks("A", [0, 1], [0]))          # lengths differ
+        self.assertIsNone(t.write_blocks("A", [NB], [0]))            # local out of range
+        self.assertIsNone(t.write_blocks("A", [0], [NB]))            # remote out of range
+        self.assertIsNone(t.write_blocks("A", [-1], [0]))            # negative
+        self.assertIsNone(t.write_blocks("A", array("i", [-1]), [0]))
+        self.assertIsNone(t.write_blocks("A", ["x"], [0]))
+        self.assertIsNone(t.read_blocks("nobody", [0], [0]))
+        self.assertIs(t.poll(), t.poll())                            # nothing was submitted
+        tid = t.write_blocks("A", [], [])                            # empty: legal
+        self.assertEqual(poll_until(t, 1, "A"), ([tid], []))
+
+    def test_incompatible_peers_raise_value_error_and_change_nothing(self):
+        other = Target("odd-length", num_blocks=16, block_len=4096)
+        fp = Target("other-config", num_blocks=16, block_len=BL, config_fields={"model": "z"})
+        try:
+            loc2 = Local("fp-holder", 16, BL, {"model": "y"})
+            t2 = loc2.t
+            a = self.a
+            bad = [
+                (other.md, other.base, 16, 4096),                  # block_len differs
+                (fp.md, fp.base, 16, BL),                          # fingerprints differ
+                (t2.get_agent_metadata(), t2.base_addr, 16, BL),   # our own metadata
+                (a.md[:-1], a.base, NB, BL),                       # truncated
+                (b"garbage" * 20, a.base, NB, BL),                 # foreign
+                (a.md, a.base + 1, NB, BL),                        # disagrees: base
+                (a.md, a.base, NB + 1, BL),                        # disagrees: num_blocks
+                (a.md, a.base, NB, 4096),                          # disagrees: block_len
+            ]
+            a.add_to(t2, "good")
+            for md, base, nb, bl in bad:
+                with self.assertRaises(ValueError):
+                    t2.add_remote_peer("good", md, base, nb, bl)
+                # the existing peer is untouched and still works
+                tid = t2.write_blocks("good", [1], [2])
+                self.assertEqual(poll_until(t2, 1, "good"), ([tid], []))
+            self.assertEqual(t2.peer_info("good")["state"], "connected")
+            loc2.close()
+        finally:
+            other.quit()
+            fp.quit()
+
+    def test_poll_isolation_and_unique_ids(self):
+        ids_a = [self.t.write_blocks("A", [i], [i]) for i in range(20)]
+        ids_b = [self.t.write_blocks("B", [i], [i + 20]) for i in range(20)]
+        self.assertEqual(len(set(ids_a + ids_b)), 40)
+        time.sleep(0.2)  # B's transfers finish too; polls of A must leave them alone
+        done_a, failed_a = poll_until(self.t, 20, "A")
+        self.assertEqual(sorted(done_a), sorted(ids_a))
+        self.assertEqual(failed_a, [])
+        self.assertIs(self.t.poll("A"), self.t.poll("A"))
+        done_b, _ = poll_until(self.t, 20, None)
+        self.assertEqual(sorted(done_b), sorted(ids_b))
+        self.assertEqual(self.t.poll(), kvx.PollResult((), ()))
+
+    def test_remove_fails_only_that_peers_transfers(self):
+        self.a.stop()
+        ids_a = [self.t.write_blocks("A", list(range(i * 16, i * 16 + 16)), list(range(16)))
+                 for i in range(4)]
+        ids_b = [self.t.write_blocks("B", list(range(i * 16, i * 16 + 16)), list(range(16)))
+                 for i in range(4)]
+        time.sleep(0.05)
+        self.t.remove_remote_peer("A")
+        self.t.remove_remote_peer("A")  # unknown now: no-op
+        self.assertIsNone(self.t.write_blocks("A", [0], [0]))
+        done, failed = poll_until(self.t, 4, "A", timeout=2)
+        self.assertEqual((done, sorted(failed)), ([], sorted(ids_a)))
+        done, failed = poll_until(self.t, 4, "B")
+        self.assertEqual((sorted(done), failed), (sorted(ids_b), []))
+        self.assertEqual(self.b.verify(list(range(16)), list(range(48, 64)), SALT, 0), [])
+        self.a.cont()
+
+    def test_readding_replaces_the_connection(self):
+        self.a.stop()
+        ids = [self.t.write_blocks("A", list(range(i * 16, i * 16 + 16)), list(range(16)))
+               for i in range(4)]
+        self.a.add_to(self.t, "A")
+        done, failed = poll_until(self.t, 4, "A", timeout=2)
+        self.assertEqual((done, sorted(failed)), ([], sorted(ids)))
+        self.a.cont()
+        tid = self.t.write_blocks("A", [7], [70])
+        self.assertEqual(poll_until(self.t, 1, "A"), ([tid], []))
+        self.assertEqual(self.a.verify([70], [7], SALT, 0), [])
+        # the same id, another engine: writes now land in B
+        self.b.add_to(self.t, "A")
+        self.assertEqual(self.t.peer_info("A")["agent_name"], "target-b")
+        tid = self.t.write_blocks("A", [8], [71])
+        self.assertEqual(poll_until(self.t, 1, "A"), ([tid], []))
+        self.assertEqual(self.b.verify([71], [8], SALT, 0), [])
+
+    def test_cancel(self):
+        with self.assertRaises(ValueError):
+            self.t.cancel([1], mode="later")
+        self.assertEqual(self.t.cancel([123456789, -5], mode="wait"), [])
+        self.a.stop()
+        ids = [self.t.write_blocks("A", list(range(i * 16, i * 16 + 16)), list(range(16)))
+               for i in range(6)]
+        self.assertEqual(self.t.cancel(ids[5:], "immediate"), [])
+        pending = self.t.cancel(ids[:5], "wait")
+        self.assertIn(ids[0], pending)  # the first one surely reached UCX
+        self.assertTrue(set(pending) <= set(ids[:5]))
+        time.sleep(0.05)
+        self.assertIs(self.t.poll("A"), self.t.poll("A"))  # nothing finishes while A is stopped
+        self.a.cont()
+        done, failed = poll_until(self.t, len(pending), "A")
+        self.assertEqual(sorted(done + failed), sorted(pending))
+        time.sleep(0.1)
+        self.assertIs(self.t.poll(), self.t.poll())  # the others never come out
+
+    def test_the_seeds_calling_sequence(self):
+        """Handshake, writes, per-tick polls, abort with cancel wait then immediate, shutdown
+        drain, close: the way the serving engine's P2P tier drives its transport."""
+        peer = Local("engine-2")
+        t1, t2 = self.t, peer.t
+        try:
+            # handshake, both ways
+            t2.add_remote_peer("engine-1", t1.get_agent_metadata(), t1.base_addr,
+                               t1.num_blocks, t1.block_len)
+            t1.add_remote_peer("engine-2", t2.get_agent_metadata(), t2.base_addr,
+                               t2.num_blocks, t2.block_len)
+            inflight = {}
+            for step in range(5):
+                tid = t1.write_blocks("engine-2", [step * 2, step * 2 + 1], [50 + step, 60 + step])
+                self.assertIsNotNone(tid)
+                inflight[tid] = step
+            # per-tick polls scoped to the session's peer
+            end = time.time() + 10
+            while inflight and time.time() < end:
+                r = t1.poll("engine-2")
+                self.assertEqual(r.failed, ())
+                for tid in r.done:
+                    del inflight[tid]
+                time.sleep(0.001)
+            self.assertEqual(inflight, {})
+            for step in range(5):
+                self.assertEqual(peer.block(50 + step), block_pattern(BL, SALT, step * 2, 0))
+            # abort: a batch is canceled, first waiting for what may still move, then for good
+            self.a.stop()
+            batch = [t1.write_blocks("A", [i], [i]) for i in range(8)]
+            pending = t1.cancel(batch, "wait")
+            t1.cancel([i for i in batch if i not in pending], "immediate")
+            self.a.cont()
+            # shutdown drain: everything still tracked comes out of an unscoped poll
+            done, failed = poll_until(t1, len(pending), None)
+            self.assertEqual(sorted(done + failed), sorted(pending))
+            t2.remove_remote_peer("engine-1")
+            t1.remove_remote_peer("engine-2")
+        finally:
+            peer.close()
+
+
+class TestTcp(unittest.TestCase):
+    """The same write and read with UCX limited to tcp."""
+
+    def test_write_read_over_tcp(self):
+        old = os.environ.get("UCX_TLS")
+        os.environ["UCX_TLS"] = "tcp"
+        try:
+            tg = Target("tcp-target", env={"UCX_TLS": "tcp"})
+            loc = Local("tcp-initiator")
+            try:
+                tg.add_to(loc.t, "T")
+                self.assertEqual(loc.t.peer_info("T")["transport"], "tcp")
+                src = scattered(32, NB, 4)
+                tid = loc.t.write_blocks("T", src, list(range(32)))
+                self.assertEqual(poll_until(loc.t, 1, "T"), ([tid], []))
+                self.assertEqual(tg.verify(list(range(32)), src, SALT, 0), [])
+                tid = loc.t.read_blocks("T", list(range(64, 96)), list(range(32, 64)))
+                self.assertEqual(poll_until(loc.t, 1, "T"), ([tid], []))
+                for i in range(32):
+                    self.assertEqual(loc.block(64 + i), block_pattern(BL, 1, 32 + i, 0))
+            finally:
+                loc.close()
+                tg.quit()
+        finally:
+            if old is None:
+                del os.environ["UCX_TLS"]
+            else:
+                os.environ["UCX_TLS"] = old
+
+
+if __name__ == "__main__":
+    unittest.main()
