@@ -308,8 +308,6 @@ int kt_target_main(int sock, void *arg)
     uint8_t *md;
     size_t md_len, len;
 
-    if (a->netns != NULL)
-        kt_netns_enter(a->netns, a->ns_index);
     r = kt_region_alloc(a->num_blocks, a->block_len);
     kt_fill_all(&r, a->salt, 0);
     t = kt_transport_ex(&r, a->name, a->threads, a->fingerprint, 0);
@@ -348,10 +346,48 @@ int kt_target_main(int sock, void *arg)
     return 0;
 }
 
+/*
+ * A target is a process of its own image (tests/kt_target.c, exec'd): forking a process that
+ * already runs UCX leaves the child with UCX's global state but none of its threads, and it then
+ * fails to wire up. Targets started after the test's own transport exists must be exec'd.
+ */
 kt_target_t kt_target_start(const kt_target_args_t *args)
 {
     kt_target_t tg = {.args = *args};
-    tg.proc = kt_spawn(kt_target_main, &tg.args, 120);
+    char a[8][32], *argv[24];
+    int sv[2], n = 0;
+
+    fflush(NULL);
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
+        KT_FAIL("socketpair: %s", strerror(errno));
+    snprintf(a[0], sizeof(a[0]), "%d", sv[1]);
+    snprintf(a[1], sizeof(a[1]), "%llu", (unsigned long long)args->num_blocks);
+    snprintf(a[2], sizeof(a[2]), "%llu", (unsigned long long)args->block_len);
+    snprintf(a[3], sizeof(a[3]), "%llu", (unsigned long long)args->salt);
+    snprintf(a[4], sizeof(a[4]), "%u", args->threads);
+    argv[n++] = (char *)KT_TARGET_BIN;
+    argv[n++] = a[0];
+    argv[n++] = a[1];
+    argv[n++] = a[2];
+    argv[n++] = a[3];
+    argv[n++] = a[4];
+    argv[n++] = (char *)(args->name ? args->name : "-");
+    argv[n++] = (char *)(args->fingerprint ? args->fingerprint : "-");
+    argv[n++] = (char *)(args->netns ? args->netns->ns[args->ns_index] : "-");
+    argv[n++] = (char *)(args->netns ? args->netns->ifname[args->ns_index] : "-");
+    argv[n] = NULL;
+    tg.proc.pid = fork();
+    if (tg.proc.pid < 0)
+        KT_FAIL("fork: %s", strerror(errno));
+    if (tg.proc.pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        alarm(120);
+        fcntl(sv[1], F_SETFD, 0); /* the target's end survives exec */
+        execv(KT_TARGET_BIN, argv);
+        _exit(127);
+    }
+    close(sv[1]);
+    tg.proc.sock = sv[0];
     tg.md = kt_recv_alloc(tg.proc.sock, &tg.md_len);
     return tg;
 }
@@ -519,12 +555,12 @@ void kt_netns_destroy(kt_netns_t *n)
         kt_netns_live = NULL;
 }
 
-void kt_netns_enter(const kt_netns_t *n, int i)
+void kt_netns_enter_named(const char *ns, const char *ifname)
 {
     char path[128];
     int fd;
 
-    snprintf(path, sizeof(path), "/var/run/netns/%s", n->ns[i]);
+    snprintf(path, sizeof(path), "/var/run/netns/%s", ns);
     fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         KT_FAIL("open %s: %s", path, strerror(errno));
@@ -535,10 +571,12 @@ void kt_netns_enter(const kt_netns_t *n, int i)
      * own mount namespace with a sysfs of the new network namespace. */
     if (unshare(CLONE_NEWNS) < 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0 ||
         umount2("/sys", MNT_DETACH) < 0 || mount("sysfs", "/sys", "sysfs", 0, NULL) < 0)
-        KT_FAIL("remounting /sys in namespace %s: %s", n->ns[i], strerror(errno));
+        KT_FAIL("remounting /sys in namespace %s: %s", ns, strerror(errno));
     /* UCX would also offer lo, which looks reachable from the other namespace but is not. */
-    setenv("UCX_NET_DEVICES", n->ifname[i], 1);
+    setenv("UCX_NET_DEVICES", ifname, 1);
 }
+
+void kt_netns_enter(const kt_netns_t *n, int i) { kt_netns_enter_named(n->ns[i], n->ifname[i]); }
 
 void kt_netns_link(const kt_netns_t *n, bool up)
 {

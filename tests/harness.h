@@ -128,6 +128,7 @@ typedef struct kt_target_args {
 } kt_target_args_t;
 
 int kt_target_main(int sock, void *arg);
+/* Its own process image: tests/kt_target.c runs kt_target_main (see kt_target_start). */
 
 typedef struct kt_target {
     kt_proc_t proc;
@@ -167,6 +168,7 @@ void kt_netns_destroy(kt_netns_t *n);
  * /sys shows that namespace's devices (UCX reads them there). Call it in a child process only:
  * from a private mount namespace, kt_netns_destroy could not remove the namespaces. */
 void kt_netns_enter(const kt_netns_t *n, int i);
+void kt_netns_enter_named(const char *ns, const char *ifname);
 /* Take the link down or up from the root namespace side. */
 void kt_netns_link(const kt_netns_t *n, bool up);
 

@@ -1,0 +1,240 @@
+/*
+ * Things break on purpose, over shared memory:
+ *  - peer death: a target SIGKILLed with 1,200 transfers in flight. Every one comes out of poll
+ *    failed within 5 s (the documented bound: keepalive 1 s, deadline 5 s), a healthy second
+ *    peer's transfers all succeed, and a restarted target added under the same id works;
+ *  - stalled peer: a SIGSTOPped target. Transfers fail with -ETIMEDOUT at their deadline, enforced
+ *    by the progress thread with nobody polling, each reported once even after the target
+ *    resumes; after SIGCONT and a re-add, transfers succeed;
+ *  - deadlines: a queued transfer past its (per-transfer) deadline fails alone and leaves the
+ *    connection up; with no progress thread, poll enforces deadlines.
+ * Every transfer that succeeds is verified byte for byte.
+ */
+#include "harness.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <string.h>
+#include <unistd.h>
+
+#define BL 65536
+#define NB 256
+
+static kt_region_t r;
+static const uint64_t salt = 0x99;
+
+static kt_target_t start(const char *name)
+{
+    kt_target_args_t a = {.num_blocks = NB, .block_len = BL, .salt = 7, .threads = 1,
+                          .name = name};
+    return kt_target_start(&a);
+}
+
+static uint64_t write1(kvx_transport_t *t, const char *peer, uint32_t l, uint32_t rm,
+                       uint64_t deadline_ms)
+{
+    kvx_xfer_params_t xp = {.field_mask = KVX_XFER_PARAM_DEADLINE, .deadline_ms = deadline_ms};
+    uint64_t id;
+    KT_OK(kvx_xfer_write(t, peer, &l, &rm, 1, deadline_ms ? &xp : NULL, &id));
+    return id;
+}
+
+static void check_written(kvx_transport_t *t, kt_target_t *tg, const char *peer, uint32_t n)
+{
+    uint32_t li[64], ri[64];
+    kvx_completion_t c;
+    uint64_t id;
+
+    KT_CHECK(n <= 64);
+    for (uint32_t i = 0; i < n; i++) {
+        li[i] = i * 3 % NB;
+        ri[i] = (i * 5 + 1) % NB;
+    }
+    KT_OK(kvx_xfer_write(t, peer, li, ri, n, NULL, &id));
+    KT_EQ(kt_poll_n(t, peer, &c, 1, 10000), 1);
+    KT_EQ(c.id, id);
+    KT_EQ(c.status, 0);
+    KT_EQ(kt_target_verify(tg, ri, li, n, salt, 0), 0);
+}
+
+static void peer_death(void)
+{
+    enum { N = 1200 };
+    kt_target_t a = start("doomed"), b = start("healthy");
+    kvx_transport_t *t = kt_transport(&r, "survivor", 1);
+    static kvx_completion_t c[N];
+    uint64_t idb[50], t_kill, t_last = 0;
+    kvx_peer_attr_t pa = {.field_mask = KVX_PEER_ATTR_STATE | KVX_PEER_ATTR_COUNTERS};
+    int got = 0, gotb;
+
+    KT_OK(kvx_peer_add(t, "A", a.md, a.md_len, NULL));
+    KT_OK(kvx_peer_add(t, "B", b.md, b.md_len, NULL));
+    kt_stop(&a.proc); /* so that the transfers are surely still in flight at the kill */
+    for (int i = 0; i < N; i++)
+        write1(t, "A", (uint32_t)i % NB, (uint32_t)(i * 7) % NB, 0);
+    for (int i = 0; i < 50; i++)
+        idb[i] = write1(t, "B", (uint32_t)i, (uint32_t)i + 100, 0);
+    KT_OK(kvx_peer_query(t, "A", &pa));
+    KT_EQ(pa.xfers_inflight, N);
+
+    kt_kill(&a.proc, SIGKILL);
+    t_kill = kt_now_ns();
+    KT_EQ(kt_wait(&a.proc), 128 + SIGKILL); /* reaped, as its parent would */
+
+    while (got < N && kt_now_ns() - t_kill < 10000000000ull) {
+        int n = kvx_transport_poll(t, "A", c + got, (size_t)(N - got));
+        KT_OK(n);
+        for (int i = got; i < got + n; i++) {
+            if (c[i].status != -ECONNRESET && c[i].status != -ETIMEDOUT)
+                KT_FAIL("transfer %d failed with %d (%s)", i, c[i].status,
+                        kvx_strerror(c[i].status));
+            t_last = kt_now_ns();
+        }
+        got += n;
+        if (n == 0)
+            usleep(1000);
+    }
+    KT_EQ(got, N);
+    kt_log("peer death: %d transfers failed, the last %.3f s after SIGKILL", N,
+           (double)(t_last - t_kill) / 1e9);
+    KT_CHECK(t_last - t_kill <= 5000000000ull);
+    KT_EQ(kvx_transport_poll(t, "A", c, 1), 0);
+    KT_OK(kvx_peer_query(t, "A", &pa));
+    KT_EQ(pa.state, KVX_PEER_FAILED);
+    KT_EQ(pa.xfers_inflight, 0);
+    KT_EQ(pa.xfers_failed, N);
+    KT_ERR(kvx_xfer_write(t, "A", (uint32_t[]){0}, (uint32_t[]){0}, 1, NULL, &(uint64_t){0}),
+           -ENOTCONN);
+
+    /* the healthy peer did not notice */
+    gotb = kt_poll_n(t, "B", c, 50, 10000);
+    KT_EQ(gotb, 50);
+    for (int i = 0; i < 50; i++) {
+        KT_EQ(c[i].status, 0);
+        KT_EQ(c[i].id, idb[i]);
+    }
+    {
+        uint32_t li[50], ri[50];
+        for (uint32_t i = 0; i < 50; i++) {
+            li[i] = i;
+            ri[i] = i + 100;
+        }
+        KT_EQ(kt_target_verify(&b, ri, li, 50, salt, 0), 0);
+    }
+
+    check_written(t, &b, "B", 10);
+    /* remove the dead one, start another under the same id */
+    KT_EQ(kvx_peer_remove(t, "A"), 1);
+    kt_target_t a2 = start("reborn");
+    KT_OK(kvx_peer_add(t, "A", a2.md, a2.md_len, NULL));
+    check_written(t, &a2, "A", 40);
+    check_written(t, &b, "B", 10);
+
+    kvx_transport_destroy(t);
+    free(a.md);
+    KT_EQ(kt_target_stop(&a2), 0);
+    KT_EQ(kt_target_stop(&b), 0);
+}
+
+static void stalled_peer(void)
+{
+    kt_target_t s = start("stalled");
+    kvx_transport_t *t = kt_transport_ex(&r, "impatient", 1, NULL, 1500);
+    kvx_peer_attr_t pa = {.field_mask = KVX_PEER_ATTR_STATE | KVX_PEER_ATTR_COUNTERS};
+    kvx_completion_t c[40];
+    uint64_t ids[20], t0;
+
+    KT_OK(kvx_peer_add(t, "S", s.md, s.md_len, NULL));
+    check_written(t, &s, "S", 8);
+    kt_stop(&s.proc);
+    t0 = kt_now_ns();
+    for (int i = 0; i < 20; i++)
+        ids[i] = write1(t, "S", (uint32_t)i, (uint32_t)i, 0);
+    /* nobody polls: the progress thread enforces the deadline */
+    do {
+        usleep(20000);
+        KT_OK(kvx_peer_query(t, "S", &pa));
+    } while (pa.xfers_failed < 20 && kt_now_ns() - t0 < 5000000000ull);
+    kt_log("stalled peer: 20 transfers failed %.3f s after submission (deadline 1.5 s), "
+           "nobody polling",
+           (double)(kt_now_ns() - t0) / 1e9);
+    KT_EQ(pa.xfers_failed, 20);
+    KT_CHECK(kt_now_ns() - t0 >= 1500000000ull);
+    KT_EQ(pa.state, KVX_PEER_FAILED);
+    KT_ERR(pa.error, -ETIMEDOUT);
+    KT_EQ(kt_poll_n(t, "S", c, 40, 500), 20);
+    for (int i = 0; i < 20; i++) {
+        KT_ERR(c[i].status, -ETIMEDOUT);
+        KT_EQ(c[i].id, ids[i]);
+    }
+    /* the target resumes and drains what it had; nothing is reported twice */
+    kt_cont(&s.proc);
+    usleep(300000);
+    KT_EQ(kvx_transport_poll(t, NULL, c, 40), 0);
+    KT_OK(kvx_peer_add(t, "S", s.md, s.md_len, NULL));
+    check_written(t, &s, "S", 30);
+    kvx_transport_destroy(t);
+    KT_EQ(kt_target_stop(&s), 0);
+}
+
+static void deadlines(void)
+{
+    kt_target_t d = start("deadlines");
+    kvx_transport_t *t = kt_transport(&r, "deadline-keeper", 1);
+    kvx_peer_attr_t pa = {.field_mask = KVX_PEER_ATTR_STATE};
+    kvx_completion_t c[4];
+    uint32_t li[64], ri[64];
+    uint64_t big, small, t0;
+
+    KT_OK(kvx_peer_add(t, "D", d.md, d.md_len, NULL));
+    for (uint32_t i = 0; i < 64; i++) {
+        li[i] = i;
+        ri[i] = (i * 3) % NB;
+    }
+    kt_stop(&d.proc);
+    /* 4 MiB, partly handed to UCX, generous deadline; then one block queued behind it with a
+     * 300 ms deadline of its own */
+    KT_OK(kvx_xfer_write(t, "D", li, ri, 64, NULL, &big));
+    t0 = kt_now_ns();
+    small = write1(t, "D", 100, 200, 300);
+    KT_EQ(kt_poll_n(t, "D", c, 1, 3000), 1);
+    KT_EQ(c[0].id, small);
+    KT_ERR(c[0].status, -ETIMEDOUT);
+    KT_CHECK(kt_now_ns() - t0 >= 300000000ull);
+    KT_OK(kvx_peer_query(t, "D", &pa));
+    KT_EQ(pa.state, KVX_PEER_CONNECTED); /* it never reached UCX: the connection stays */
+    kt_cont(&d.proc);
+    KT_EQ(kt_poll_n(t, "D", c, 1, 5000), 1);
+    KT_EQ(c[0].id, big);
+    KT_EQ(c[0].status, 0);
+    KT_EQ(kt_target_verify(&d, ri, li, 64, salt, 0), 0);
+    kvx_transport_destroy(t);
+
+    /* no progress thread: poll enforces deadlines (and drives everything else) */
+    t = kt_transport_ex(&r, "poller", 0, NULL, 400);
+    KT_OK(kvx_peer_add(t, "D", d.md, d.md_len, NULL));
+    check_written(t, &d, "D", 16);
+    kt_stop(&d.proc);
+    t0 = kt_now_ns();
+    small = write1(t, "D", 1, 2, 0);
+    KT_EQ(kt_poll_n(t, "D", c, 1, 3000), 1);
+    KT_EQ(c[0].id, small);
+    KT_ERR(c[0].status, -ETIMEDOUT);
+    kt_log("poll-driven deadline: failed %.3f s after submission (deadline 0.4 s)",
+           (double)(kt_now_ns() - t0) / 1e9);
+    KT_CHECK(kt_now_ns() - t0 >= 400000000ull);
+    kt_cont(&d.proc);
+    kvx_transport_destroy(t);
+    KT_EQ(kt_target_stop(&d), 0);
+}
+
+int main(void)
+{
+    r = kt_region_alloc(NB, BL);
+    kt_fill_all(&r, salt, 0);
+    peer_death();
+    stalled_peer();
+    deadlines();
+    kt_region_free(&r);
+    return 0;
+}
