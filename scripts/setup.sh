@@ -35,11 +35,21 @@ kvx_setup() {
 }
 
 # Configure and build into $1 (default build/) with the extra CMake arguments that follow.
+# Quiet unless the build fails (with -Werror, any warning fails it).
 kvx_build() {
   local dir=${1:-build}
   shift || true
-  cmake -S "$KVX_ROOT" -B "$KVX_ROOT/$dir" -DKVX_WERROR=ON "$@" >/dev/null
-  cmake --build "$KVX_ROOT/$dir" -j "$(nproc)" >/dev/null
+  cmake --no-warn-unused-cli -S "$KVX_ROOT" -B "$KVX_ROOT/$dir" -DKVX_WERROR=ON \
+    -DPython3_EXECUTABLE=/usr/bin/python3 \
+    "$@" >/dev/null
+  local log
+  log=$(mktemp)
+  if ! cmake --build "$KVX_ROOT/$dir" -j "$(nproc)" >"$log" 2>&1; then
+    cat "$log" >&2
+    rm -f "$log"
+    return 1
+  fi
+  rm -f "$log"
 }
 
 KVX_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
