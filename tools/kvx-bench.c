@@ -47,6 +47,7 @@ static struct opts {
     int peers;
     int client_index, clients;
     bool json, verify, loopback, same_block, quiet, wait;
+    double load_s;
     const char *addrs[MAX_PEERS];
     int naddrs;
     int port;
@@ -443,21 +444,77 @@ static void progress_line(const char *what, int done, int total)
     fprintf(stderr, "\r  %s: %d/%d transfers%s", what, done, total, done == total ? "\r\033[K" : "");
 }
 
-static void run_size(int *ctl, uint64_t size, result_t *res_out, int *nres)
-{
-    uint64_t nb = o.region / size, span_l, span_r, B;
+/* One initiator's side of a run at one block size: its region, transport and peers. */
+typedef struct client {
+    uint64_t size, nb;
     uint8_t *base;
     kvx_transport_t *t;
     char peer[MAX_PEERS][24];
-    uint64_t t0;
-    uint64_t *scratch;
-    int npeers = o.naddrs;
+    int npeers;
+    double create_ms, peer_add_ms;
+    size_t md_bytes;
+} client_t;
 
-    if (nb == 0)
+static void client_open(client_t *c, int *ctl, uint64_t size)
+{
+    uint64_t t0;
+
+    memset(c, 0, sizeof(*c));
+    c->size = size;
+    c->nb = o.region / size;
+    c->npeers = o.naddrs;
+    if (c->nb == 0)
         die("region of %llu bytes holds no block of %llu", (unsigned long long)o.region,
             (unsigned long long)size);
-    if (nb > UINT32_MAX)
+    if (c->nb > UINT32_MAX)
         die("too many blocks");
+    c->base = region_alloc(c->nb * size);
+    for (uint64_t i = 0; i < c->nb; i++)
+        kvx_pattern_fill(c->base + i * size, size, CLIENT_SALT + (uint64_t)o.client_index, i, 0);
+
+    kvx_params_t p = {.field_mask = KVX_PARAM_REGION | KVX_PARAM_NUM_THREADS,
+                      .base = c->base, .num_blocks = c->nb, .block_len = size,
+                      .num_threads = (unsigned)o.threads};
+    t0 = now_ns();
+    CHECK_KVX(kvx_transport_create(&p, &c->t));
+    c->create_ms = (double)(now_ns() - t0) / 1e6;
+    kvx_transport_metadata(c->t, NULL, &c->md_bytes);
+    for (int i = 0; i < c->npeers; i++) {
+        uint64_t geo[2] = {size, c->nb};
+        msg_hdr_t h;
+        uint8_t *md;
+        snprintf(c->peer[i], sizeof(c->peer[i]), "target%d", i);
+        msg_send(ctl[i], MSG_REGION, geo, sizeof(geo));
+        md = msg_recv(ctl[i], &h, false);
+        t0 = now_ns();
+        CHECK_KVX(kvx_peer_add(c->t, c->peer[i], md, h.len, NULL));
+        c->peer_add_ms += (double)(now_ns() - t0) / 1e6;
+        free(md);
+    }
+    c->peer_add_ms /= c->npeers;
+}
+
+static void client_close(client_t *c)
+{
+    kvx_transport_destroy(c->t);
+    munmap(c->base, c->nb * c->size);
+}
+
+static void run_size(int *ctl, uint64_t size, result_t *res_out, int *nres)
+{
+    uint64_t span_l, span_r, B;
+    uint64_t *scratch;
+    client_t cl;
+
+    client_open(&cl, ctl, size);
+    uint64_t nb = cl.nb;
+    uint8_t *base = cl.base;
+    kvx_transport_t *t = cl.t;
+    int npeers = cl.npeers;
+    char (*peer)[24] = cl.peer;
+    double create_ms = cl.create_ms, peer_add_ms = cl.peer_add_ms;
+    size_t md_bytes = cl.md_bytes;
+
     span_l = o.same_block ? 1 : nb / (uint64_t)npeers;
     span_r = o.same_block ? 1 : nb / (uint64_t)o.clients;
     B = o.blocks ? o.blocks : (span_l < span_r ? span_l : span_r);
@@ -466,34 +523,6 @@ static void run_size(int *ctl, uint64_t size, result_t *res_out, int *nres)
     if (B > span_l || B > span_r || B == 0)
         die("%llu blocks per transfer do not fit a region slice of %llu blocks",
             (unsigned long long)B, (unsigned long long)(span_l < span_r ? span_l : span_r));
-
-    base = region_alloc(nb * size);
-    for (uint64_t i = 0; i < nb; i++)
-        kvx_pattern_fill(base + i * size, size, CLIENT_SALT + (uint64_t)o.client_index, i, 0);
-
-    kvx_params_t p = {.field_mask = KVX_PARAM_REGION | KVX_PARAM_NUM_THREADS,
-                      .base = base, .num_blocks = nb, .block_len = size,
-                      .num_threads = (unsigned)o.threads};
-    t0 = now_ns();
-    CHECK_KVX(kvx_transport_create(&p, &t));
-    double create_ms = (double)(now_ns() - t0) / 1e6;
-    size_t md_bytes = 0;
-    kvx_transport_metadata(t, NULL, &md_bytes);
-
-    double peer_add_ms = 0;
-    for (int i = 0; i < npeers; i++) {
-        uint64_t geo[2] = {size, nb};
-        msg_hdr_t h;
-        uint8_t *md;
-        snprintf(peer[i], sizeof(peer[i]), "target%d", i);
-        msg_send(ctl[i], MSG_REGION, geo, sizeof(geo));
-        md = msg_recv(ctl[i], &h, false);
-        t0 = now_ns();
-        CHECK_KVX(kvx_peer_add(t, peer[i], md, h.len, NULL));
-        peer_add_ms += (double)(now_ns() - t0) / 1e6;
-        free(md);
-    }
-    peer_add_ms /= npeers;
 
     int total = o.warmup + o.iters;
     int nmaps = o.pattern == PAT_RANDOM ? total : 1;
@@ -635,8 +664,163 @@ static void run_size(int *ctl, uint64_t size, result_t *res_out, int *nres)
     free(R);
     free(lat);
     free(scratch);
-    kvx_transport_destroy(t);
-    munmap(base, nb * size);
+    client_close(&cl);
+}
+
+/*
+ * --load: random traffic for a given time, every byte checked. Each peer gets `inflight` lanes;
+ * a lane owns a slice of the peer's region (this initiator's share of it) and a scratch area
+ * here, and loops: write a random number of random local blocks into random blocks of its slice,
+ * read those blocks back into its scratch area, compare with what was written. Each completion
+ * must name the id its lane waits for: an id that completes twice, or that nobody waits for,
+ * fails the run, as does any failed transfer or any wrong byte.
+ */
+typedef struct lane {
+    int peer;
+    uint64_t id;      /* 0: idle */
+    int phase;        /* 0 write in flight, 1 read in flight */
+    uint32_t n;
+    uint32_t rbase, lscratch, span;
+    uint32_t src[4096], dst[4096], scr[4096];
+} lane_t;
+
+static void run_load(int *ctl, uint64_t size, result_t *res_out, int *nres)
+{
+    client_t cl;
+    int lanes_per_peer = o.inflight < 2 ? 8 : o.inflight, nlanes, busy = 0;
+    uint64_t half, span_r, span, scratch_per_lane, end, start, rng;
+    uint64_t writes = 0, reads = 0, bytes = 0, bad = 0, blocks_max;
+    lane_t *lanes;
+    kvx_completion_t comp[64];
+
+    client_open(&cl, ctl, size);
+    half = cl.nb / 2; /* sources below, scratch areas above */
+    nlanes = lanes_per_peer * cl.npeers;
+    span_r = cl.nb / (uint64_t)o.clients;
+    span = span_r / (uint64_t)lanes_per_peer;
+    scratch_per_lane = (cl.nb - half) / (uint64_t)nlanes;
+    blocks_max = o.blocks ? o.blocks : 64;
+    if (blocks_max > span)
+        blocks_max = span;
+    if (blocks_max > scratch_per_lane)
+        blocks_max = scratch_per_lane;
+    if (blocks_max > 4096)
+        blocks_max = 4096;
+    if (blocks_max == 0)
+        die("--load: the region is too small for %d lanes x %d peers", lanes_per_peer,
+            cl.npeers);
+    lanes = calloc((size_t)nlanes, sizeof(*lanes));
+    for (int i = 0; i < nlanes; i++) {
+        lanes[i].peer = i % cl.npeers;
+        lanes[i].rbase = (uint32_t)((uint64_t)o.client_index * span_r +
+                                    (uint64_t)(i / cl.npeers) * span);
+        lanes[i].lscratch = (uint32_t)(half + (uint64_t)i * scratch_per_lane);
+        lanes[i].span = (uint32_t)span;
+    }
+    rng = 0x9e3779b97f4a7c15ull ^ ((uint64_t)getpid() << 20) ^ now_ns();
+#define RND() (rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17, rng)
+
+    start = now_ns();
+    end = start + (uint64_t)(o.load_s * 1e9);
+    for (;;) {
+        bool stopping = now_ns() >= end;
+        for (int i = 0; i < nlanes && !stopping; i++) {
+            lane_t *l = &lanes[i];
+            if (l->id != 0)
+                continue;
+            /* a new write of n random sources into n distinct random blocks of the slice */
+            l->n = (uint32_t)(1 + RND() % blocks_max);
+            for (uint32_t k = 0; k < l->n; k++) {
+                uint32_t d;
+                bool dup;
+                l->src[k] = (uint32_t)(RND() % half);
+                do {
+                    d = l->rbase + (uint32_t)(RND() % l->span);
+                    dup = false;
+                    for (uint32_t j = 0; j < k && !dup; j++)
+                        dup = l->dst[j] == d;
+                } while (dup);
+                l->dst[k] = d;
+                l->scr[k] = l->lscratch + k;
+            }
+            CHECK_KVX(kvx_xfer_write(cl.t, cl.peer[l->peer], l->src, l->dst, l->n, NULL, &l->id));
+            l->phase = 0;
+            busy++;
+        }
+        if (stopping && busy == 0)
+            break;
+        int n = kvx_transport_poll(cl.t, NULL, comp, 64);
+        if (n < 0)
+            die("poll: %s", kvx_strerror(n));
+        if (n == 0 && o.wait)
+            kvx_transport_wait(cl.t, NULL, 100);
+        for (int c = 0; c < n; c++) {
+            lane_t *l = NULL;
+            for (int i = 0; i < nlanes && l == NULL; i++)
+                if (lanes[i].id == comp[c].id)
+                    l = &lanes[i];
+            if (l == NULL) {
+                fprintf(stderr, "kvx-bench: id %llu completed but nobody waits for it\n",
+                        (unsigned long long)comp[c].id);
+                bad++;
+                continue;
+            }
+            if (comp[c].status != 0) {
+                fprintf(stderr, "kvx-bench: transfer %llu failed: %s\n",
+                        (unsigned long long)comp[c].id, kvx_strerror(comp[c].status));
+                bad++;
+                l->id = 0;
+                busy--;
+                continue;
+            }
+            bytes += comp[c].bytes;
+            if (l->phase == 0) {
+                writes++;
+                CHECK_KVX(kvx_xfer_read(cl.t, cl.peer[l->peer], l->scr, l->dst, l->n, NULL,
+                                        &l->id));
+                l->phase = 1;
+                continue;
+            }
+            reads++;
+            for (uint32_t k = 0; k < l->n; k++)
+                if (kvx_pattern_check(cl.base + (uint64_t)l->scr[k] * size, size,
+                                      CLIENT_SALT + (uint64_t)o.client_index, l->src[k],
+                                      0) != 0)
+                    bad++;
+            l->id = 0;
+            busy--;
+        }
+        progress_line("load", (int)((now_ns() - start) / 1000000000ull), (int)o.load_s);
+    }
+#undef RND
+    uint64_t stop = now_ns();
+    result_t *res = &res_out[(*nres)++];
+    memset(res, 0, sizeof(*res));
+    res->op = "load";
+    res->size = size;
+    res->blocks = blocks_max;
+    res->bytes = bytes;
+    res->gbps = (double)bytes / (double)(stop - start);
+    res->xfers_per_s = (double)(writes + reads) / ((double)(stop - start) / 1e9);
+    res->bad = bad;
+    res->start_ns = start;
+    res->end_ns = stop;
+    res->initiator = o.client_index;
+    res->create_ms = cl.create_ms;
+    res->peer_add_ms = cl.peer_add_ms;
+    res->md_bytes = cl.md_bytes;
+    {
+        kvx_peer_attr_t pa = {.field_mask = KVX_PEER_ATTR_TRANSPORT};
+        CHECK_KVX(kvx_peer_query(cl.t, cl.peer[0], &pa));
+        snprintf(res->transport, sizeof(res->transport), "%s", pa.transport);
+    }
+    if (!o.json)
+        fprintf(stderr, "load (initiator %d): %llu writes and %llu reads (%llu bytes) over %.1f s, "
+                        "%llu failures or wrong blocks\n",
+                o.client_index, (unsigned long long)writes, (unsigned long long)reads,
+                (unsigned long long)bytes, (double)(stop - start) / 1e9, (unsigned long long)bad);
+    free(lanes);
+    client_close(&cl);
 }
 
 static void print_results(const result_t *res, int n)
@@ -664,10 +848,15 @@ static void print_results(const result_t *res, int n)
         fflush(stdout);
         return;
     }
-    printf("kvx-bench %s: %s blocks, %d iteration(s) after %d warm-up, %d in flight per peer, "
-           "%d peer(s), %d initiator(s), progress thread %s\n",
-           kvx_version(), pattern_name(o.pattern), o.iters, o.warmup, o.inflight, o.naddrs,
-           o.clients, o.threads ? "on" : "off");
+    if (o.load_s > 0)
+        printf("kvx-bench %s: load for %.0f s, random writes each read back and compared, "
+               "%d peer(s), %d initiator(s), progress thread %s\n",
+               kvx_version(), o.load_s, o.naddrs, o.clients, o.threads ? "on" : "off");
+    else
+        printf("kvx-bench %s: %s blocks, %d iteration(s) after %d warm-up, %d in flight per "
+               "peer, %d peer(s), %d initiator(s), progress thread %s\n",
+               kvx_version(), pattern_name(o.pattern), o.iters, o.warmup, o.inflight, o.naddrs,
+               o.clients, o.threads ? "on" : "off");
     printf("%-8s %6s %8s %10s %10s %9s %9s %10s  %-10s %s\n", "op", "block", "blocks", "GB/s",
            "xfers/s", "p50 us", "p99 us", "sub ns/blk", "transport", "verified");
     for (int i = 0; i < n; i++) {
@@ -784,8 +973,12 @@ static int client_run(void)
 
     for (int i = 0; i < o.naddrs; i++)
         ctl[i] = connect_to(o.addrs[i]);
-    for (int s = 0; s < o.nsizes; s++)
-        run_size(ctl, o.sizes[s], res, &nres);
+    for (int s = 0; s < o.nsizes; s++) {
+        if (o.load_s > 0)
+            run_load(ctl, o.sizes[s], res, &nres);
+        else
+            run_size(ctl, o.sizes[s], res, &nres);
+    }
     for (int i = 0; i < o.naddrs; i++) {
         msg_send(ctl[i], MSG_BYE, NULL, 0);
         close(ctl[i]);
@@ -821,6 +1014,9 @@ static void usage(void)
            "  -I, --initiators N    with --loopback: initiator processes sharing the target(s),\n"
            "                        each on its own slice of their regions (default 1)\n"
            "      --client-index K --clients N   without --loopback: this initiator is K of N\n"
+           "      --load SECONDS    random traffic for that long instead: writes of 1..--blocks\n"
+           "                        (default 64) random blocks, each read back and compared;\n"
+           "                        fails on any failed transfer, wrong byte or stray id\n"
            "      --same-block      one block, the same remote block every time (ucx_perftest's\n"
            "                        cache-hot mode)\n"
            "  -p, --port N          server port (default %d; 0 = any)\n"
@@ -842,7 +1038,7 @@ int main(int argc, char **argv)
         {"loopback", 0, 0, 'L'}, {"json", 0, 0, 'J'},   {"no-verify", 0, 0, 'V'},
         {"same-block", 0, 0, 'S'}, {"quiet", 0, 0, 'Q'}, {"help", 0, 0, 'h'},
         {"client-index", 1, 0, 'K'}, {"clients", 1, 0, 'C'},
-        {"initiators", 1, 0, 'C'}, {"wait", 0, 0, 'W'}, {0, 0, 0, 0}};
+        {"initiators", 1, 0, 'C'}, {"wait", 0, 0, 'W'}, {"load", 1, 0, 'D'}, {0, 0, 0, 0}};
     int c;
 
     while ((c = getopt_long(argc, argv, "s:r:b:P:o:n:w:q:t:T:N:I:p:h", lo, NULL)) != -1) {
@@ -884,6 +1080,7 @@ int main(int argc, char **argv)
         case 'S': o.same_block = true; break;
         case 'Q': o.quiet = true; break;
         case 'W': o.wait = true; break;
+        case 'D': o.load_s = atof(optarg); break;
         case 'K': o.client_index = atoi(optarg); break;
         case 'C':
         case 'I': o.clients = atoi(optarg); break;
