@@ -95,6 +95,7 @@ struct kvx_xfer {
     uint8_t op;
     bool ucx_cb;
     bool canceled;
+    uint32_t cancel_call; /* the kvx_xfer_cancel call that last reported it (dedupes ids) */
     kvx_peer_t *peer;
     kvx_conn_t *conn;
     kvx_list_t conn_link;   /* conn->queue / flushing / failing, or peer->cq when DONE */
@@ -187,6 +188,7 @@ struct kvx_transport {
     uint32_t nslots;
     kvx_xfer_t *free_xfers;
     uint64_t next_seq;
+    uint32_t cancel_calls;
     kvx_list_t active; /* transfers not yet DONE (QUEUED, FLUSHING, FAILING) */
     uint64_t next_deadline_ns; /* earliest deadline in active, or later; UINT64_MAX = none */
 

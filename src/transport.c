@@ -494,6 +494,7 @@ int kvx_transport_poll(kvx_transport_t *t, const char *peer_id, kvx_completion_t
 int kvx_xfer_cancel(kvx_transport_t *t, const uint64_t *ids, size_t count, int mode,
                     uint64_t *pending)
 {
+    uint32_t call;
     int np = 0;
 
     if (t == NULL || (ids == NULL && count != 0) ||
@@ -504,6 +505,7 @@ int kvx_xfer_cancel(kvx_transport_t *t, const uint64_t *ids, size_t count, int m
         kvx_unlock(t);
         return -ESHUTDOWN;
     }
+    call = ++t->cancel_calls;
     for (size_t i = 0; i < count; i++) {
         kvx_xfer_t *x = kvx_xfer_lookup(t, ids[i]);
         bool untouched;
@@ -525,8 +527,11 @@ int kvx_xfer_cancel(kvx_transport_t *t, const uint64_t *ids, size_t count, int m
             continue;
         }
         /* Wait: stop posting its remaining runs; it completes (as -ECANCELED) once UCX is done
-         * with what was posted. */
+         * with what was posted. An id given twice in one call is reported once. */
+        if (x->canceled && x->cancel_call == call)
+            continue;
         x->canceled = true;
+        x->cancel_call = call;
         if (x->state == KVX_XS_QUEUED && x->nruns > x->next_run) {
             x->nruns = x->next_run;
             if (!kvx_list_linked(&x->conn->work_link))

@@ -191,6 +191,13 @@ static void cancel(kt_target_t *ta)
         ids[i] = submit("A", (uint32_t)i * 32, 32);
     /* the last one never reached UCX: immediate forgets it; the first one surely did */
     KT_EQ(kvx_xfer_cancel(t, ids + 5, 1, KVX_CANCEL_IMMEDIATE, pending), 0);
+    {
+        /* the same id twice in one call is reported once; a later call reports it again,
+         * since it may still touch memory */
+        uint64_t twice[2] = {ids[0], ids[0]}, out[2];
+        KT_EQ(kvx_xfer_cancel(t, twice, 2, KVX_CANCEL_WAIT, out), 1);
+        KT_EQ(out[0], ids[0]);
+    }
     np = kvx_xfer_cancel(t, ids, 5, KVX_CANCEL_WAIT, pending);
     KT_OK(np);
     kt_log("cancel wait: %d of 5 transfers may still touch memory", np);

@@ -76,6 +76,18 @@ static void create_rejections(void)
     REJECT(p.field_mask |= KVX_PARAM_BACKENDS; p.backends = ucx_only; p.num_backends = 0);
     REJECT(p.field_mask |= KVX_PARAM_LOG; p.log_level = 9);
 #undef REJECT
+    /* no alignment is required of the region */
+    p = ok;
+    p.base = r.base + 3;
+    p.num_blocks = NB - 1;
+    KT_OK(kvx_transport_create(&p, &x));
+    kvx_transport_destroy(x);
+    x = NULL;
+    /* UCX cannot start (no usable transport): -ENODEV, nothing created */
+    setenv("UCX_TLS", "no-such-transport", 1);
+    KT_ERR(kvx_transport_create(&ok, &x), -ENODEV);
+    KT_CHECK(x == NULL);
+    unsetenv("UCX_TLS");
     /* the seed's spelling of the backend is accepted */
     p = ok;
     p.field_mask |= KVX_PARAM_BACKENDS;

@@ -153,6 +153,17 @@ class TestOffline(unittest.TestCase):
             kvx.KvxTransport("v", memoryview(bytearray(8192)).cast("B", (2, 4096)),
                              backends=["UCX", "GDS"])
 
+    def test_unavailable_when_ucx_cannot_start(self):
+        os.environ["UCX_TLS"] = "no-such-transport"
+        try:
+            t = kvx.KvxTransport("nodev", memoryview(bytearray(8192)).cast("B", (2, 4096)))
+        finally:
+            del os.environ["UCX_TLS"]
+        self.assertFalse(t.available)
+        with self.assertRaisesRegex(RuntimeError, "not available"):
+            t.get_agent_metadata()
+        t.close()
+
     def test_properties_close_and_use_after_close(self):
         loc = Local("props", 8, 4096, {"x": 1}, num_threads=0)
         t = loc.t
