@@ -348,9 +348,9 @@ KVX_API int kvx_xfer_read(kvx_transport_t *transport, const char *peer_id,
 /** One finished transfer. */
 typedef struct kvx_completion {
     uint64_t id;
-    int32_t status; /**< 0, or -ECONNRESET, -ETIMEDOUT, -ECONNABORTED, -ECANCELED, ... */
-    uint32_t flags; /**< KVX_COMPLETION_READ for a read */
-    uint64_t bytes; /**< bytes the transfer covers */
+    int32_t status;       /**< 0, or -ECONNRESET, -ETIMEDOUT, -ECONNABORTED, -ECANCELED, ... */
+    uint32_t flags;       /**< KVX_COMPLETION_READ for a read */
+    uint64_t bytes;       /**< bytes the transfer covers */
     uint64_t duration_ns; /**< from submission to completion */
 } kvx_completion_t;
 
@@ -390,8 +390,8 @@ typedef enum kvx_cancel_mode {
  * them). Returns how many ids were written to pending (always 0 in immediate mode), or -EINVAL
  * or -ESHUTDOWN. ids need only stay valid during the call.
  */
-KVX_API int kvx_xfer_cancel(kvx_transport_t *transport, const uint64_t *ids, size_t count,
-                            int mode, uint64_t *pending);
+KVX_API int kvx_xfer_cancel(kvx_transport_t *transport, const uint64_t *ids, size_t count, int mode,
+                            uint64_t *pending);
 
 #ifdef __cplusplus
 }

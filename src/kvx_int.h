@@ -117,18 +117,18 @@ struct kvx_conn {
     kvx_transport_t *t;
     kvx_peer_t *peer; /* NULL once detached by remove/replace */
     int state;
-    int err;          /* why it failed or closes */
-    int pending_err;  /* an error reported by UCX, handled outside UCX callbacks */
+    int err;         /* why it failed or closes */
+    int pending_err; /* an error reported by UCX, handled outside UCX callbacks */
     uint64_t remote_base;
     uint64_t remote_num_blocks;
     char agent_name[KVX_NAME_MAX + 1];
     char transport[KVX_TRANSPORT_NAME_MAX];
     int rma_hw;
-    kvx_list_t queue;    /* QUEUED transfers, in submission order */
-    kvx_list_t flushing; /* FLUSHING transfers */
-    kvx_list_t failing;  /* FAILING transfers */
-    unsigned reqs;       /* UCX operation requests outstanding (back-pressure) */
-    unsigned ucx_refs;   /* UCX callbacks still to come that name this connection */
+    kvx_list_t queue;     /* QUEUED transfers, in submission order */
+    kvx_list_t flushing;  /* FLUSHING transfers */
+    kvx_list_t failing;   /* FAILING transfers */
+    unsigned reqs;        /* UCX operation requests outstanding (back-pressure) */
+    unsigned ucx_refs;    /* UCX callbacks still to come that name this connection */
     kvx_list_t work_link; /* t->work: has queued runs to post or an error to handle */
     kvx_list_t all_link;  /* t->conns */
     kvx_ucx_conn_t *ucx;
@@ -189,7 +189,7 @@ struct kvx_transport {
     kvx_xfer_t *free_xfers;
     uint64_t next_seq;
     uint32_t cancel_calls;
-    kvx_list_t active; /* transfers not yet DONE (QUEUED, FLUSHING, FAILING) */
+    kvx_list_t active;         /* transfers not yet DONE (QUEUED, FLUSHING, FAILING) */
     uint64_t next_deadline_ns; /* earliest deadline in active, or later; UINT64_MAX = none */
 
     /* progress thread */
@@ -255,7 +255,8 @@ uint32_t kvx_crc32(const void *buf, size_t len);
 
 /* ---- peers (peer.c) ------------------------------------------------------------------------- */
 
-int kvx_peer_check(const kvx_transport_t *t, const kvx_md_t *md, const kvx_peer_params_t *expect);
+int kvx_peer_check(const kvx_transport_t *t, const kvx_md_t *md, const kvx_peer_params_t *expect,
+                   const char **why);
 kvx_peer_t *kvx_peer_lookup(const kvx_transport_t *t, const char *id);
 void kvx_peer_maybe_free(kvx_transport_t *t, kvx_peer_t *p);
 void kvx_peer_free_all(kvx_transport_t *t);
@@ -274,7 +275,7 @@ void kvx_xfer_post(kvx_conn_t *c, size_t budget_bytes);
 void kvx_xfer_complete(kvx_xfer_t *x, int status);
 void kvx_xfer_release(kvx_xfer_t *x);
 void kvx_xfer_check_deadlines(kvx_transport_t *t, uint64_t now);
-kvx_xfer_t *kvx_xfer_alloc(kvx_transport_t *t);
+int kvx_xfer_alloc(kvx_transport_t *t, kvx_xfer_t **x_p);
 void kvx_xfer_free(kvx_transport_t *t, kvx_xfer_t *x);
 kvx_xfer_t *kvx_xfer_lookup(kvx_transport_t *t, uint64_t id);
 void kvx_xfer_free_all(kvx_transport_t *t);
@@ -291,8 +292,8 @@ void kvx_progress_kick(kvx_transport_t *t, uint64_t when_ns);
 
 int kvx_ucx_init(kvx_transport_t *t);
 void kvx_ucx_fini(kvx_transport_t *t);
-int kvx_ucx_local_info(kvx_transport_t *t, const void **waddr, size_t *waddr_len,
-                       const void **rkey, size_t *rkey_len);
+int kvx_ucx_local_info(kvx_transport_t *t, const void **waddr, size_t *waddr_len, const void **rkey,
+                       size_t *rkey_len);
 int kvx_ucx_conn_open(kvx_conn_t *c, const kvx_md_t *md, uint64_t wait_ns);
 int kvx_ucx_conn_close(kvx_conn_t *c);
 void kvx_ucx_conn_free(kvx_conn_t *c);

@@ -40,7 +40,7 @@ void kvx_log_set(kvx_log_fn fn, void *arg, int level)
     pthread_mutex_lock(&kvx_log_lock);
     kvx_log_global_fn = fn;
     kvx_log_global_arg = arg;
-    kvx_log_global_level = level < KVX_LOG_OFF ? KVX_LOG_OFF
+    kvx_log_global_level = level < KVX_LOG_OFF     ? KVX_LOG_OFF
                            : level > KVX_LOG_DEBUG ? KVX_LOG_DEBUG
                                                    : level;
     pthread_mutex_unlock(&kvx_log_lock);

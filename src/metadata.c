@@ -16,7 +16,8 @@
 #include <string.h>
 
 #define KVX_MD_HDR_LEN 52u
-#define KVX_MD_MAX_BLOB (1u << 20) /* UCX addresses are a few hundred bytes; refuse absurd sizes */
+/* UCX addresses are a few hundred bytes: refuse absurd sizes. */
+#define KVX_MD_MAX_BLOB (1u << 20)
 
 static void put16(uint8_t *p, uint16_t v)
 {
@@ -72,8 +73,8 @@ static bool kvx_md_text_ok(const uint8_t *s, size_t len)
 
 size_t kvx_md_encoded_len(const kvx_md_t *md)
 {
-    return KVX_MD_HDR_LEN + strlen(md->agent_name) + strlen(md->fingerprint) +
-           md->worker_addr_len + md->rkey_len;
+    return KVX_MD_HDR_LEN + strlen(md->agent_name) + strlen(md->fingerprint) + md->worker_addr_len +
+           md->rkey_len;
 }
 
 int kvx_md_encode(const kvx_md_t *md, uint8_t *buf, size_t cap)

@@ -99,19 +99,29 @@ void kvx_peer_free_all(kvx_transport_t *t)
 
 /* ---- compatibility rules -------------------------------------------------------------------- */
 
-int kvx_peer_check(const kvx_transport_t *t, const kvx_md_t *md, const kvx_peer_params_t *expect)
+/* The compatibility rules of kvx_peer_add. Returns 0, or the error with *why saying which rule. */
+int kvx_peer_check(const kvx_transport_t *t, const kvx_md_t *md, const kvx_peer_params_t *expect,
+                   const char **why)
 {
-    if (strcmp(md->agent_name, t->name) == 0)
+    if (strcmp(md->agent_name, t->name) == 0) {
+        *why = "the metadata is this transport's own (same agent name)";
         return -EEXIST;
+    }
     if (expect != NULL && (expect->field_mask & KVX_PEER_PARAM_EXPECT_REGION) &&
         (expect->base_addr != md->base || expect->num_blocks != md->num_blocks ||
-         expect->block_len != md->block_len))
+         expect->block_len != md->block_len)) {
+        *why = "base address, block count or block length disagree with the metadata";
         return -EINVAL;
-    if (md->block_len != t->block_len)
+    }
+    if (md->block_len != t->block_len) {
+        *why = "block length differs from ours";
         return -KVX_EINCOMPAT;
+    }
     if (md->fingerprint[0] != '\0' && t->fingerprint[0] != '\0' &&
-        strcmp(md->fingerprint, t->fingerprint) != 0)
+        strcmp(md->fingerprint, t->fingerprint) != 0) {
+        *why = "config fingerprint differs from ours";
         return -KVX_EINCOMPAT;
+    }
     return 0;
 }
 
@@ -237,12 +247,13 @@ static bool kvx_peer_id_ok(const char *id)
     return n >= 1 && n <= KVX_PEER_ID_MAX;
 }
 
-int kvx_peer_add(kvx_transport_t *t, const char *peer_id, const void *metadata,
-                 size_t metadata_len, const kvx_peer_params_t *params)
+int kvx_peer_add(kvx_transport_t *t, const char *peer_id, const void *metadata, size_t metadata_len,
+                 const kvx_peer_params_t *params)
 {
     kvx_md_t md;
     kvx_conn_t *c;
     kvx_peer_t *p, *fresh = NULL;
+    const char *why;
     int rc;
 
     if (t == NULL || !kvx_peer_id_ok(peer_id) || (metadata == NULL && metadata_len != 0))
@@ -257,9 +268,9 @@ int kvx_peer_add(kvx_transport_t *t, const char *peer_id, const void *metadata,
         rc = -ESHUTDOWN;
         goto out;
     }
-    rc = kvx_peer_check(t, &md, params);
+    rc = kvx_peer_check(t, &md, params, &why);
     if (rc < 0) {
-        kvx_error(t, "peer %s (%s): %s", peer_id, md.agent_name, kvx_strerror(rc));
+        kvx_error(t, "peer %s (%s) rejected: %s", peer_id, md.agent_name, why);
         goto out;
     }
 
@@ -304,8 +315,8 @@ int kvx_peer_add(kvx_transport_t *t, const char *peer_id, const void *metadata,
     if (p->conn != NULL) {
         /* Replace: the old connection goes first, and its transfers fail. */
         kvx_conn_t *old = p->conn;
-        kvx_info(t, "peer %s: replacing connection to %s with one to %s", peer_id,
-                 old->agent_name, md.agent_name);
+        kvx_info(t, "peer %s: replacing connection to %s with one to %s", peer_id, old->agent_name,
+                 md.agent_name);
         p->conn = NULL;
         kvx_conn_release(old, -ECONNABORTED);
         kvx_conn_wait_closed(t, KVX_CLOSE_WAIT_NS);
@@ -394,10 +405,10 @@ int kvx_peer_query(kvx_transport_t *t, const char *peer_id, kvx_peer_attr_t *att
         attr->rma_hw = c ? c->rma_hw : 0;
     }
     if (m & KVX_PEER_ATTR_STATE) {
-        attr->state = c == NULL                      ? KVX_PEER_REMOVED
-                      : c->state != KVX_CONN_OPEN    ? KVX_PEER_FAILED
-                      : c->pending_err != 0          ? KVX_PEER_FAILED
-                                                     : KVX_PEER_CONNECTED;
+        attr->state = c == NULL                   ? KVX_PEER_REMOVED
+                      : c->state != KVX_CONN_OPEN ? KVX_PEER_FAILED
+                      : c->pending_err != 0       ? KVX_PEER_FAILED
+                                                  : KVX_PEER_CONNECTED;
         attr->error = c == NULL ? p->last_err : c->err != 0 ? c->err : c->pending_err;
     }
     if (m & KVX_PEER_ATTR_REGION) {

@@ -79,8 +79,8 @@ static void kvx_progress_sleep(kvx_transport_t *t, int fd, uint64_t now, uint64_
     if (kvx_ucx_arm(t) == -EBUSY)
         return;
     pthread_mutex_unlock(&t->lock);
-    if (ppoll(fds, 2, &ts, NULL) > 0 && (fds[1].revents & POLLIN) &&
-        read(fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+    if (ppoll(fds, 2, &ts, NULL) > 0 && (fds[1].revents & POLLIN) && read(fd, &v, sizeof(v)) < 0 &&
+        errno != EAGAIN)
         kvx_warn(t, "progress: reading fd %d: %s", fd, strerror(errno));
     pthread_mutex_lock(&t->lock);
 }

@@ -157,8 +157,8 @@ int kvx_transport_create(const kvx_params_t *params, kvx_transport_t **transport
     t->deadline_ns = ((params->field_mask & KVX_PARAM_DEADLINE) ? params->deadline_ms
                                                                 : KVX_DEFAULT_DEADLINE_MS) *
                      1000000ull;
-    t->keepalive_ms =
-        (params->field_mask & KVX_PARAM_KEEPALIVE) ? params->keepalive_ms : KVX_DEFAULT_KEEPALIVE_MS;
+    t->keepalive_ms = (params->field_mask & KVX_PARAM_KEEPALIVE) ? params->keepalive_ms
+                                                                 : KVX_DEFAULT_KEEPALIVE_MS;
     if (params->field_mask & KVX_PARAM_LOG) {
         t->own_log = true;
         t->log_fn = params->log_fn;
@@ -299,8 +299,9 @@ int kvx_transport_metadata(kvx_transport_t *t, void *buf, size_t *len_p)
 
 /* ---- transfer slots and ids ----------------------------------------------------------------- */
 
-/* An id is (sequence << KVX_SLOT_BITS | slot): unique for the transport's life, found in O(1). */
-kvx_xfer_t *kvx_xfer_alloc(kvx_transport_t *t)
+/* An id is (sequence << KVX_SLOT_BITS | slot): unique for the transport's life, found in O(1).
+ * Returns 0, -ENOSPC when 2^KVX_SLOT_BITS transfers are in flight, or -ENOMEM. */
+int kvx_xfer_alloc(kvx_transport_t *t, kvx_xfer_t **x_p)
 {
     kvx_xfer_t *x = t->free_xfers;
 
@@ -308,17 +309,17 @@ kvx_xfer_t *kvx_xfer_alloc(kvx_transport_t *t)
         t->free_xfers = x->next_free;
     } else {
         if (t->nslots > KVX_SLOT_MASK)
-            return NULL;
+            return -ENOSPC;
         if ((t->nslots & (t->nslots - 1)) == 0) { /* grow at powers of two */
             uint32_t cap = t->nslots ? t->nslots * 2 : 64;
             kvx_xfer_t **slots = realloc(t->slots, cap * sizeof(*slots));
             if (slots == NULL)
-                return NULL;
+                return -ENOMEM;
             t->slots = slots;
         }
         x = calloc(1, sizeof(*x));
         if (x == NULL)
-            return NULL;
+            return -ENOMEM;
         x->t = t;
         x->slot = t->nslots;
         t->slots[t->nslots++] = x;
@@ -333,7 +334,8 @@ kvx_xfer_t *kvx_xfer_alloc(kvx_transport_t *t)
     x->peer = NULL;
     kvx_list_init(&x->conn_link);
     kvx_list_init(&x->active_link);
-    return x;
+    *x_p = x;
+    return 0;
 }
 
 /* Return a slot to the free list: nothing (kvx or UCX) refers to the transfer any more. */

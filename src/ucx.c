@@ -24,8 +24,8 @@ struct kvx_ucx {
 struct kvx_ucx_conn {
     ucp_ep_h ep;
     ucp_rkey_h rkey;
-    bool opened;      /* kvx_ucx_conn_open succeeded */
-    bool wired;       /* the wire-up flush completed */
+    bool opened; /* kvx_ucx_conn_open succeeded */
+    bool wired;  /* the wire-up flush completed */
     ucs_status_t wire_status;
 };
 
@@ -174,8 +174,8 @@ int kvx_ucx_init(kvx_transport_t *t)
     }
 
     ucp_params_t params = {
-        .field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED |
-                      UCP_PARAM_FIELD_NAME,
+        .field_mask =
+            UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED | UCP_PARAM_FIELD_NAME,
         .features = UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP,
         .mt_workers_shared = 0,
         .name = t->name,
@@ -209,8 +209,8 @@ int kvx_ucx_init(kvx_transport_t *t)
     };
     s = ucp_mem_map(u->ctx, &mparams, &u->memh);
     if (s != UCS_OK) {
-        kvx_error(t, "ucx: ucp_mem_map of %llu bytes: %s",
-                  (unsigned long long)mparams.length, ucs_status_string(s));
+        kvx_error(t, "ucx: ucp_mem_map of %llu bytes: %s", (unsigned long long)mparams.length,
+                  ucs_status_string(s));
         rc = kvx_ucx_errno(s);
         goto err_worker;
     }
@@ -265,8 +265,8 @@ void kvx_ucx_fini(kvx_transport_t *t)
     t->ucx = NULL;
 }
 
-int kvx_ucx_local_info(kvx_transport_t *t, const void **waddr, size_t *waddr_len,
-                       const void **rkey, size_t *rkey_len)
+int kvx_ucx_local_info(kvx_transport_t *t, const void **waddr, size_t *waddr_len, const void **rkey,
+                       size_t *rkey_len)
 {
     *waddr = t->ucx->waddr;
     *waddr_len = t->ucx->waddr_len;
@@ -406,8 +406,7 @@ int kvx_ucx_conn_open(kvx_conn_t *c, const kvx_md_t *md, uint64_t wait_ns)
     }
     s = ucp_ep_rkey_unpack(uc->ep, md->rkey, &uc->rkey);
     if (s != UCS_OK) {
-        kvx_error(t, "ucx: ucp_ep_rkey_unpack from %s: %s", md->agent_name,
-                  ucs_status_string(s));
+        kvx_error(t, "ucx: ucp_ep_rkey_unpack from %s: %s", md->agent_name, ucs_status_string(s));
         rc = s == UCS_ERR_UNREACHABLE ? -EHOSTUNREACH : -EBADMSG;
         goto err_close;
     }
@@ -432,7 +431,7 @@ int kvx_ucx_conn_open(kvx_conn_t *c, const kvx_md_t *md, uint64_t wait_ns)
     end = kvx_now_ns() + wait_ns;
     while (!uc->wired && c->pending_err == 0 && kvx_now_ns() < end)
         ucp_worker_progress(t->ucx->worker);
-    rc = c->pending_err != 0                     ? c->pending_err
+    rc = c->pending_err != 0                      ? c->pending_err
          : uc->wired && uc->wire_status != UCS_OK ? kvx_ucx_errno(uc->wire_status)
                                                   : 0;
     if (rc != 0) {

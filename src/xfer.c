@@ -13,7 +13,7 @@
 #define KVX_MAX_REQS 16
 /* Bytes the submitting thread posts itself before leaving the rest to the progress engine: small
  * transfers go out at once, large ones do not hold the caller for the whole copy. */
-#define KVX_INLINE_BUDGET (256u * 1024u)
+#define KVX_INLINE_BUDGET ((size_t)256 * 1024)
 /* How long a closing connection may take before its transfers are reported anyway. */
 #define KVX_CLOSE_GRACE_NS (2ull * 1000000000ull)
 
@@ -39,8 +39,7 @@ static int kvx_xfer_build_runs(kvx_transport_t *t, kvx_xfer_t *x, uint64_t remot
 
         if (l >= t->num_blocks || rm >= remote_num_blocks) {
             kvx_debug(t, "index %zu out of range: local %u of %llu, remote %u of %llu", i, l,
-                      (unsigned long long)t->num_blocks, rm,
-                      (unsigned long long)remote_num_blocks);
+                      (unsigned long long)t->num_blocks, rm, (unsigned long long)remote_num_blocks);
             return -EINVAL;
         }
         if (nruns > 0 && l == r->local + r->count && rm == r->remote + r->count) {
@@ -57,9 +56,9 @@ static int kvx_xfer_build_runs(kvx_transport_t *t, kvx_xfer_t *x, uint64_t remot
     return 0;
 }
 
-static int kvx_xfer_submit(kvx_transport_t *t, int op, const char *peer_id,
-                           const uint32_t *local, const uint32_t *remote, size_t count,
-                           const kvx_xfer_params_t *params, uint64_t *id_p)
+static int kvx_xfer_submit(kvx_transport_t *t, int op, const char *peer_id, const uint32_t *local,
+                           const uint32_t *remote, size_t count, const kvx_xfer_params_t *params,
+                           uint64_t *id_p)
 {
     uint64_t deadline_ms, now;
     kvx_peer_t *p;
@@ -93,11 +92,9 @@ static int kvx_xfer_submit(kvx_transport_t *t, int op, const char *peer_id,
         rc = -ENOTCONN;
         goto out;
     }
-    x = kvx_xfer_alloc(t);
-    if (x == NULL) {
-        rc = t->nslots >= (1u << 20) ? -ENOSPC : -ENOMEM;
+    rc = kvx_xfer_alloc(t, &x);
+    if (rc < 0)
         goto out;
-    }
     rc = kvx_xfer_build_runs(t, x, c->remote_num_blocks, local, remote, count);
     if (rc < 0) {
         kvx_xfer_free(t, x);

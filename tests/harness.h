@@ -16,43 +16,43 @@
 
 #define KT_SKIP 77
 
-#define KT_FAIL(...)                                                                              \
-    do {                                                                                         \
-        fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                     \
-        fprintf(stderr, __VA_ARGS__);                                                            \
-        fprintf(stderr, "\n");                                                                   \
-        exit(1);                                                                                 \
+#define KT_FAIL(...)                                                                               \
+    do {                                                                                           \
+        fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                       \
+        fprintf(stderr, __VA_ARGS__);                                                              \
+        fprintf(stderr, "\n");                                                                     \
+        exit(1);                                                                                   \
     } while (0)
 
-#define KT_CHECK(cond)                                                                            \
-    do {                                                                                         \
-        if (!(cond))                                                                             \
-            KT_FAIL("%s", #cond);                                                                \
+#define KT_CHECK(cond)                                                                             \
+    do {                                                                                           \
+        if (!(cond))                                                                               \
+            KT_FAIL("%s", #cond);                                                                  \
     } while (0)
 
 /* Integer equality, both values printed. */
-#define KT_EQ(a, b)                                                                               \
-    do {                                                                                         \
-        long long kt_a_ = (long long)(a), kt_b_ = (long long)(b);                                \
-        if (kt_a_ != kt_b_)                                                                      \
-            KT_FAIL("%s == %s: %lld != %lld", #a, #b, kt_a_, kt_b_);                             \
+#define KT_EQ(a, b)                                                                                \
+    do {                                                                                           \
+        long long kt_a_ = (long long)(a), kt_b_ = (long long)(b);                                  \
+        if (kt_a_ != kt_b_)                                                                        \
+            KT_FAIL("%s == %s: %lld != %lld", #a, #b, kt_a_, kt_b_);                               \
     } while (0)
 
 /* A kvx call that must succeed; prints the error name otherwise. */
-#define KT_OK(expr)                                                                               \
-    do {                                                                                         \
-        int kt_rc_ = (expr);                                                                     \
-        if (kt_rc_ < 0)                                                                          \
-            KT_FAIL("%s: %d (%s)", #expr, kt_rc_, kvx_strerror(kt_rc_));                         \
+#define KT_OK(expr)                                                                                \
+    do {                                                                                           \
+        int kt_rc_ = (expr);                                                                       \
+        if (kt_rc_ < 0)                                                                            \
+            KT_FAIL("%s: %d (%s)", #expr, kt_rc_, kvx_strerror(kt_rc_));                           \
     } while (0)
 
 /* A kvx call that must fail with exactly err (negative). */
-#define KT_ERR(expr, err)                                                                         \
-    do {                                                                                         \
-        int kt_rc_ = (expr), kt_want_ = (err);                                                   \
-        if (kt_rc_ != kt_want_)                                                                  \
-            KT_FAIL("%s: got %d (%s), want %d (%s)", #expr, kt_rc_, kvx_strerror(kt_rc_),        \
-                    kt_want_, kvx_strerror(kt_want_));                                           \
+#define KT_ERR(expr, err)                                                                          \
+    do {                                                                                           \
+        int kt_rc_ = (expr), kt_want_ = (err);                                                     \
+        if (kt_rc_ != kt_want_)                                                                    \
+            KT_FAIL("%s: got %d (%s), want %d (%s)", #expr, kt_rc_, kvx_strerror(kt_rc_),          \
+                    kt_want_, kvx_strerror(kt_want_));                                             \
     } while (0)
 
 uint64_t kt_now_ns(void);
@@ -97,7 +97,7 @@ typedef struct kt_proc {
 /* Fork a child running fn(sock, arg); its exit code is fn's return. The child dies with the
  * parent (PDEATHSIG) and after timeout_s seconds (alarm). */
 kt_proc_t kt_spawn(int (*fn)(int sock, void *arg), void *arg, unsigned timeout_s);
-int kt_wait(kt_proc_t *p);   /* exit code, or 128 + signal */
+int kt_wait(kt_proc_t *p); /* exit code, or 128 + signal */
 void kt_kill(kt_proc_t *p, int sig);
 /* SIGSTOP the child and wait until every one of its threads is stopped (kill() returns before
  * the signal has taken effect); kt_cont resumes it. */

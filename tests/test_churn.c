@@ -89,8 +89,8 @@ static void cycles(kvx_transport_t *t, kt_target_t *tg, int n)
 
 int main(int argc, char **argv)
 {
-    kt_target_args_t a = {.num_blocks = 16, .block_len = 4096, .salt = 3, .threads = 1,
-                          .name = "churn-target"};
+    kt_target_args_t a = {
+        .num_blocks = 16, .block_len = 4096, .salt = 3, .threads = 1, .name = "churn-target"};
     kt_target_t tg;
     kt_region_t r = kt_region_alloc(16, 4096);
     kvx_transport_t *t;

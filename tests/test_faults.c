@@ -25,8 +25,7 @@ static const uint64_t salt = 0x99;
 
 static kt_target_t start(const char *name)
 {
-    kt_target_args_t a = {.num_blocks = NB, .block_len = BL, .salt = 7, .threads = 1,
-                          .name = name};
+    kt_target_args_t a = {.num_blocks = NB, .block_len = BL, .salt = 7, .threads = 1, .name = name};
     return kt_target_start(&a);
 }
 

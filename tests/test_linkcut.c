@@ -107,8 +107,13 @@ static int host_b(int sock, void *arg)
 
 int main(void)
 {
-    kt_target_args_t a = {.num_blocks = NB, .block_len = BL, .salt = 4, .threads = 1,
-                          .name = "host-a", .netns = &ns, .ns_index = 0};
+    kt_target_args_t a = {.num_blocks = NB,
+                          .block_len = BL,
+                          .salt = 4,
+                          .threads = 1,
+                          .name = "host-a",
+                          .netns = &ns,
+                          .ns_index = 0};
     kt_proc_t b;
     int rc;
 

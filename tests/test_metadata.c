@@ -11,9 +11,14 @@
 static void codec(void)
 {
     uint8_t waddr[200], rkey[12], buf[512], copy[512];
-    kvx_md_t in = {.agent_name = "engine-a", .fingerprint = "0123456789abcdef",
-                   .base = 0x7f0000000000ull, .num_blocks = 20000, .block_len = 65536,
-                   .worker_addr = waddr, .worker_addr_len = sizeof(waddr), .rkey = rkey,
+    kvx_md_t in = {.agent_name = "engine-a",
+                   .fingerprint = "0123456789abcdef",
+                   .base = 0x7f0000000000ull,
+                   .num_blocks = 20000,
+                   .block_len = 65536,
+                   .worker_addr = waddr,
+                   .worker_addr_len = sizeof(waddr),
+                   .rkey = rkey,
                    .rkey_len = sizeof(rkey)};
     kvx_md_t out;
     int len;

@@ -54,8 +54,13 @@ static int host_b(int sock, void *arg)
 
 int main(void)
 {
-    kt_target_args_t a = {.num_blocks = 128, .block_len = 65536, .salt = 4, .threads = 1,
-                          .name = "host-a", .netns = &ns, .ns_index = 0};
+    kt_target_args_t a = {.num_blocks = 128,
+                          .block_len = 65536,
+                          .salt = 4,
+                          .threads = 1,
+                          .name = "host-a",
+                          .netns = &ns,
+                          .ns_index = 0};
     kt_proc_t b;
 
     if (!kt_netns_create(&ns)) {

@@ -35,8 +35,8 @@ static double proc_cpu(pid_t pid)
 
 int main(void)
 {
-    kt_target_args_t a = {.num_blocks = NB, .block_len = BL, .salt = 2, .threads = 1,
-                          .name = "passive"};
+    kt_target_args_t a = {
+        .num_blocks = NB, .block_len = BL, .salt = 2, .threads = 1, .name = "passive"};
     kt_target_t tg = kt_target_start(&a);
     kt_region_t r = kt_region_alloc(NB, BL);
     kvx_transport_t *t = kt_transport(&r, "active", 1);

@@ -218,8 +218,8 @@ static void cancel(kt_target_t *ta)
 
 int main(void)
 {
-    kt_target_args_t a = {.num_blocks = NB, .block_len = BL, .salt = 1, .threads = 1,
-                          .name = "target-a"};
+    kt_target_args_t a = {
+        .num_blocks = NB, .block_len = BL, .salt = 1, .threads = 1, .name = "target-a"};
     kt_target_args_t b = a, cc = a;
     kt_target_t ta, tb, tc;
 

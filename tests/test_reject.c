@@ -43,7 +43,10 @@ static void create_rejections(void)
     const char *ucx_only[] = {"UCX"}, *unknown[] = {"ucx", "gds"};
     char long_name[KVX_NAME_MAX + 2], long_fp[KVX_FINGERPRINT_MAX + 2];
     kvx_params_t ok = {.field_mask = KVX_PARAM_REGION | KVX_PARAM_NUM_THREADS,
-                       .base = r.base, .num_blocks = NB, .block_len = BL, .num_threads = 0};
+                       .base = r.base,
+                       .num_blocks = NB,
+                       .block_len = BL,
+                       .num_threads = 0};
     kvx_params_t p;
 
     memset(long_name, 'n', sizeof(long_name) - 1);
@@ -53,20 +56,20 @@ static void create_rejections(void)
 
     KT_ERR(kvx_transport_create(NULL, &x), -EINVAL);
     KT_ERR(kvx_transport_create(&ok, NULL), -EINVAL);
-#define REJECT(field_changes)                                                                     \
-    do {                                                                                         \
-        p = ok;                                                                                  \
-        field_changes;                                                                           \
-        KT_ERR(kvx_transport_create(&p, &x), -EINVAL);                                           \
-        KT_CHECK(x == NULL);                                                                     \
+#define REJECT(field_changes)                                                                      \
+    do {                                                                                           \
+        p = ok;                                                                                    \
+        field_changes;                                                                             \
+        KT_ERR(kvx_transport_create(&p, &x), -EINVAL);                                             \
+        KT_CHECK(x == NULL);                                                                       \
     } while (0)
     REJECT(p.field_mask = 0);
     REJECT(p.base = NULL);
     REJECT(p.num_blocks = 0);
     REJECT(p.block_len = 0);
-    REJECT(p.num_blocks = UINT64_MAX / 2; p.block_len = 4);           /* size overflows */
+    REJECT(p.num_blocks = UINT64_MAX / 2; p.block_len = 4);          /* size overflows */
     REJECT(p.base = (void *)(UINTPTR_MAX - 4096); p.num_blocks = 2); /* wraps the address space */
-    REJECT(p.num_blocks = (1ull << 32) + 1; p.block_len = 1);         /* indices are 32-bit */
+    REJECT(p.num_blocks = (1ull << 32) + 1; p.block_len = 1);        /* indices are 32-bit */
     REJECT(p.field_mask |= KVX_PARAM_AGENT_NAME; p.agent_name = "");
     REJECT(p.field_mask |= KVX_PARAM_AGENT_NAME; p.agent_name = "has space");
     REJECT(p.field_mask |= KVX_PARAM_AGENT_NAME; p.agent_name = long_name);
@@ -249,9 +252,9 @@ static void after_close(void)
 
 static void error_names(void)
 {
-    const int codes[] = {EINVAL, ENOENT, ENOMEM, ENOSPC, EEXIST, EBADMSG, EPROTONOSUPPORT,
-                         ETIMEDOUT, ECONNRESET, ECONNABORTED, ECANCELED, ENOTCONN, ESHUTDOWN,
-                         KVX_EINCOMPAT};
+    const int codes[] = {EINVAL,    ENOENT,          ENOMEM,    ENOSPC,       EEXIST,
+                         EBADMSG,   EPROTONOSUPPORT, ETIMEDOUT, ECONNRESET,   ECONNABORTED,
+                         ECANCELED, ENOTCONN,        ESHUTDOWN, KVX_EINCOMPAT};
     for (size_t i = 0; i < sizeof(codes) / sizeof(codes[0]); i++) {
         KT_CHECK(strcmp(kvx_strerror(-codes[i]), "unknown error") != 0);
         KT_CHECK(strcmp(kvx_strerror(-codes[i]), kvx_strerror(codes[i])) == 0);
@@ -263,8 +266,12 @@ static void error_names(void)
 
 int main(void)
 {
-    kt_target_args_t a = {.num_blocks = NB, .block_len = BL, .salt = 1, .threads = 1,
-                          .name = "good", .fingerprint = "fp-1"};
+    kt_target_args_t a = {.num_blocks = NB,
+                          .block_len = BL,
+                          .salt = 1,
+                          .threads = 1,
+                          .name = "good",
+                          .fingerprint = "fp-1"};
     kt_target_args_t b = a, f = a, e = a;
     kt_target_t badlen, badfp, nofp;
 

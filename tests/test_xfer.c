@@ -9,8 +9,8 @@
 
 static void run(uint64_t block_len, uint64_t num_blocks, const char *want_tl, uint64_t round)
 {
-    kt_target_args_t ta = {.num_blocks = num_blocks, .block_len = block_len, .salt = 0x7a,
-                           .threads = 1};
+    kt_target_args_t ta = {
+        .num_blocks = num_blocks, .block_len = block_len, .salt = 0x7a, .threads = 1};
     kt_target_t tg = kt_target_start(&ta);
     kt_region_t r = kt_region_alloc(num_blocks, block_len);
     kvx_transport_t *t = kt_transport(&r, NULL, 1);

@@ -79,11 +79,11 @@ static void die(const char *fmt, ...)
     exit(1);
 }
 
-#define CHECK_KVX(expr)                                                                           \
-    do {                                                                                         \
-        int rc_ = (expr);                                                                        \
-        if (rc_ < 0)                                                                             \
-            die("%s: %s", #expr, kvx_strerror(rc_));                                             \
+#define CHECK_KVX(expr)                                                                            \
+    do {                                                                                           \
+        int rc_ = (expr);                                                                          \
+        if (rc_ < 0)                                                                               \
+            die("%s: %s", #expr, kvx_strerror(rc_));                                               \
     } while (0)
 
 static uint64_t now_ns(void)
@@ -109,10 +109,23 @@ static uint64_t parse_size(const char *s)
     if (end == s || v <= 0)
         die("bad size '%s'", s);
     switch (*end) {
-    case 'k': case 'K': m = 1ull << 10; end++; break;
-    case 'm': case 'M': m = 1ull << 20; end++; break;
-    case 'g': case 'G': m = 1ull << 30; end++; break;
-    default: break;
+    case 'k':
+    case 'K':
+        m = 1ull << 10;
+        end++;
+        break;
+    case 'm':
+    case 'M':
+        m = 1ull << 20;
+        end++;
+        break;
+    case 'g':
+    case 'G':
+        m = 1ull << 30;
+        end++;
+        break;
+    default:
+        break;
     }
     if (*end == 'i' || *end == 'B')
         end++;
@@ -272,9 +285,8 @@ static void srv_handle(int fd, msg_hdr_t *h, uint8_t *buf)
         r = srv_region_get(q.block_len, q.num_blocks);
         for (uint32_t i = 0; i < q.n; i++) {
             uint32_t dst = pairs[2 * i], src = pairs[2 * i + 1];
-            if (dst >= r->num_blocks ||
-                kvx_pattern_check(r->base + dst * r->block_len, r->block_len, q.salt, src,
-                                  q.round) != 0)
+            if (dst >= r->num_blocks || kvx_pattern_check(r->base + dst * r->block_len,
+                                                          r->block_len, q.salt, src, q.round) != 0)
                 bad++;
         }
         msg_send(fd, MSG_VERIFY, &bad, sizeof(bad));
@@ -298,8 +310,8 @@ static void srv_handle(int fd, msg_hdr_t *h, uint8_t *buf)
             srv_barrier.id = b[0];
             srv_barrier.n = b[1];
         } else if (srv_barrier.id != b[0] || srv_barrier.n != b[1]) {
-            die("server: initiators disagree on barrier %u/%u vs %u/%u", b[0], b[1],
-                srv_barrier.id, srv_barrier.n);
+            die("server: initiators disagree on barrier %u/%u vs %u/%u", b[0], b[1], srv_barrier.id,
+                srv_barrier.n);
         }
         srv_barrier.fds[srv_barrier.nfds++] = fd;
         if ((uint32_t)srv_barrier.nfds == srv_barrier.n) {
@@ -316,7 +328,8 @@ static void srv_handle(int fd, msg_hdr_t *h, uint8_t *buf)
 
 static int listen_on(int port, int *port_out)
 {
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)port),
                             .sin_addr.s_addr = htonl(INADDR_ANY)};
     socklen_t alen = sizeof(a);
     int one = 1, fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -441,7 +454,8 @@ static void progress_line(const char *what, int done, int total)
     if (o.quiet || !isatty(2) || (now - last < 100000000ull && done != total))
         return;
     last = now;
-    fprintf(stderr, "\r  %s: %d/%d transfers%s", what, done, total, done == total ? "\r\033[K" : "");
+    fprintf(stderr, "\r  %s: %d/%d transfers%s", what, done, total,
+            done == total ? "\r\033[K" : "");
 }
 
 /* One initiator's side of a run at one block size: its region, transport and peers. */
@@ -473,7 +487,9 @@ static void client_open(client_t *c, int *ctl, uint64_t size)
         kvx_pattern_fill(c->base + i * size, size, CLIENT_SALT + (uint64_t)o.client_index, i, 0);
 
     kvx_params_t p = {.field_mask = KVX_PARAM_REGION | KVX_PARAM_NUM_THREADS,
-                      .base = c->base, .num_blocks = c->nb, .block_len = size,
+                      .base = c->base,
+                      .num_blocks = c->nb,
+                      .block_len = size,
                       .num_threads = (unsigned)o.threads};
     t0 = now_ns();
     CHECK_KVX(kvx_transport_create(&p, &c->t));
@@ -511,7 +527,7 @@ static void run_size(int *ctl, uint64_t size, result_t *res_out, int *nres)
     uint8_t *base = cl.base;
     kvx_transport_t *t = cl.t;
     int npeers = cl.npeers;
-    char (*peer)[24] = cl.peer;
+    char(*peer)[24] = cl.peer;
     double create_ms = cl.create_ms, peer_add_ms = cl.peer_add_ms;
     size_t md_bytes = cl.md_bytes;
 
@@ -633,9 +649,11 @@ static void run_size(int *ctl, uint64_t size, result_t *res_out, int *nres)
                 if (op == OP_WRITE) {
                     size_t len = sizeof(verify_req_t) + 8 * B;
                     uint8_t *buf = malloc(len);
-                    verify_req_t q = {.block_len = size, .num_blocks = nb,
+                    verify_req_t q = {.block_len = size,
+                                      .num_blocks = nb,
                                       .salt = CLIENT_SALT + (uint64_t)o.client_index,
-                                      .round = 0, .n = (uint32_t)B};
+                                      .round = 0,
+                                      .n = (uint32_t)B};
                     uint32_t *pairs = (uint32_t *)(buf + sizeof(q));
                     msg_hdr_t h;
                     uint8_t *rep;
@@ -677,8 +695,8 @@ static void run_size(int *ctl, uint64_t size, result_t *res_out, int *nres)
  */
 typedef struct lane {
     int peer;
-    uint64_t id;      /* 0: idle */
-    int phase;        /* 0 write in flight, 1 read in flight */
+    uint64_t id; /* 0: idle */
+    int phase;   /* 0 write in flight, 1 read in flight */
     uint32_t n;
     uint32_t rbase, lscratch, span;
     uint32_t src[4096], dst[4096], scr[4096];
@@ -707,13 +725,12 @@ static void run_load(int *ctl, uint64_t size, result_t *res_out, int *nres)
     if (blocks_max > 4096)
         blocks_max = 4096;
     if (blocks_max == 0)
-        die("--load: the region is too small for %d lanes x %d peers", lanes_per_peer,
-            cl.npeers);
+        die("--load: the region is too small for %d lanes x %d peers", lanes_per_peer, cl.npeers);
     lanes = calloc((size_t)nlanes, sizeof(*lanes));
     for (int i = 0; i < nlanes; i++) {
         lanes[i].peer = i % cl.npeers;
-        lanes[i].rbase = (uint32_t)((uint64_t)o.client_index * span_r +
-                                    (uint64_t)(i / cl.npeers) * span);
+        lanes[i].rbase =
+            (uint32_t)((uint64_t)o.client_index * span_r + (uint64_t)(i / cl.npeers) * span);
         lanes[i].lscratch = (uint32_t)(half + (uint64_t)i * scratch_per_lane);
         lanes[i].span = (uint32_t)span;
     }
@@ -776,16 +793,15 @@ static void run_load(int *ctl, uint64_t size, result_t *res_out, int *nres)
             bytes += comp[c].bytes;
             if (l->phase == 0) {
                 writes++;
-                CHECK_KVX(kvx_xfer_read(cl.t, cl.peer[l->peer], l->scr, l->dst, l->n, NULL,
-                                        &l->id));
+                CHECK_KVX(
+                    kvx_xfer_read(cl.t, cl.peer[l->peer], l->scr, l->dst, l->n, NULL, &l->id));
                 l->phase = 1;
                 continue;
             }
             reads++;
             for (uint32_t k = 0; k < l->n; k++)
                 if (kvx_pattern_check(cl.base + (uint64_t)l->scr[k] * size, size,
-                                      CLIENT_SALT + (uint64_t)o.client_index, l->src[k],
-                                      0) != 0)
+                                      CLIENT_SALT + (uint64_t)o.client_index, l->src[k], 0) != 0)
                     bad++;
             l->id = 0;
             busy--;
@@ -815,8 +831,9 @@ static void run_load(int *ctl, uint64_t size, result_t *res_out, int *nres)
         snprintf(res->transport, sizeof(res->transport), "%s", pa.transport);
     }
     if (!o.json)
-        fprintf(stderr, "load (initiator %d): %llu writes and %llu reads (%llu bytes) over %.1f s, "
-                        "%llu failures or wrong blocks\n",
+        fprintf(stderr,
+                "load (initiator %d): %llu writes and %llu reads (%llu bytes) over %.1f s, "
+                "%llu failures or wrong blocks\n",
                 o.client_index, (unsigned long long)writes, (unsigned long long)reads,
                 (unsigned long long)bytes, (double)(stop - start) / 1e9, (unsigned long long)bad);
     free(lanes);
@@ -838,11 +855,13 @@ static void print_results(const result_t *res, int n)
                    "\"metadata_bytes\":%zu,\"peer_add_ms\":%.3f,\"transport\":\"%s\","
                    "\"start_ns\":%llu,\"end_ns\":%llu,\"verified\":%s,\"bad_blocks\":%llu}\n",
                    r->op, (unsigned long long)r->size, (unsigned long long)r->blocks,
-                   pattern_name(o.pattern), o.iters, o.inflight, o.naddrs, o.clients,
-                   r->initiator, o.threads, (unsigned long long)r->bytes, r->gbps, r->xfers_per_s,
-                   r->p50_us, r->p99_us, r->submit_ns_per_block, r->create_ms, r->md_bytes,
-                   r->peer_add_ms, r->transport, (unsigned long long)r->start_ns,
-                   (unsigned long long)r->end_ns, !o.verify ? "null" : r->bad ? "false" : "true",
+                   pattern_name(o.pattern), o.iters, o.inflight, o.naddrs, o.clients, r->initiator,
+                   o.threads, (unsigned long long)r->bytes, r->gbps, r->xfers_per_s, r->p50_us,
+                   r->p99_us, r->submit_ns_per_block, r->create_ms, r->md_bytes, r->peer_add_ms,
+                   r->transport, (unsigned long long)r->start_ns, (unsigned long long)r->end_ns,
+                   !o.verify ? "null"
+                   : r->bad  ? "false"
+                             : "true",
                    (unsigned long long)r->bad);
         }
         fflush(stdout);
@@ -871,7 +890,9 @@ static void print_results(const result_t *res, int n)
         printf("%-8s %6s %8llu %10.3f %10.1f %9.1f %9.1f %10.1f  %-10s %s\n", op,
                fmt_size(r->size, sz, sizeof(sz)), (unsigned long long)r->blocks, r->gbps,
                r->xfers_per_s, r->p50_us, r->p99_us, r->submit_ns_per_block, r->transport,
-               !o.verify ? "off" : r->bad ? "NO" : "yes");
+               !o.verify ? "off"
+               : r->bad  ? "NO"
+                         : "yes");
     }
     if (n > 0)
         printf("set-up: create %.2f ms, metadata %zu bytes, peer add %.2f ms\n", res[0].create_ms,
@@ -1031,14 +1052,14 @@ static void usage(void)
 int main(int argc, char **argv)
 {
     static const struct option lo[] = {
-        {"sizes", 1, 0, 's'},   {"region", 1, 0, 'r'},   {"blocks", 1, 0, 'b'},
-        {"pattern", 1, 0, 'P'}, {"op", 1, 0, 'o'},       {"iters", 1, 0, 'n'},
-        {"warmup", 1, 0, 'w'},  {"inflight", 1, 0, 'q'}, {"threads", 1, 0, 't'},
-        {"target-threads", 1, 0, 'T'}, {"peers", 1, 0, 'N'}, {"port", 1, 0, 'p'},
-        {"loopback", 0, 0, 'L'}, {"json", 0, 0, 'J'},   {"no-verify", 0, 0, 'V'},
-        {"same-block", 0, 0, 'S'}, {"quiet", 0, 0, 'Q'}, {"help", 0, 0, 'h'},
-        {"client-index", 1, 0, 'K'}, {"clients", 1, 0, 'C'},
-        {"initiators", 1, 0, 'C'}, {"wait", 0, 0, 'W'}, {"load", 1, 0, 'D'}, {0, 0, 0, 0}};
+        {"sizes", 1, 0, 's'},          {"region", 1, 0, 'r'},   {"blocks", 1, 0, 'b'},
+        {"pattern", 1, 0, 'P'},        {"op", 1, 0, 'o'},       {"iters", 1, 0, 'n'},
+        {"warmup", 1, 0, 'w'},         {"inflight", 1, 0, 'q'}, {"threads", 1, 0, 't'},
+        {"target-threads", 1, 0, 'T'}, {"peers", 1, 0, 'N'},    {"port", 1, 0, 'p'},
+        {"loopback", 0, 0, 'L'},       {"json", 0, 0, 'J'},     {"no-verify", 0, 0, 'V'},
+        {"same-block", 0, 0, 'S'},     {"quiet", 0, 0, 'Q'},    {"help", 0, 0, 'h'},
+        {"client-index", 1, 0, 'K'},   {"clients", 1, 0, 'C'},  {"initiators", 1, 0, 'C'},
+        {"wait", 0, 0, 'W'},           {"load", 1, 0, 'D'},     {0, 0, 0, 0}};
     int c;
 
     while ((c = getopt_long(argc, argv, "s:r:b:P:o:n:w:q:t:T:N:I:p:h", lo, NULL)) != -1) {
@@ -1053,39 +1074,79 @@ int main(int argc, char **argv)
             free(list);
             break;
         }
-        case 'r': o.region = parse_size(optarg); break;
-        case 'b': o.blocks = strtoull(optarg, NULL, 0); break;
+        case 'r':
+            o.region = parse_size(optarg);
+            break;
+        case 'b':
+            o.blocks = strtoull(optarg, NULL, 0);
+            break;
         case 'P':
-            o.pattern = !strncmp(optarg, "contig", 6) ? PAT_CONTIG
+            o.pattern = !strncmp(optarg, "contig", 6)    ? PAT_CONTIG
                         : !strncmp(optarg, "scatter", 7) ? PAT_SCATTER
-                        : !strcmp(optarg, "random") ? PAT_RANDOM
-                                                     : (die("bad pattern '%s'", optarg), 0);
+                        : !strcmp(optarg, "random")      ? PAT_RANDOM
+                                                         : (die("bad pattern '%s'", optarg), 0);
             break;
         case 'o':
-            o.ops = !strcmp(optarg, "write") ? OP_WRITE
+            o.ops = !strcmp(optarg, "write")  ? OP_WRITE
                     : !strcmp(optarg, "read") ? OP_READ
                     : !strcmp(optarg, "both") ? OP_WRITE | OP_READ
                                               : (die("bad op '%s'", optarg), 0);
             break;
-        case 'n': o.iters = atoi(optarg); break;
-        case 'w': o.warmup = atoi(optarg); break;
-        case 'q': o.inflight = atoi(optarg); break;
-        case 't': o.threads = atoi(optarg); break;
-        case 'T': o.target_threads = atoi(optarg); break;
-        case 'N': o.peers = atoi(optarg); break;
-        case 'p': o.port = atoi(optarg); break;
-        case 'L': o.loopback = true; break;
-        case 'J': o.json = true; break;
-        case 'V': o.verify = false; break;
-        case 'S': o.same_block = true; break;
-        case 'Q': o.quiet = true; break;
-        case 'W': o.wait = true; break;
-        case 'D': o.load_s = atof(optarg); break;
-        case 'K': o.client_index = atoi(optarg); break;
+        case 'n':
+            o.iters = atoi(optarg);
+            break;
+        case 'w':
+            o.warmup = atoi(optarg);
+            break;
+        case 'q':
+            o.inflight = atoi(optarg);
+            break;
+        case 't':
+            o.threads = atoi(optarg);
+            break;
+        case 'T':
+            o.target_threads = atoi(optarg);
+            break;
+        case 'N':
+            o.peers = atoi(optarg);
+            break;
+        case 'p':
+            o.port = atoi(optarg);
+            break;
+        case 'L':
+            o.loopback = true;
+            break;
+        case 'J':
+            o.json = true;
+            break;
+        case 'V':
+            o.verify = false;
+            break;
+        case 'S':
+            o.same_block = true;
+            break;
+        case 'Q':
+            o.quiet = true;
+            break;
+        case 'W':
+            o.wait = true;
+            break;
+        case 'D':
+            o.load_s = atof(optarg);
+            break;
+        case 'K':
+            o.client_index = atoi(optarg);
+            break;
         case 'C':
-        case 'I': o.clients = atoi(optarg); break;
-        case 'h': usage(); return 0;
-        default: usage(); return 2;
+        case 'I':
+            o.clients = atoi(optarg);
+            break;
+        case 'h':
+            usage();
+            return 0;
+        default:
+            usage();
+            return 2;
         }
     }
     if (o.nsizes == 0) {

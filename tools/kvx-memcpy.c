@@ -47,7 +47,8 @@ int main(int argc, char **argv)
             i++;
             kind = !strncmp(argv[i], "contig", 6) ? PAT_CONTIG : PAT_SCATTER;
         } else {
-            fprintf(stderr, "usage: kvx-memcpy [--region BYTES] [--iters N] [--pattern P] SIZE...\n");
+            fprintf(stderr,
+                    "usage: kvx-memcpy [--region BYTES] [--iters N] [--pattern P] SIZE...\n");
             return 2;
         }
     }

@@ -5,8 +5,8 @@
 #ifndef KVX_TOOLS_PATTERN_H
 #define KVX_TOOLS_PATTERN_H
 
-#include <stdint.h>
 #include <stddef.h>
+#include <stdint.h>
 
 void kvx_pattern_fill(uint8_t *block, uint64_t block_len, uint64_t salt, uint64_t src,
                       uint64_t round);

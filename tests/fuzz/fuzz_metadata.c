@@ -13,11 +13,12 @@
 
 static void check(const uint8_t *data, size_t size)
 {
-    static kvx_transport_t self = {.name = "fuzz-self", .fingerprint = "0123456789abcdef",
-                                   .block_len = 65536};
+    static kvx_transport_t self = {
+        .name = "fuzz-self", .fingerprint = "0123456789abcdef", .block_len = 65536};
     static uint8_t again[1 << 16];
     kvx_md_t md;
     kvx_peer_params_t expect = {.field_mask = KVX_PEER_PARAM_EXPECT_REGION};
+    const char *why;
     int rc;
 
     rc = kvx_md_decode(data, size, &md);
@@ -32,11 +33,11 @@ static void check(const uint8_t *data, size_t size)
     if (kvx_md_encoded_len(&md) != size || size > sizeof(again) ||
         kvx_md_encode(&md, again, sizeof(again)) != (int)size || memcmp(again, data, size) != 0)
         abort();
-    (void)kvx_peer_check(&self, &md, NULL);
+    (void)kvx_peer_check(&self, &md, NULL, &why);
     expect.base_addr = md.base;
     expect.num_blocks = md.num_blocks;
     expect.block_len = md.block_len;
-    rc = kvx_peer_check(&self, &md, &expect);
+    rc = kvx_peer_check(&self, &md, &expect, &why);
     if (rc == -EINVAL) /* the region was given exactly as the metadata says */
         abort();
 }
