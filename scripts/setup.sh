@@ -5,6 +5,7 @@ set -euo pipefail
 
 KVX_PACKAGES=(
   gcc make cmake pkg-config          # build
+  clang-format                       # the committed .clang-format is checked
   libucx-dev ucx-utils               # UCX and its ucx_perftest (the reference in bench/compare)
   python3 python3-pytest             # the Python binding and its tests
   iproute2 procps                    # network namespaces for the two-host tests
