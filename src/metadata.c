@@ -147,7 +147,9 @@ int kvx_md_decode(const void *data, size_t len, kvx_md_t *md)
     need = (size_t)KVX_MD_HDR_LEN + name_len + fp_len + (size_t)waddr_len + (size_t)rkey_len;
     if (need != len)
         return -EBADMSG;
-    if (num_blocks == 0 || block_len == 0 || num_blocks > UINT64_MAX / block_len ||
+    /* block indices are 32-bit: a larger region cannot be addressed (nor made by kvx) */
+    if (num_blocks == 0 || num_blocks > UINT32_MAX || block_len == 0 ||
+        num_blocks > UINT64_MAX / block_len ||
         base > UINT64_MAX - num_blocks * block_len || base == 0)
         return -EBADMSG;
 

@@ -68,7 +68,7 @@ static int kvx_xfer_submit(kvx_transport_t *t, int op, const char *peer_id, cons
     int rc;
 
     if (t == NULL || peer_id == NULL || id_p == NULL || (count != 0 && (!local || !remote)) ||
-        count > UINT32_MAX)
+        count > UINT32_MAX || count > UINT64_MAX / t->block_len)
         return -EINVAL;
     kvx_lock(t);
     if (t->closed) {

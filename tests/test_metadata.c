@@ -81,6 +81,11 @@ static void codec(void)
     len = kvx_md_encode(&bad, buf, sizeof(buf));
     KT_ERR(kvx_md_decode(buf, (size_t)len, &out), -EBADMSG);
     bad = in;
+    bad.num_blocks = (1ull << 32) + 5; /* beyond 32-bit block indices */
+    bad.block_len = 64;
+    len = kvx_md_encode(&bad, buf, sizeof(buf));
+    KT_ERR(kvx_md_decode(buf, (size_t)len, &out), -EBADMSG);
+    bad = in;
     strcpy(bad.agent_name, "has space");
     len = kvx_md_encode(&bad, buf, sizeof(buf));
     KT_ERR(kvx_md_decode(buf, (size_t)len, &out), -EBADMSG);

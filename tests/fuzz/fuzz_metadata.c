@@ -28,7 +28,7 @@ static void check(const uint8_t *data, size_t size)
     if (md.worker_addr < data || md.worker_addr + md.worker_addr_len > data + size ||
         md.rkey < data || md.rkey + md.rkey_len > data + size || md.agent_name[0] == '\0' ||
         strlen(md.agent_name) > KVX_NAME_MAX || strlen(md.fingerprint) > KVX_FINGERPRINT_MAX ||
-        md.num_blocks == 0 || md.block_len == 0)
+        md.num_blocks == 0 || md.num_blocks > UINT32_MAX || md.block_len == 0)
         abort();
     if (kvx_md_encoded_len(&md) != size || size > sizeof(again) ||
         kvx_md_encode(&md, again, sizeof(again)) != (int)size || memcmp(again, data, size) != 0)
