@@ -2,7 +2,7 @@
  * Test helpers (see harness.h): patterns, forked peers with a command channel, namespaces.
  */
 #include "harness.h"
-#include "pattern.h"
+#include "common.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -577,6 +577,44 @@ void kt_netns_enter_named(const char *ns, const char *ifname)
 }
 
 void kt_netns_enter(const kt_netns_t *n, int i) { kt_netns_enter_named(n->ns[i], n->ifname[i]); }
+
+struct kt_host_b {
+    kt_netns_t *n;
+    int (*fn)(void);
+};
+
+static int kt_host_b_main(int sock, void *arg)
+{
+    struct kt_host_b *h = arg;
+    (void)sock;
+    kt_netns_enter(h->n, 1);
+    return h->fn();
+}
+
+int kt_two_hosts(kt_netns_t *n, kt_target_t *tg, kt_target_args_t *a, int (*host_b)(void),
+                 unsigned timeout_s)
+{
+    struct kt_host_b h = {n, host_b};
+    kt_proc_t b;
+    int rc, stop;
+
+    if (!kt_netns_create(n)) {
+        kt_log("cannot create network namespaces here: skipped");
+        return KT_SKIP;
+    }
+    setenv("UCX_TLS", "tcp", 1);
+    a->netns = n;
+    a->ns_index = 0;
+    *tg = kt_target_start(a);
+    b = kt_spawn(kt_host_b_main, &h, timeout_s);
+    rc = kt_wait(&b);
+    kt_netns_link(n, true);
+    stop = kt_target_stop(tg);
+    kt_netns_destroy(n);
+    if (rc != 0 || stop != 0)
+        kt_log("host b exited with %d, host a with %d", rc, stop);
+    return rc != 0 || stop != 0;
+}
 
 void kt_netns_link(const kt_netns_t *n, bool up)
 {

@@ -169,6 +169,14 @@ void kt_netns_destroy(kt_netns_t *n);
  * from a private mount namespace, kt_netns_destroy could not remove the namespaces. */
 void kt_netns_enter(const kt_netns_t *n, int i);
 void kt_netns_enter_named(const char *ns, const char *ifname);
+/*
+ * The two-host skeleton: make the namespaces (KT_SKIP when impossible), limit UCX to tcp, start
+ * the target described by a in namespace 0 (into *tg), run host_b in a child in namespace 1 (it
+ * inherits *tg, channel included), then stop everything and delete the namespaces. Returns the
+ * test's exit code.
+ */
+int kt_two_hosts(kt_netns_t *n, kt_target_t *tg, kt_target_args_t *a, int (*host_b)(void),
+                 unsigned timeout_s);
 /* Take the link down or up from the root namespace side. */
 void kt_netns_link(const kt_netns_t *n, bool up);
 

@@ -16,7 +16,7 @@
 static kt_netns_t ns;
 static kt_target_t tg;
 
-static int host_b(int sock, void *arg)
+static int host_b(void)
 {
     kt_region_t r;
     kvx_transport_t *t;
@@ -26,9 +26,6 @@ static int host_b(int sock, void *arg)
     uint64_t t_cut = 0, t_last = 0, start;
     int inflight = 0, done = 0, failed = 0, round = 0;
 
-    (void)sock;
-    (void)arg;
-    kt_netns_enter(&ns, 1);
     r = kt_region_alloc(NB, BL);
     kt_fill_all(&r, 0x31, 0);
     t = kt_transport_ex(&r, "host-b", 1, NULL, DEADLINE_MS);
@@ -107,27 +104,7 @@ static int host_b(int sock, void *arg)
 
 int main(void)
 {
-    kt_target_args_t a = {.num_blocks = NB,
-                          .block_len = BL,
-                          .salt = 4,
-                          .threads = 1,
-                          .name = "host-a",
-                          .netns = &ns,
-                          .ns_index = 0};
-    kt_proc_t b;
-    int rc;
-
-    if (!kt_netns_create(&ns)) {
-        kt_log("cannot create network namespaces here: skipped");
-        return KT_SKIP;
-    }
-    setenv("UCX_TLS", "tcp", 1);
-    tg = kt_target_start(&a);
-    b = kt_spawn(host_b, NULL, 90);
-    rc = kt_wait(&b);
-    kt_netns_link(&ns, true);
-    KT_EQ(rc, 0);
-    KT_EQ(kt_target_stop(&tg), 0);
-    kt_netns_destroy(&ns);
-    return 0;
+    kt_target_args_t a = {
+        .num_blocks = NB, .block_len = BL, .salt = 4, .threads = 1, .name = "host-a"};
+    return kt_two_hosts(&ns, &tg, &a, host_b, 90);
 }

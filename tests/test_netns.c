@@ -12,7 +12,7 @@ static kt_target_t tg;
 
 /* Host b, in namespace 1: writes into host a and reads back, through the target's channel it
  * inherited. */
-static int host_b(int sock, void *arg)
+static int host_b(void)
 {
     kt_region_t r;
     kvx_transport_t *t;
@@ -21,9 +21,6 @@ static int host_b(int sock, void *arg)
     kvx_peer_attr_t pa = {.field_mask = KVX_PEER_ATTR_TRANSPORT};
     uint64_t id;
 
-    (void)sock;
-    (void)arg;
-    kt_netns_enter(&ns, 1);
     r = kt_region_alloc(128, 65536);
     kt_fill_all(&r, 0x77, 0);
     t = kt_transport(&r, "host-b", 1);
@@ -54,24 +51,7 @@ static int host_b(int sock, void *arg)
 
 int main(void)
 {
-    kt_target_args_t a = {.num_blocks = 128,
-                          .block_len = 65536,
-                          .salt = 4,
-                          .threads = 1,
-                          .name = "host-a",
-                          .netns = &ns,
-                          .ns_index = 0};
-    kt_proc_t b;
-
-    if (!kt_netns_create(&ns)) {
-        kt_log("cannot create network namespaces here: skipped");
-        return KT_SKIP;
-    }
-    setenv("UCX_TLS", "tcp", 1);
-    tg = kt_target_start(&a);
-    b = kt_spawn(host_b, NULL, 60);
-    KT_EQ(kt_wait(&b), 0);
-    KT_EQ(kt_target_stop(&tg), 0);
-    kt_netns_destroy(&ns);
-    return 0;
+    kt_target_args_t a = {
+        .num_blocks = 128, .block_len = 65536, .salt = 4, .threads = 1, .name = "host-a"};
+    return kt_two_hosts(&ns, &tg, &a, host_b, 60);
 }

@@ -4,8 +4,8 @@
  * Every run verifies the bytes that landed unless --no-verify.
  */
 #define _GNU_SOURCE
+#include "common.h"
 #include "kvx.h"
-#include "pattern.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -86,54 +86,14 @@ static void die(const char *fmt, ...)
             die("%s: %s", #expr, kvx_strerror(rc_));                                               \
     } while (0)
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static uint64_t thread_cpu_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
+static uint64_t now_ns(void) { return kvx_tool_now_ns(); }
 
 static uint64_t parse_size(const char *s)
 {
-    char *end;
-    double v = strtod(s, &end);
-    uint64_t m = 1;
-
-    if (end == s || v <= 0)
+    uint64_t v = kvx_tool_parse_size(s);
+    if (v == 0)
         die("bad size '%s'", s);
-    switch (*end) {
-    case 'k':
-    case 'K':
-        m = 1ull << 10;
-        end++;
-        break;
-    case 'm':
-    case 'M':
-        m = 1ull << 20;
-        end++;
-        break;
-    case 'g':
-    case 'G':
-        m = 1ull << 30;
-        end++;
-        break;
-    default:
-        break;
-    }
-    if (*end == 'i' || *end == 'B')
-        end++;
-    if (*end == 'B')
-        end++;
-    if (*end != '\0')
-        die("bad size '%s'", s);
-    return (uint64_t)(v * (double)m);
+    return v;
 }
 
 static const char *fmt_size(uint64_t v, char *buf, size_t len)
@@ -596,13 +556,13 @@ static void run_size(int *ctl, uint64_t size, result_t *res_out, int *nres)
                 const uint32_t *r = R + ((size_t)m * npeers + pi) * B;
                 /* the CPU clock is a system call: sample one submission in 8 */
                 bool timed = submitted >= warm_tx && ((submitted - warm_tx) & 7) == 0;
-                uint64_t id, c0 = timed ? thread_cpu_ns() : 0;
+                uint64_t id, c0 = timed ? kvx_tool_thread_cpu_ns() : 0;
                 int rc = op == OP_WRITE ? kvx_xfer_write(t, peer[pi], l, r, B, NULL, &id)
                                         : kvx_xfer_read(t, peer[pi], l, r, B, NULL, &id);
                 if (rc < 0)
                     die("submit: %s", kvx_strerror(rc));
                 if (timed) {
-                    sub_cpu += thread_cpu_ns() - c0;
+                    sub_cpu += kvx_tool_thread_cpu_ns() - c0;
                     sub_blocks += B;
                 }
                 submitted++;

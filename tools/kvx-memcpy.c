@@ -5,33 +5,13 @@
  *   kvx-memcpy [--region 256M] [--iters 5] [--pattern scattered] SIZE...
  */
 #define _GNU_SOURCE
-#include "pattern.h"
+#include "common.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static uint64_t parse_size(const char *s)
-{
-    char *end;
-    uint64_t v = strtoull(s, &end, 10);
-    if (*end == 'K' || *end == 'k')
-        v <<= 10;
-    else if (*end == 'M' || *end == 'm')
-        v <<= 20;
-    else if (*end == 'G' || *end == 'g')
-        v <<= 30;
-    return v;
-}
 
 int main(int argc, char **argv)
 {
@@ -40,7 +20,7 @@ int main(int argc, char **argv)
 
     for (; i < argc && argv[i][0] == '-'; i++) {
         if (!strcmp(argv[i], "--region") && i + 1 < argc)
-            region = parse_size(argv[++i]);
+            region = kvx_tool_parse_size(argv[++i]);
         else if (!strcmp(argv[i], "--iters") && i + 1 < argc)
             iters = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--pattern") && i + 1 < argc) {
@@ -59,16 +39,17 @@ int main(int argc, char **argv)
     memset(src, 1, region); /* fault both regions in: no page faults inside the timing */
     memset(dst, 2, region);
     for (; i < argc; i++) {
-        uint64_t size = parse_size(argv[i]), nb = region / size, best = UINT64_MAX, sum = 0;
+        uint64_t size = kvx_tool_parse_size(argv[i]), nb = region / size, best = UINT64_MAX,
+                 sum = 0;
         uint32_t *L = malloc(nb * 4), *R = malloc(nb * 4);
         if (size == 0 || nb == 0 || !L || !R)
             return 1;
         kvx_index_map(L, R, nb, nb, 0, 0, kind, NULL);
         for (int it = 0; it <= iters; it++) {
-            uint64_t t0 = now_ns();
+            uint64_t t0 = kvx_tool_now_ns();
             for (uint64_t b = 0; b < nb; b++)
                 memcpy(dst + (uint64_t)R[b] * size, src + (uint64_t)L[b] * size, size);
-            uint64_t dt = now_ns() - t0;
+            uint64_t dt = kvx_tool_now_ns() - t0;
             if (it == 0)
                 continue; /* warm-up */
             sum += dt;

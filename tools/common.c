@@ -1,7 +1,13 @@
 /*
- * Block patterns shared by kvx-bench and the tests (see pattern.h).
+ * What kvx-bench, kvx-memcpy and the tests share (see common.h).
  */
-#include "pattern.h"
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "common.h"
+
+#include <stdlib.h>
+#include <time.h>
 
 #define KVX_PATTERN_STEP 0x9e3779b97f4a7c15ull
 
@@ -90,3 +96,48 @@ void kvx_index_map(uint32_t *local, uint32_t *remote, uint64_t n, uint64_t span,
         remote[i] = (uint32_t)(rbase + r);
     }
 }
+
+uint64_t kvx_tool_parse_size(const char *s)
+{
+    char *end;
+    double v = strtod(s, &end);
+    uint64_t m = 1;
+
+    if (end == s || v <= 0)
+        return 0;
+    switch (*end) {
+    case 'k':
+    case 'K':
+        m = 1ull << 10;
+        end++;
+        break;
+    case 'm':
+    case 'M':
+        m = 1ull << 20;
+        end++;
+        break;
+    case 'g':
+    case 'G':
+        m = 1ull << 30;
+        end++;
+        break;
+    default:
+        break;
+    }
+    if (*end == 'i')
+        end++;
+    if (*end == 'B')
+        end++;
+    return *end == '\0' ? (uint64_t)(v * (double)m) : 0;
+}
+
+static uint64_t kvx_tool_clock(clockid_t id)
+{
+    struct timespec ts;
+    clock_gettime(id, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t kvx_tool_now_ns(void) { return kvx_tool_clock(CLOCK_MONOTONIC); }
+
+uint64_t kvx_tool_thread_cpu_ns(void) { return kvx_tool_clock(CLOCK_THREAD_CPUTIME_ID); }

@@ -1,9 +1,10 @@
 /*
- * Block patterns shared by kvx-bench and the tests: every 8-byte word of a block is derived from
- * (salt, source block, round), so a block that travelled names its origin and its round.
+ * What kvx-bench, kvx-memcpy and the tests share: block patterns (every 8-byte word of a block is
+ * derived from (salt, source block, round), so a block that travelled names its origin and its
+ * round), index maps, sizes and clocks.
  */
-#ifndef KVX_TOOLS_PATTERN_H
-#define KVX_TOOLS_PATTERN_H
+#ifndef KVX_TOOLS_COMMON_H
+#define KVX_TOOLS_COMMON_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -25,5 +26,12 @@ enum kvx_pattern_kind { PAT_CONTIG, PAT_SCATTER, PAT_RANDOM };
  */
 void kvx_index_map(uint32_t *local, uint32_t *remote, uint64_t n, uint64_t span, uint64_t lbase,
                    uint64_t rbase, int kind, uint64_t *scratch);
+
+/* "64K", "1M", "4096", "1.5G" -> bytes; 0 when s is not a size. */
+uint64_t kvx_tool_parse_size(const char *s);
+/* CLOCK_MONOTONIC (comparable between processes of one host) in ns. */
+uint64_t kvx_tool_now_ns(void);
+/* This thread's CPU time in ns (a system call). */
+uint64_t kvx_tool_thread_cpu_ns(void);
 
 #endif
