@@ -230,16 +230,21 @@ typedef struct kvx_peer_params {
 
 /**
  * Connect to a peer described by its metadata and call it peer_id (1..KVX_PEER_ID_MAX bytes).
- * Returns 0 once the connection is wired up, or:
+ * The connection is wired up at once, so that the first transfer does not pay for it: the call
+ * waits up to 200 ms for the peer to answer (a healthy one takes about a millisecond); a peer
+ * that does not answer in time (stopped, overloaded) finishes the wire-up in the background, and
+ * transfers to it wait behind it, within their deadlines.
+ * Returns 0, or:
  *   -EINVAL           bad arguments, or metadata that disagrees with params' expected region
  *   -EBADMSG          metadata malformed, truncated, corrupted, or not kvx's
  *   -EPROTONOSUPPORT  metadata of a format version this library does not know
  *   -KVX_EINCOMPAT    block length differs from ours, or both fingerprints set and different
  *   -EEXIST           the metadata is this transport's own (same agent name)
- *   -ETIMEDOUT, -ECONNREFUSED, ...  UCX could not reach the peer
+ *   -EHOSTUNREACH, -ECONNREFUSED, ...  UCX could not reach the peer
  * On any error nothing changes: an existing peer of that id keeps its connection.
- * If peer_id already names a peer, that peer is replaced: its old connection is closed first and
- * its transfers in flight fail with -ECONNABORTED. Cost does not depend on num_blocks.
+ * If peer_id already names a peer, that peer is replaced: before the call returns, its old
+ * connection is closed and its transfers in flight fail with -ECONNABORTED (they come out of
+ * poll under the same peer_id). Cost does not depend on num_blocks.
  * metadata and params need only stay valid during the call.
  */
 KVX_API int kvx_peer_add(kvx_transport_t *transport, const char *peer_id, const void *metadata,

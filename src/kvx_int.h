@@ -71,21 +71,28 @@ typedef struct kvx_run {
 /*
  * Life of a transfer:
  *   QUEUED   in conn->queue; runs [0, next_run) handed to UCX (none when next_run == 0)
- *   FLUSHING every run posted, an endpoint flush outstanding: in conn->flushing
+ *   FLUSHING every run posted: in conn->flushing, waiting for the endpoint flush numbered
+ *            flush_seq (0: none posted yet) whose completion means its bytes all landed
  *   FAILING  its connection is closing; reported when the close completes: in conn->failing
  *   DONE     finished, waiting in peer->cq for poll
- *   ORPHAN   the application no longer tracks it (cancel immediate, close) but UCX still holds a
- *            callback on it; freed when the callback arrives
- * ucx_cb is true while UCX holds a flush callback with this transfer as user data.
+ * UCX never holds a pointer to a transfer: its callbacks name connections and flush tokens, so
+ * a transfer can be forgotten (cancel, close) at any time.
  */
 enum kvx_xfer_state {
     KVX_XS_FREE = 0,
     KVX_XS_QUEUED,
     KVX_XS_FLUSHING,
     KVX_XS_FAILING,
-    KVX_XS_DONE,
-    KVX_XS_ORPHAN
+    KVX_XS_DONE
 };
+
+/* One endpoint flush in flight; it covers every transfer of its connection with flush_seq <= seq.
+ */
+typedef struct kvx_flush {
+    kvx_conn_t *conn;
+    uint64_t seq;
+    struct kvx_flush *next_free;
+} kvx_flush_t;
 
 struct kvx_xfer {
     kvx_transport_t *t;
@@ -93,7 +100,6 @@ struct kvx_xfer {
     uint32_t slot;
     uint8_t state;
     uint8_t op;
-    bool ucx_cb;
     bool canceled;
     uint32_t cancel_call; /* the kvx_xfer_cancel call that last reported it (dedupes ids) */
     kvx_peer_t *peer;
@@ -103,6 +109,7 @@ struct kvx_xfer {
     kvx_run_t *runs;
     uint32_t nruns, next_run, runs_cap;
     int status;
+    uint64_t flush_seq;
     uint64_t bytes;
     uint64_t t_submit_ns;
     uint64_t t_done_ns;
@@ -124,10 +131,13 @@ struct kvx_conn {
     char agent_name[KVX_NAME_MAX + 1];
     char transport[KVX_TRANSPORT_NAME_MAX];
     int rma_hw;
-    kvx_list_t queue;     /* QUEUED transfers, in submission order */
-    kvx_list_t flushing;  /* FLUSHING transfers */
-    kvx_list_t failing;   /* FAILING transfers */
-    unsigned reqs;        /* UCX operation requests outstanding (back-pressure) */
+    kvx_list_t queue;    /* QUEUED transfers, in submission order */
+    kvx_list_t flushing; /* FLUSHING transfers */
+    kvx_list_t failing;  /* FAILING transfers */
+    unsigned reqs;       /* UCX operation requests outstanding (back-pressure) */
+    unsigned flushes;    /* endpoint flushes outstanding */
+    uint64_t flush_seq;  /* the last flush posted */
+    kvx_flush_t *free_flushes;
     unsigned ucx_refs;    /* UCX callbacks still to come that name this connection */
     kvx_list_t work_link; /* t->work: has queued runs to post or an error to handle */
     kvx_list_t all_link;  /* t->conns */
@@ -272,6 +282,7 @@ void kvx_conn_maybe_free(kvx_conn_t *c);
 /* ---- transfers (xfer.c, transport.c) -------------------------------------------------------- */
 
 void kvx_xfer_post(kvx_conn_t *c, size_t budget_bytes);
+void kvx_xfer_free_flushes(kvx_conn_t *c);
 void kvx_xfer_complete(kvx_xfer_t *x, int status);
 void kvx_xfer_release(kvx_xfer_t *x);
 void kvx_xfer_check_deadlines(kvx_transport_t *t, uint64_t now);
@@ -298,13 +309,13 @@ int kvx_ucx_conn_open(kvx_conn_t *c, const kvx_md_t *md, uint64_t wait_ns);
 int kvx_ucx_conn_close(kvx_conn_t *c);
 void kvx_ucx_conn_free(kvx_conn_t *c);
 int kvx_ucx_rma(kvx_conn_t *c, int op, void *local, uint64_t remote, size_t len);
-int kvx_ucx_flush(kvx_conn_t *c, kvx_xfer_t *x);
+int kvx_ucx_flush(kvx_conn_t *c, kvx_flush_t *f);
 unsigned kvx_ucx_progress(kvx_transport_t *t);
 int kvx_ucx_arm(kvx_transport_t *t);
 int kvx_ucx_event_fd(kvx_transport_t *t);
 
 /* Called by ucx.c from inside UCX progress, with the transport lock held. */
-void kvx_on_flush_done(kvx_xfer_t *x, int status);
+void kvx_on_flush_done(kvx_flush_t *f, int status);
 void kvx_on_op_done(kvx_conn_t *c, int status);
 void kvx_on_conn_error(kvx_conn_t *c, int status);
 void kvx_on_conn_closed(kvx_conn_t *c);

@@ -132,6 +132,7 @@ void kvx_conn_maybe_free(kvx_conn_t *c)
     if (c->state != KVX_CONN_CLOSED || c->ucx_refs != 0)
         return;
     kvx_ucx_conn_free(c);
+    kvx_xfer_free_flushes(c);
     if (c->peer != NULL)
         return; /* a failed connection stays visible on its peer until remove or re-add */
     kvx_list_del(&c->all_link);

@@ -224,6 +224,7 @@ int kvx_transport_close(kvx_transport_t *t)
         kvx_list_del(&c->all_link);
         kvx_warn(t, "connection to %s did not close in time", c->agent_name);
         free(c->ucx); /* the worker is gone: nothing left to release in UCX */
+        kvx_xfer_free_flushes(c);
         free(c);
     }
     kvx_xfer_free_all(t);
@@ -326,7 +327,6 @@ int kvx_xfer_alloc(kvx_transport_t *t, kvx_xfer_t **x_p)
     }
     x->next_free = NULL;
     x->id = (t->next_seq++ << KVX_SLOT_BITS) | x->slot;
-    x->ucx_cb = false;
     x->canceled = false;
     x->status = 0;
     x->nruns = x->next_run = 0;
@@ -362,7 +362,7 @@ kvx_xfer_t *kvx_xfer_lookup(kvx_transport_t *t, uint64_t id)
     if (slot >= t->nslots)
         return NULL;
     x = t->slots[slot];
-    if (x->id != id || x->state == KVX_XS_FREE || x->state == KVX_XS_ORPHAN)
+    if (x->id != id || x->state == KVX_XS_FREE)
         return NULL;
     return x;
 }
@@ -430,10 +430,7 @@ void kvx_xfer_release(kvx_xfer_t *x)
         if (kvx_list_empty(&p->cq) && kvx_list_linked(&p->ready_link))
             kvx_list_del(&p->ready_link);
     }
-    if (x->ucx_cb)
-        x->state = KVX_XS_ORPHAN; /* freed when UCX calls back */
-    else
-        kvx_xfer_free(t, x);
+    kvx_xfer_free(t, x);
     if (p != NULL)
         kvx_peer_maybe_free(t, p);
 }

@@ -546,13 +546,13 @@ static void kvx_ucx_flush_cb(void *req, ucs_status_t status, void *arg)
 }
 
 /* Returns 0 when every operation posted before it has completed remotely, 1 when
- * kvx_on_flush_done(x) follows. */
-int kvx_ucx_flush(kvx_conn_t *c, kvx_xfer_t *x)
+ * kvx_on_flush_done(f) follows. */
+int kvx_ucx_flush(kvx_conn_t *c, kvx_flush_t *f)
 {
     ucp_request_param_t p = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
         .cb.send = kvx_ucx_flush_cb,
-        .user_data = x,
+        .user_data = f,
     };
     void *req = ucp_ep_flush_nbx(c->ucx->ep, &p);
 
@@ -560,7 +560,6 @@ int kvx_ucx_flush(kvx_conn_t *c, kvx_xfer_t *x)
         return 0;
     if (UCS_PTR_IS_ERR(req))
         return kvx_ucx_errno(UCS_PTR_STATUS(req));
-    x->ucx_cb = true;
     c->ucx_refs++;
     return 1;
 }

@@ -145,10 +145,76 @@ int kvx_xfer_read(kvx_transport_t *t, const char *peer_id, const uint32_t *local
     return kvx_xfer_submit(t, KVX_OP_READ, peer_id, local_idxs, remote_idxs, count, params, id_p);
 }
 
+/* Complete, in posting order, the transfers that the flush numbered seq covers. */
+static void kvx_xfer_flushed(kvx_conn_t *c, uint64_t seq)
+{
+    while (!kvx_list_empty(&c->flushing)) {
+        kvx_xfer_t *x = kvx_list_first(&c->flushing, kvx_xfer_t, conn_link);
+        if (x->flush_seq == 0 || x->flush_seq > seq)
+            break;
+        kvx_xfer_complete(x, 0);
+    }
+}
+
+/*
+ * One endpoint flush for every transfer whose runs are all posted and that no flush covers yet.
+ * With a flush already in flight this waits for it: on tcp each flush is a message and a
+ * system call, so under load one flush covers many transfers, and a lone one still gets its
+ * flush at once.
+ */
+static void kvx_xfer_flush(kvx_conn_t *c)
+{
+    kvx_flush_t *f;
+    uint64_t seq;
+    int rc;
+
+    if (c->state != KVX_CONN_OPEN || c->flushes > 0 || kvx_list_empty(&c->flushing) ||
+        kvx_container_of(c->flushing.prev, kvx_xfer_t, conn_link)->flush_seq != 0)
+        return;
+    f = c->free_flushes;
+    if (f != NULL) {
+        c->free_flushes = f->next_free;
+    } else if ((f = malloc(sizeof(*f))) == NULL) {
+        kvx_conn_fail(c, -ENOMEM);
+        return;
+    }
+    seq = ++c->flush_seq;
+    for (kvx_list_t *n = c->flushing.prev; n != &c->flushing; n = n->prev) {
+        kvx_xfer_t *x = kvx_container_of(n, kvx_xfer_t, conn_link);
+        if (x->flush_seq != 0)
+            break;
+        x->flush_seq = seq;
+    }
+    f->conn = c;
+    f->seq = seq;
+    rc = kvx_ucx_flush(c, f);
+    if (rc == 1) {
+        c->flushes++;
+        return;
+    }
+    f->next_free = c->free_flushes;
+    c->free_flushes = f;
+    if (rc == 0) {
+        kvx_xfer_flushed(c, seq);
+        return;
+    }
+    kvx_error(c->t, "flushing to %s: %s", c->agent_name, kvx_strerror(rc));
+    kvx_conn_fail(c, rc);
+}
+
+void kvx_xfer_free_flushes(kvx_conn_t *c)
+{
+    while (c->free_flushes != NULL) {
+        kvx_flush_t *f = c->free_flushes;
+        c->free_flushes = f->next_free;
+        free(f);
+    }
+}
+
 /*
  * Hand queued runs to UCX, oldest transfer first, until the queue is empty, UCX holds
- * KVX_MAX_REQS requests (kvx_on_op_done resumes), or budget bytes were posted. A transfer whose
- * runs are all posted gets an endpoint flush: its completion means every byte landed remotely.
+ * KVX_MAX_REQS requests (kvx_on_op_done resumes), or budget bytes were posted. Transfers whose
+ * runs are all posted then get a flush: its completion means their bytes all landed remotely.
  */
 void kvx_xfer_post(kvx_conn_t *c, size_t budget)
 {
@@ -163,7 +229,7 @@ void kvx_xfer_post(kvx_conn_t *c, size_t budget)
             size_t len = (size_t)r->count * t->block_len;
 
             if (c->reqs >= KVX_MAX_REQS || budget == 0)
-                return;
+                goto flush;
             rc = kvx_ucx_rma(c, x->op, t->base + (uint64_t)r->local * t->block_len,
                              c->remote_base + (uint64_t)r->remote * t->block_len, len);
             if (rc < 0) {
@@ -176,36 +242,31 @@ void kvx_xfer_post(kvx_conn_t *c, size_t budget)
         }
         kvx_list_del(&x->conn_link);
         x->state = KVX_XS_FLUSHING;
+        x->flush_seq = 0;
         kvx_list_add_tail(&c->flushing, &x->conn_link);
-        rc = kvx_ucx_flush(c, x);
-        if (rc < 0) {
-            kvx_error(t, "flushing to %s: %s", c->agent_name, kvx_strerror(rc));
-            kvx_conn_fail(c, rc);
-            return;
-        }
-        if (rc == 0)
-            kvx_xfer_complete(x, 0);
     }
+flush:
+    kvx_xfer_flush(c);
 }
 
-void kvx_on_flush_done(kvx_xfer_t *x, int status)
+void kvx_on_flush_done(kvx_flush_t *f, int status)
 {
-    kvx_conn_t *c = x->conn;
+    kvx_conn_t *c = f->conn;
+    uint64_t seq = f->seq;
 
-    x->ucx_cb = false;
+    f->next_free = c->free_flushes;
+    c->free_flushes = f;
+    c->flushes--;
     c->ucx_refs--;
-    switch (x->state) {
-    case KVX_XS_ORPHAN:
-        kvx_xfer_free(x->t, x);
-        break;
-    case KVX_XS_FLUSHING:
-        if (status == 0)
-            kvx_xfer_complete(x, 0);
-        else
-            kvx_on_conn_error(c, status); /* the transfer fails with its connection */
-        break;
-    default:
-        break; /* FAILING: reported when the close completes; DONE: already reported */
+    if (c->state == KVX_CONN_OPEN) {
+        if (status != 0) {
+            kvx_on_conn_error(c, status); /* the transfers fail with their connection */
+        } else {
+            kvx_xfer_flushed(c, seq);
+            /* transfers posted meanwhile wait for the next flush: post it outside UCX */
+            if (!kvx_list_empty(&c->flushing) && !kvx_list_linked(&c->work_link))
+                kvx_list_add_tail(&c->t->work, &c->work_link);
+        }
     }
     kvx_conn_maybe_free(c);
 }
