@@ -333,7 +333,10 @@ typedef struct kvx_xfer_params {
  * changed (write) or used (read) until the id comes out of kvx_transport_poll. Once an id comes
  * out of poll, done or failed, neither kvx nor UCX touches its local blocks again (kvx closes the
  * connection first when that is the only way to be sure). After a failure the contents of the
- * destination blocks are undefined.
+ * destination blocks are undefined; for a failed write that includes later changes, as bytes
+ * that had already left (to the kernel, to the peer's shared-memory FIFO) may still land when the
+ * peer resumes or its link returns: do not write new data into those remote blocks until the
+ * peer has discarded them.
  *
  * Deadline: a transfer not finished at its deadline fails with -ETIMEDOUT. If none of its bytes
  * had been handed to UCX yet, only it fails. Otherwise UCX cannot abort it, so kvx closes that

@@ -38,7 +38,7 @@ static int host_b(void)
         while ((t_cut == 0 || kt_now_ns() - t_cut < 200000000ull) && inflight < 8) {
             uint64_t id;
             kt_indices(li, 16, NB, true, (uint64_t)round);
-            kt_indices(ri, 16, NB, true, (uint64_t)round + 7);
+            kt_indices(ri, 16, NB / 2, true, (uint64_t)round + 7); /* the lower half only */
             KT_OK(kvx_xfer_write(t, "a", li, ri, 16, NULL, &id));
             inflight++;
             round++;
@@ -80,15 +80,21 @@ static int host_b(void)
     /* the link comes back; a replaced peer works again */
     kt_netns_link(&ns, true);
     KT_OK(kvx_peer_add(t, "a", tg.md, tg.md_len, NULL));
+    /* Into the upper half, which no failed write touched: the bytes of the failed writes that the
+     * kernel had already accepted are retransmitted when the link returns and land late, so the
+     * lower half is undefined for a while (the contract: remote blocks of a failed write are
+     * undefined; see README, "When things break"). */
     kt_indices(li, 16, NB / 2, true, 3);
-    kt_indices(ri, 16, NB, true, 5);
+    kt_indices(ri, 16, NB / 2, true, 5);
+    for (int i = 0; i < 16; i++)
+        ri[i] += NB / 2;
     uint64_t id;
     KT_OK(kvx_xfer_write(t, "a", li, ri, 16, NULL, &id));
     KT_EQ(kt_poll_n(t, "a", c, 1, 10000), 1);
     KT_EQ(c[0].status, 0);
     KT_EQ(kt_target_verify(&tg, ri, li, 16, 0x31, 0), 0);
     for (int i = 0; i < 16; i++)
-        li[i] = NB / 2 + (uint32_t)i;
+        li[i] = NB / 2 + (uint32_t)i; /* read back into our upper half */
     KT_OK(kvx_xfer_read(t, "a", li, ri, 16, NULL, &id));
     KT_EQ(kt_poll_n(t, "a", c, 1, 10000), 1);
     KT_EQ(c[0].status, 0);
