@@ -462,9 +462,22 @@ static void client_open(client_t *c, int *ctl, uint64_t size)
         snprintf(c->peer[i], sizeof(c->peer[i]), "target%d", i);
         msg_send(ctl[i], MSG_REGION, geo, sizeof(geo));
         md = msg_recv(ctl[i], &h, false);
-        t0 = now_ns();
-        CHECK_KVX(kvx_peer_add(c->t, c->peer[i], md, h.len, NULL));
-        c->peer_add_ms += (double)(now_ns() - t0) / 1e6;
+        /* peer add is short and the machine noisy: the median of 5 adds (the last one stays) */
+        double add_ms[5];
+        for (int k = 0; k < 5; k++) {
+            if (k > 0)
+                CHECK_KVX(kvx_peer_remove(c->t, c->peer[i]));
+            t0 = now_ns();
+            CHECK_KVX(kvx_peer_add(c->t, c->peer[i], md, h.len, NULL));
+            add_ms[k] = (double)(now_ns() - t0) / 1e6;
+        }
+        for (int a = 0; a < 5; a++) /* insertion sort of 5 */
+            for (int b = a; b > 0 && add_ms[b] < add_ms[b - 1]; b--) {
+                double x = add_ms[b];
+                add_ms[b] = add_ms[b - 1];
+                add_ms[b - 1] = x;
+            }
+        c->peer_add_ms += add_ms[2];
         free(md);
     }
     c->peer_add_ms /= c->npeers;
@@ -855,8 +868,8 @@ static void print_results(const result_t *res, int n)
                          : "yes");
     }
     if (n > 0)
-        printf("set-up: create %.2f ms, metadata %zu bytes, peer add %.2f ms\n", res[0].create_ms,
-               res[0].md_bytes, res[0].peer_add_ms);
+        printf("set-up: create %.2f ms, metadata %zu bytes, peer add %.2f ms (median of 5)\n",
+               res[0].create_ms, res[0].md_bytes, res[0].peer_add_ms);
     if (o.clients > 1)
         printf("rows op#k: initiator k; op*: all initiators together (their bytes over the span "
                "from the first start to the last end)\n");
