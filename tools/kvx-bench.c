@@ -392,6 +392,7 @@ typedef struct result {
     char transport[KVX_TRANSPORT_NAME_MAX];
     uint64_t bad;
     uint64_t bytes;
+    uint64_t xfers;            /* transfers completed (load mode) */
     uint64_t start_ns, end_ns; /* CLOCK_MONOTONIC: comparable between processes of one host */
     int initiator;             /* -1: the aggregate of several initiators */
 } result_t;
@@ -791,6 +792,7 @@ static void run_load(int *ctl, uint64_t size, result_t *res_out, int *nres)
     res->bytes = bytes;
     res->gbps = (double)bytes / (double)(stop - start);
     res->xfers_per_s = (double)(writes + reads) / ((double)(stop - start) / 1e9);
+    res->xfers = writes + reads;
     res->bad = bad;
     res->start_ns = start;
     res->end_ns = stop;
@@ -803,12 +805,6 @@ static void run_load(int *ctl, uint64_t size, result_t *res_out, int *nres)
         CHECK_KVX(kvx_peer_query(cl.t, cl.peer[0], &pa));
         snprintf(res->transport, sizeof(res->transport), "%s", pa.transport);
     }
-    if (!o.json)
-        fprintf(stderr,
-                "load (initiator %d): %llu writes and %llu reads (%llu bytes) over %.1f s, "
-                "%llu failures or wrong blocks\n",
-                o.client_index, (unsigned long long)writes, (unsigned long long)reads,
-                (unsigned long long)bytes, (double)(stop - start) / 1e9, (unsigned long long)bad);
     free(lanes);
     client_close(&cl);
 }
@@ -826,12 +822,14 @@ static void print_results(const result_t *res, int n)
                    "\"bytes\":%llu,\"gbps\":%.4f,\"xfers_per_s\":%.1f,\"p50_us\":%.2f,"
                    "\"p99_us\":%.2f,\"submit_ns_per_block\":%.1f,\"create_ms\":%.3f,"
                    "\"metadata_bytes\":%zu,\"peer_add_ms\":%.3f,\"transport\":\"%s\","
-                   "\"start_ns\":%llu,\"end_ns\":%llu,\"verified\":%s,\"bad_blocks\":%llu}\n",
+                   "\"start_ns\":%llu,\"end_ns\":%llu,\"xfers\":%llu,\"verified\":%s,"
+                   "\"bad_blocks\":%llu}\n",
                    r->op, (unsigned long long)r->size, (unsigned long long)r->blocks,
                    pattern_name(o.pattern), o.iters, o.inflight, o.naddrs, o.clients, r->initiator,
                    o.threads, (unsigned long long)r->bytes, r->gbps, r->xfers_per_s, r->p50_us,
                    r->p99_us, r->submit_ns_per_block, r->create_ms, r->md_bytes, r->peer_add_ms,
                    r->transport, (unsigned long long)r->start_ns, (unsigned long long)r->end_ns,
+                   (unsigned long long)r->xfers,
                    !o.verify ? "null"
                    : r->bad  ? "false"
                              : "true",
@@ -873,6 +871,12 @@ static void print_results(const result_t *res, int n)
     if (o.clients > 1)
         printf("rows op#k: initiator k; op*: all initiators together (their bytes over the span "
                "from the first start to the last end)\n");
+    for (int i = 0; i < n; i++)
+        if (strcmp(res[i].op, "load") == 0 && (o.clients == 1 || res[i].initiator < 0))
+            printf("load: %llu transfers (half writes, half reads of them back), %llu bytes, "
+                   "%llu failed transfers or wrong blocks, each id completed once\n",
+                   (unsigned long long)res[i].xfers, (unsigned long long)res[i].bytes,
+                   (unsigned long long)res[i].bad);
 }
 
 /* ---- several initiators (--initiators with --loopback) -------------------------------------- */
@@ -927,6 +931,7 @@ static int collect_initiators(FILE **outs, int m, result_t *res, int cap)
             r->start_ns = (uint64_t)json_num(line, "start_ns");
             r->end_ns = (uint64_t)json_num(line, "end_ns");
             r->bad = (uint64_t)json_num(line, "bad_blocks");
+            r->xfers = (uint64_t)json_num(line, "xfers");
             r->initiator = k;
             json_str(line, "transport", r->transport, sizeof(r->transport));
             n++;
@@ -943,12 +948,14 @@ static int collect_initiators(FILE **outs, int m, result_t *res, int cap)
             *a = res[i];
             a->initiator = -1;
             a->bytes = 0;
+            a->xfers = 0;
             a->bad = 0;
             a->xfers_per_s = 0;
             a->start_ns = UINT64_MAX;
             a->end_ns = 0;
         }
         a->bytes += res[i].bytes;
+        a->xfers += res[i].xfers;
         a->bad += res[i].bad;
         a->xfers_per_s += res[i].xfers_per_s;
         a->p99_us = res[i].p99_us > a->p99_us ? res[i].p99_us : a->p99_us;
