@@ -37,6 +37,8 @@ except Exception:  # pragma: no cover - depends on the environment
 _EMPTY_POLL_RESULT = PollResult(done=(), failed=())
 
 _POLL_BATCH = 256
+_SMALL = 64
+_U32 = [ctypes.c_uint32 * n for n in range(_SMALL + 1)]
 
 # Errors of add_remote_peer that mean "this peer is not acceptable": ValueError. The others
 # (the peer is unreachable) are ConnectionError.
@@ -68,6 +70,16 @@ def _index_array(idxs) -> Optional[tuple]:
     array('I'), which checks every value. Negative int32 values become huge uint32 ones, which
     kvx rejects as out of range.
     """
+    if type(idxs) in (list, tuple) and len(idxs) <= _SMALL:
+        # the common case of a few indices: a ctypes array straight from the list (4x faster
+        # than through array()), range-checked first since ctypes would wrap silently
+        n = len(idxs)
+        try:
+            if n and (min(idxs) < 0 or max(idxs) > 0xFFFFFFFF):
+                return None
+            return (_U32[n](*idxs) if n else None), n
+        except TypeError:
+            return None
     try:
         mv = memoryview(idxs)
     except TypeError:

@@ -265,6 +265,10 @@ class TestWithPeers(unittest.TestCase):
         self.assertIsNone(t.write_blocks("A", [-1], [0]))            # negative
         self.assertIsNone(t.write_blocks("A", array("i", [-1]), [0]))
         self.assertIsNone(t.write_blocks("A", ["x"], [0]))
+        self.assertIsNone(t.write_blocks("A", [2**32], [0]))         # would wrap to 0
+        self.assertIsNone(t.write_blocks("A", [1.5], [0]))
+        self.assertIsNone(t.write_blocks("A", list(range(99)) + [2**32 + 1], list(range(100))))
+        self.assertIsNone(t.write_blocks("A", list(range(99)) + [-1], list(range(100))))
         self.assertIsNone(t.read_blocks("nobody", [0], [0]))
         self.assertIs(t.poll(), t.poll())                            # nothing was submitted
         tid = t.write_blocks("A", [], [])                            # empty: legal
