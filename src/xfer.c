@@ -213,7 +213,7 @@ void kvx_xfer_free_flushes(kvx_conn_t *c)
 
 /*
  * Hand queued runs to UCX, oldest transfer first, until the queue is empty, UCX holds
- * KVX_MAX_REQS requests (kvx_on_op_done resumes), or budget bytes were posted. Transfers whose
+ * KVX_MAX_REQS requests (kvx_on_op_done resumes), or the next run would exceed budget bytes. Transfers whose
  * runs are all posted then get a flush: its completion means their bytes all landed remotely.
  */
 void kvx_xfer_post(kvx_conn_t *c, size_t budget)
@@ -228,7 +228,9 @@ void kvx_xfer_post(kvx_conn_t *c, size_t budget)
             const kvx_run_t *r = &x->runs[x->next_run];
             size_t len = (size_t)r->count * t->block_len;
 
-            if (c->reqs >= KVX_MAX_REQS || budget == 0)
+            /* a run larger than what is left of the budget waits for the progress engine:
+             * the submitting thread never copies more than its budget */
+            if (c->reqs >= KVX_MAX_REQS || len > budget)
                 goto flush;
             rc = kvx_ucx_rma(c, x->op, t->base + (uint64_t)r->local * t->block_len,
                              c->remote_base + (uint64_t)r->remote * t->block_len, len);
@@ -238,7 +240,7 @@ void kvx_xfer_post(kvx_conn_t *c, size_t budget)
                 return;
             }
             x->next_run++;
-            budget = len < budget ? budget - len : 0;
+            budget -= len;
         }
         kvx_list_del(&x->conn_link);
         x->state = KVX_XS_FLUSHING;
