@@ -357,7 +357,10 @@ class TestWithPeers(unittest.TestCase):
             self.t.cancel([1], mode="later")
         self.assertEqual(self.t.cancel([123456789, -5], mode="wait"), [])
         self.a.stop()
-        ids = [self.t.write_blocks("A", list(range(i * 16, i * 16 + 16)), list(range(16)))
+        # scattered on the remote side: single-block runs, so the submitting thread posts the
+        # first ones itself (a 1 MiB run would wait for the progress engine)
+        scatter = scattered(16, NB, 1)
+        ids = [self.t.write_blocks("A", list(range(i * 16, i * 16 + 16)), scatter)
                for i in range(6)]
         self.assertEqual(self.t.cancel(ids[5:], "immediate"), [])
         pending = self.t.cancel(ids[:5], "wait")
