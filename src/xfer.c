@@ -213,8 +213,9 @@ void kvx_xfer_free_flushes(kvx_conn_t *c)
 
 /*
  * Hand queued runs to UCX, oldest transfer first, until the queue is empty, UCX holds
- * KVX_MAX_REQS requests (kvx_on_op_done resumes), or the next run would exceed budget bytes. Transfers whose
- * runs are all posted then get a flush: its completion means their bytes all landed remotely.
+ * KVX_MAX_REQS requests (kvx_on_op_done resumes), or the next run would exceed budget bytes.
+ * Transfers whose runs are all posted then get a flush: its completion means their bytes all landed
+ * remotely.
  */
 void kvx_xfer_post(kvx_conn_t *c, size_t budget)
 {
