@@ -91,7 +91,7 @@ static void create_rejections(void)
     KT_ERR(kvx_transport_create(&ok, &x), -ENODEV);
     KT_CHECK(x == NULL);
     unsetenv("UCX_TLS");
-    /* the seed's spelling of the backend is accepted */
+    /* the NIXL transport's spelling of the backend is accepted */
     p = ok;
     p.field_mask |= KVX_PARAM_BACKENDS;
     p.backends = ucx_only;

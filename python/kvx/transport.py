@@ -162,7 +162,7 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
     def _init(self, deadline_ms: Optional[int]) -> None:
         lib = _lib.load()
         if lib is None:
-            return  # available stays False, as the seed does when NIXL is missing
+            return  # available stays False, as the NIXL transport does when NIXL is missing
         p = _lib.Params()
         p.field_mask = _lib.PARAM_REGION | _lib.PARAM_FINGERPRINT | _lib.PARAM_BACKENDS | \
             _lib.PARAM_NUM_THREADS

@@ -1,5 +1,6 @@
 """The Python face of kvx, against real peers in other processes: every rule of the transport
-contract, the seed's calling sequence, and every transfer checked byte for byte.
+contract, the calling sequence of the NIXL-based transport's users, and every transfer checked
+byte for byte.
 
 Run: PYTHONPATH=python /usr/bin/python3 -m pytest tests/python   (or -m unittest)
 """
@@ -126,7 +127,7 @@ def scattered(n, limit, seed):
 class TestOffline(unittest.TestCase):
     """What needs no peer."""
 
-    def test_fingerprint_matches_the_seed(self):
+    def test_fingerprint_matches_the_nixl_transport(self):
         for cfg in ({"model": "llama", "tp": 8}, {"b": [1, 2], "a": {"z": None, "y": 1.5}},
                     {"dtype": "bf16", "block_size": 16, "layers": 80}, {"ü": "ß"}):
             want = hashlib.sha256(json.dumps(cfg, sort_keys=True, separators=(",", ":"))
@@ -374,7 +375,7 @@ class TestWithPeers(unittest.TestCase):
         time.sleep(0.1)
         self.assertIs(self.t.poll(), self.t.poll())  # the others never come out
 
-    def test_the_seeds_calling_sequence(self):
+    def test_the_serving_engines_calling_sequence(self):
         """Handshake, writes, per-tick polls, abort with cancel wait then immediate, shutdown
         drain, close: the way the serving engine's P2P tier drives its transport."""
         peer = Local("engine-2")
