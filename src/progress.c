@@ -16,6 +16,9 @@
 /* After the last sign of activity the thread keeps polling this long before it arms the event fd
  * and sleeps: on tcp, arming after every empty progress costs ~50x more wake-ups. */
 #define KVX_SPIN_NS 100000ull
+/* Pauses over work only polling advances, once nothing moved for KVX_SPIN_NS. */
+#define KVX_STALL_MIN_NS 100000ull
+#define KVX_STALL_MAX_NS 5000000ull
 /* An application that polled this recently is driving UCX itself. */
 #define KVX_APP_ACTIVE_NS 1000000ull
 /* The thread wakes at least once per keepalive interval, and four times as often while transfers
@@ -64,23 +67,62 @@ static uint64_t kvx_progress_tick(kvx_transport_t *t, uint64_t now)
 }
 
 /*
- * Arm the worker's event fd and sleep, with the lock released, until UCX has events, fd is
- * readable, or until_ns. Returns at once if UCX has events pending already. Lock held on entry
- * and on return.
+ * How a progress loop rests: spin while work moves and for KVX_SPIN_NS after; then sleep on the
+ * worker's event fd. Work that only polling advances (operations queued behind a full
+ * shared-memory FIFO, which UCX does not signal freeing) keeps the loop spinning, but once
+ * nothing has moved for KVX_SPIN_NS the peer is slow or stopped: the loop then looks again after
+ * pauses that double up to KVX_STALL_MAX_NS instead of burning a core until the deadline.
  */
-static void kvx_progress_sleep(kvx_transport_t *t, int fd, uint64_t now, uint64_t until_ns)
+typedef struct kvx_rest {
+    uint64_t last_work;
+    uint64_t pause;
+} kvx_rest_t;
+
+/* After a step that did n things: 0 to step again at once, else the time to sleep until, with
+ * *stalled set when the sleep is a pause over work only polling advances. */
+static uint64_t kvx_progress_rest(kvx_transport_t *t, kvx_rest_t *r, unsigned n, uint64_t now,
+                                  bool *stalled)
 {
-    struct pollfd fds[2] = {{.fd = kvx_ucx_event_fd(t), .events = POLLIN},
-                            {.fd = fd, .events = POLLIN}};
+    uint64_t tick = kvx_progress_tick(t, now);
+
+    if (n > 0) {
+        r->last_work = now;
+        r->pause = KVX_STALL_MIN_NS;
+        return 0;
+    }
+    if (now - r->last_work < KVX_SPIN_NS)
+        return 0;
+    *stalled = kvx_progress_busy(t);
+    if (!*stalled)
+        return tick;
+    now += r->pause;
+    r->pause = r->pause * 2 < KVX_STALL_MAX_NS ? r->pause * 2 : KVX_STALL_MAX_NS;
+    return now < tick ? now : tick;
+}
+
+/*
+ * Arm the worker's event fd and sleep, with the lock released, until UCX has events, fd is
+ * readable, or until_ns. If UCX has events pending already, return at once, unless stalled: then
+ * pause until until_ns or fd anyway. Lock held on entry and on return.
+ */
+static void kvx_progress_sleep(kvx_transport_t *t, int fd, uint64_t now, uint64_t until_ns,
+                               bool stalled)
+{
+    struct pollfd fds[2] = {{.fd = fd, .events = POLLIN},
+                            {.fd = kvx_ucx_event_fd(t), .events = POLLIN}};
     uint64_t d = until_ns > now ? until_ns - now : 0, v;
     struct timespec ts = {.tv_sec = (time_t)(d / 1000000000ull),
                           .tv_nsec = (long)(d % 1000000000ull)};
+    nfds_t nfds = 2;
 
-    if (kvx_ucx_arm(t) == -EBUSY)
-        return;
+    if (kvx_ucx_arm(t) == -EBUSY) {
+        if (!stalled)
+            return;
+        nfds = 1;
+    }
     pthread_mutex_unlock(&t->lock);
-    if (ppoll(fds, 2, &ts, NULL) > 0 && (fds[1].revents & POLLIN) && read(fd, &v, sizeof(v)) < 0 &&
-        errno != EAGAIN)
+    if (ppoll(fds, nfds, &ts, NULL) > 0 && (fds[0].revents & POLLIN) &&
+        read(fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
         kvx_warn(t, "progress: reading fd %d: %s", fd, strerror(errno));
     pthread_mutex_lock(&t->lock);
 }
@@ -88,8 +130,9 @@ static void kvx_progress_sleep(kvx_transport_t *t, int fd, uint64_t now, uint64_
 static void *kvx_progress_main(void *arg)
 {
     kvx_transport_t *t = arg;
-    uint64_t last_active = kvx_now_ns(), now;
-    unsigned n;
+    kvx_rest_t rest = {.last_work = kvx_now_ns(), .pause = KVX_STALL_MIN_NS};
+    uint64_t now, until;
+    bool stalled;
 
     pthread_mutex_lock(&t->lock);
     while (!t->thread_stop) {
@@ -105,14 +148,13 @@ static void *kvx_progress_main(void *arg)
                 errno != EAGAIN)
                 kvx_warn(t, "progress: reading wake fd: %s", strerror(errno));
             pthread_mutex_lock(&t->lock);
-            last_active = kvx_now_ns();
+            rest.last_work = kvx_now_ns();
             continue;
         }
-        n = kvx_progress_step(t);
+        unsigned n = kvx_progress_step(t);
         now = kvx_now_ns();
-        if (n > 0 || kvx_progress_busy(t))
-            last_active = now;
-        if (now - last_active < KVX_SPIN_NS) {
+        until = kvx_progress_rest(t, &rest, n, now, &stalled);
+        if (until == 0) {
             pthread_mutex_unlock(&t->lock);
             if (atomic_load_explicit(&t->lock_waiters, memory_order_relaxed) > 0)
                 sched_yield();
@@ -120,10 +162,11 @@ static void *kvx_progress_main(void *arg)
             continue;
         }
         t->thread_sleeping = true;
-        t->thread_wake_at_ns = kvx_progress_tick(t, now);
-        kvx_progress_sleep(t, t->wake_fd, now, t->thread_wake_at_ns);
+        t->thread_wake_at_ns = until;
+        kvx_progress_sleep(t, t->wake_fd, now, until, stalled);
         t->thread_sleeping = false;
-        last_active = kvx_now_ns();
+        if (!stalled)
+            rest.last_work = kvx_now_ns(); /* events come in bursts: spin again after a wake */
     }
     pthread_mutex_unlock(&t->lock);
     return NULL;
@@ -143,8 +186,10 @@ void kvx_progress_notify_waiters(kvx_transport_t *t)
 
 int kvx_transport_wait(kvx_transport_t *t, const char *peer_id, int timeout_ms)
 {
-    uint64_t now = kvx_now_ns(), last_active = now;
+    uint64_t now = kvx_now_ns(), until;
     uint64_t end = timeout_ms < 0 ? UINT64_MAX : now + (uint64_t)timeout_ms * 1000000ull;
+    kvx_rest_t rest = {.last_work = now, .pause = KVX_STALL_MIN_NS};
+    bool stalled;
     int rc;
 
     if (t == NULL)
@@ -171,17 +216,17 @@ int kvx_transport_wait(kvx_transport_t *t, const char *peer_id, int timeout_ms)
             rc = 0;
             break;
         }
-        if (n > 0 || kvx_progress_busy(t))
-            last_active = now;
-        if (now - last_active < KVX_SPIN_NS) {
+        until = kvx_progress_rest(t, &rest, n, now, &stalled);
+        if (until == 0) {
             kvx_unlock(t);
             sched_yield();
             kvx_lock(t);
             continue;
         }
-        uint64_t until = kvx_progress_tick(t, now);
         t->cq_signaled = false;
-        kvx_progress_sleep(t, t->cq_fd, now, until < end ? until : end);
+        kvx_progress_sleep(t, t->cq_fd, now, until < end ? until : end, stalled);
+        if (!stalled)
+            rest.last_work = kvx_now_ns();
     }
     t->waiters--;
     kvx_unlock(t);

@@ -4,8 +4,8 @@
  *    failed within 5 s (the documented bound: keepalive 1 s, deadline 5 s), a healthy second
  *    peer's transfers all succeed, and a restarted target added under the same id works;
  *  - stalled peer: a SIGSTOPped target. Transfers fail with -ETIMEDOUT at their deadline, enforced
- *    by the progress thread with nobody polling, each reported once even after the target
- *    resumes; after SIGCONT and a re-add, transfers succeed;
+ *    by the progress thread with nobody polling (and without spinning meanwhile), each reported
+ *    once even after the target resumes; after SIGCONT and a re-add, transfers succeed;
  *  - deadlines: a queued transfer past its (per-transfer) deadline fails alone and leaves the
  *    connection up; with no progress thread, poll enforces deadlines.
  * Every transfer that succeeds is verified byte for byte.
@@ -15,7 +15,17 @@
 #include <errno.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
+
+/* CPU seconds this process has used. */
+static double kt_cpu_s(void)
+{
+    struct rusage u;
+    getrusage(RUSAGE_SELF, &u);
+    return (double)(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+           (double)(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
 
 #define BL 65536
 #define NB 256
@@ -142,6 +152,7 @@ static void stalled_peer(void)
     kvx_peer_attr_t pa = {.field_mask = KVX_PEER_ATTR_STATE | KVX_PEER_ATTR_COUNTERS};
     kvx_completion_t c[40];
     uint64_t ids[20], t0;
+    double cpu0, cpu1;
 
     KT_OK(kvx_peer_add(t, "S", s.md, s.md_len, NULL));
     check_written(t, &s, "S", 8);
@@ -149,14 +160,18 @@ static void stalled_peer(void)
     t0 = kt_now_ns();
     for (int i = 0; i < 20; i++)
         ids[i] = write1(t, "S", (uint32_t)i, (uint32_t)i, 0);
-    /* nobody polls: the progress thread enforces the deadline */
+    /* nobody polls: the progress thread enforces the deadline, and while the peer is stopped it
+     * must not spin on the operations queued behind the peer's full FIFO */
+    cpu0 = kt_cpu_s();
     do {
         usleep(20000);
         KT_OK(kvx_peer_query(t, "S", &pa));
     } while (pa.xfers_failed < 20 && kt_now_ns() - t0 < 5000000000ull);
+    cpu1 = kt_cpu_s();
     kt_log("stalled peer: 20 transfers failed %.3f s after submission (deadline 1.5 s), "
-           "nobody polling",
-           (double)(kt_now_ns() - t0) / 1e9);
+           "nobody polling; %.3f s of CPU meanwhile",
+           (double)(kt_now_ns() - t0) / 1e9, cpu1 - cpu0);
+    KT_CHECK(cpu1 - cpu0 < 0.3); /* measured 0.03 s; spinning would be 1.5 s */
     KT_EQ(pa.xfers_failed, 20);
     KT_CHECK(kt_now_ns() - t0 >= 1500000000ull);
     KT_EQ(pa.state, KVX_PEER_FAILED);
