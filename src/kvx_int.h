@@ -157,7 +157,6 @@ struct kvx_peer {
     /* counters */
     uint64_t bytes_written, bytes_read, xfers_done, xfers_failed, lat_sum_ns, lat_max_ns;
     char last_agent[KVX_NAME_MAX + 1];
-    char last_transport[KVX_TRANSPORT_NAME_MAX];
     uint64_t last_base, last_num_blocks;
 };
 
@@ -238,8 +237,6 @@ void kvx_log(const kvx_transport_t *t, int level, const char *fmt, ...)
 #define kvx_warn(t, ...) kvx_log((t), KVX_LOG_WARN, __VA_ARGS__)
 #define kvx_info(t, ...) kvx_log((t), KVX_LOG_INFO, __VA_ARGS__)
 #define kvx_debug(t, ...) kvx_log((t), KVX_LOG_DEBUG, __VA_ARGS__)
-int kvx_log_env_level(void);
-void kvx_log_default(kvx_log_fn *fn, void **arg, int *level);
 
 /* ---- metadata codec (metadata.c) ------------------------------------------------------------ */
 
@@ -276,7 +273,7 @@ void kvx_peer_free_all(kvx_transport_t *t);
 void kvx_conn_fail(kvx_conn_t *c, int err);
 void kvx_conn_release(kvx_conn_t *c, int err);
 void kvx_conn_handle_work(kvx_conn_t *c);
-void kvx_conn_wait_closed(kvx_transport_t *t, uint64_t timeout_ns);
+void kvx_conn_wait_closed(kvx_transport_t *t);
 void kvx_conn_maybe_free(kvx_conn_t *c);
 
 /* ---- transfers (xfer.c, transport.c) -------------------------------------------------------- */

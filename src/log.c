@@ -17,7 +17,7 @@ static int kvx_log_global_level = -1; /* -1: not read from the environment yet *
 
 static const char *const kvx_level_names[] = {"off", "error", "warn", "info", "debug"};
 
-int kvx_log_env_level(void)
+static int kvx_log_env_level(void)
 {
     const char *env = getenv("KVX_LOG");
 
@@ -46,7 +46,7 @@ void kvx_log_set(kvx_log_fn fn, void *arg, int level)
     pthread_mutex_unlock(&kvx_log_lock);
 }
 
-void kvx_log_default(kvx_log_fn *fn, void **arg, int *level)
+static void kvx_log_default(kvx_log_fn *fn, void **arg, int *level)
 {
     pthread_mutex_lock(&kvx_log_lock);
     if (kvx_log_global_level < 0)

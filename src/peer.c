@@ -215,10 +215,10 @@ void kvx_conn_handle_work(kvx_conn_t *c)
         kvx_xfer_post(c, SIZE_MAX);
 }
 
-/* Drive UCX until no connection is closing any more, or the timeout passes. */
-void kvx_conn_wait_closed(kvx_transport_t *t, uint64_t timeout_ns)
+/* Drive UCX until no connection is closing any more, for KVX_CLOSE_WAIT_NS at most. */
+void kvx_conn_wait_closed(kvx_transport_t *t)
 {
-    uint64_t end = kvx_now_ns() + timeout_ns;
+    uint64_t end = kvx_now_ns() + KVX_CLOSE_WAIT_NS;
 
     for (;;) {
         bool closing = false;
@@ -229,7 +229,7 @@ void kvx_conn_wait_closed(kvx_transport_t *t, uint64_t timeout_ns)
             return;
         if (kvx_now_ns() > end) {
             kvx_warn(t, "connections still closing after %llu ms",
-                     (unsigned long long)(timeout_ns / 1000000ull));
+                     (unsigned long long)(KVX_CLOSE_WAIT_NS / 1000000ull));
             return;
         }
         kvx_ucx_progress(t);
@@ -320,7 +320,7 @@ int kvx_peer_add(kvx_transport_t *t, const char *peer_id, const void *metadata, 
                  md.agent_name);
         p->conn = NULL;
         kvx_conn_release(old, -ECONNABORTED);
-        kvx_conn_wait_closed(t, KVX_CLOSE_WAIT_NS);
+        kvx_conn_wait_closed(t);
     } else {
         t->nconnected++;
     }
@@ -370,7 +370,7 @@ int kvx_peer_remove(kvx_transport_t *t, const char *peer_id)
     p->removed = true;
     kvx_conn_release(c, -ECONNABORTED);
     t->nconnected--;
-    kvx_conn_wait_closed(t, KVX_CLOSE_WAIT_NS);
+    kvx_conn_wait_closed(t);
     kvx_peer_maybe_free(t, p);
     rc = 1;
 out:

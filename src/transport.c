@@ -18,7 +18,6 @@
 #define KVX_SLOT_MASK ((1ull << KVX_SLOT_BITS) - 1)
 #define KVX_DEFAULT_DEADLINE_MS 5000
 #define KVX_DEFAULT_KEEPALIVE_MS 1000
-#define KVX_CLOSE_WAIT_NS (5ull * 1000000000ull)
 
 uint64_t kvx_now_ns(void)
 {
@@ -216,7 +215,7 @@ int kvx_transport_close(kvx_transport_t *t)
             kvx_conn_release(c, -ECONNABORTED);
         }
     }
-    kvx_conn_wait_closed(t, KVX_CLOSE_WAIT_NS);
+    kvx_conn_wait_closed(t);
     /* Anything UCX still calls back during teardown finds its objects alive; free them after. */
     kvx_ucx_fini(t);
     while (!kvx_list_empty(&t->conns)) {
