@@ -1,0 +1,129 @@
+/*
+ * kvx-bench, shared between its files: options, the control channel's messages, the server, the
+ * initiator (client) and its load mode. main.c parses options and forks for --loopback.
+ */
+#ifndef KVX_BENCH_H
+#define KVX_BENCH_H
+
+#include "common.h"
+#include "kvx.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define MAX_SIZES 16
+#define MAX_PEERS 16
+#define MAX_INITIATORS 64
+#define SERVER_SALT 0x5eull
+#define CLIENT_SALT 0xc0ull
+
+enum { OP_WRITE = 1, OP_READ = 2 };
+
+struct opts {
+    uint64_t sizes[MAX_SIZES];
+    int nsizes;
+    uint64_t region;
+    uint64_t blocks;
+    int pattern;
+    int ops;
+    int iters, warmup, inflight;
+    int threads, target_threads;
+    int peers;
+    int client_index, clients;
+    bool json, verify, loopback, same_block, quiet, wait;
+    double load_s;
+    const char *addrs[MAX_PEERS];
+    int naddrs;
+    int port;
+    const char *bind;    /* the server's listening address */
+    uint64_t max_region; /* the server's limit on one region's bytes */
+};
+extern struct opts o;
+
+void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+
+#define CHECK_KVX(expr)                                                                            \
+    do {                                                                                           \
+        int rc_ = (expr);                                                                          \
+        if (rc_ < 0)                                                                               \
+            die("%s: %s", #expr, kvx_strerror(rc_));                                               \
+    } while (0)
+
+static inline uint64_t now_ns(void) { return kvx_tool_now_ns(); }
+void *region_alloc(uint64_t bytes);
+const char *fmt_size(uint64_t v, char *buf, size_t len);
+
+/* ---- control channel (ctl.c): framed messages over TCP ------------------------------------- */
+
+/* Every message is a header {type, len} and len bytes. The server answers each request with a
+ * message of the same type, or with MSG_ERROR (a text) and closes that client. */
+enum { MSG_REGION = 1, MSG_VERIFY, MSG_REFILL, MSG_BARRIER, MSG_BYE, MSG_ERROR };
+
+typedef struct msg_hdr {
+    uint32_t type;
+    uint32_t len;
+} msg_hdr_t;
+
+/* MSG_REGION and MSG_REFILL carry {block_len, num_blocks}; MSG_BARRIER {id, n}. */
+typedef struct verify_req {
+    uint64_t block_len, num_blocks, salt, round;
+    uint32_t n;
+    uint32_t pad;
+    /* followed by n pairs {dst, src} */
+} verify_req_t;
+
+/* The largest message either side accepts: a VERIFY of 2^24 blocks. */
+#define MSG_MAX (sizeof(verify_req_t) + 8u * (1u << 24))
+
+bool io_all(int fd, void *buf, size_t len, bool wr);
+void msg_send(int fd, uint32_t type, const void *buf, uint32_t len);
+/* The client's receive: a malloc'd payload; dies on a closed channel, on MSG_ERROR and on a
+ * message over MSG_MAX. */
+uint8_t *msg_recv(int fd, msg_hdr_t *h);
+int listen_on(const char *addr, int port, int *port_out);
+int connect_to(const char *spec);
+
+/* ---- server (server.c) --------------------------------------------------------------------- */
+
+/* Serve until every client has said BYE (once == true) or forever. */
+int server_run(int lfd, bool once);
+
+/* ---- client (client.c, load.c) ------------------------------------------------------------- */
+
+typedef struct result {
+    const char *op;
+    uint64_t size, blocks;
+    double gbps, xfers_per_s, p50_us, p99_us, submit_ns_per_block;
+    double create_ms, peer_add_ms;
+    size_t md_bytes;
+    char transport[KVX_TRANSPORT_NAME_MAX];
+    uint64_t bad;
+    uint64_t bytes;
+    uint64_t xfers;            /* transfers completed (load mode) */
+    uint64_t start_ns, end_ns; /* CLOCK_MONOTONIC: comparable between processes of one host */
+    int initiator;             /* -1: the aggregate of several initiators */
+} result_t;
+
+/* One initiator's side of a run at one block size: its region, transport and peers. */
+typedef struct client {
+    uint64_t size, nb;
+    uint8_t *base;
+    kvx_transport_t *t;
+    char peer[MAX_PEERS][24];
+    int npeers;
+    double create_ms, peer_add_ms;
+    size_t md_bytes;
+} client_t;
+
+void client_open(client_t *c, int *ctl, uint64_t size);
+void client_close(client_t *c);
+void progress_line(const char *what, int done, int total);
+void run_size(int *ctl, uint64_t size, result_t *res_out, int *nres);
+void run_load(int *ctl, uint64_t size, result_t *res_out, int *nres);
+void print_results(const result_t *res, int n);
+int collect_initiators(FILE **outs, int m, result_t *res, int cap);
+int client_run(void);
+
+#endif

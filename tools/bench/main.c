@@ -1,0 +1,318 @@
+/*
+ * kvx-bench: kvx's benchmark and main job, in the habits of ucx_perftest. No address: serve
+ * target regions. An address: run transfers against it. --loopback: fork the targets here.
+ * Every run verifies the bytes that landed unless --no-verify. This file: options and the
+ * processes of --loopback; ctl.c the control channel, server.c the targets, client.c the
+ * initiator, load.c --load.
+ */
+#include "bench.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+struct opts o = {
+    .nsizes = 0,
+    .region = 256ull << 20,
+    .pattern = PAT_SCATTER,
+    .ops = OP_WRITE | OP_READ,
+    .iters = 5,
+    .warmup = 1,
+    .inflight = 1,
+    .threads = 1,
+    .target_threads = 1,
+    .peers = 1,
+    .clients = 1,
+    .verify = true,
+    .port = 13337,
+    .max_region = 4ull << 30,
+};
+
+void die(const char *fmt, ...)
+{
+    va_list ap;
+    fprintf(stderr, "kvx-bench: ");
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "\n");
+    exit(1);
+}
+
+static uint64_t parse_size(const char *s)
+{
+    uint64_t v = kvx_tool_parse_size(s);
+    if (v == 0)
+        die("bad size '%s'", s);
+    return v;
+}
+
+const char *fmt_size(uint64_t v, char *buf, size_t len)
+{
+    if (v >= (1ull << 30) && v % (1ull << 30) == 0)
+        snprintf(buf, len, "%lluG", (unsigned long long)(v >> 30));
+    else if (v >= (1ull << 20) && v % (1ull << 20) == 0)
+        snprintf(buf, len, "%lluM", (unsigned long long)(v >> 20));
+    else if (v >= 1024 && v % 1024 == 0)
+        snprintf(buf, len, "%lluK", (unsigned long long)(v >> 10));
+    else
+        snprintf(buf, len, "%llu", (unsigned long long)v);
+    return buf;
+}
+
+void *region_alloc(uint64_t bytes)
+{
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        die("mmap %llu bytes: %s", (unsigned long long)bytes, strerror(errno));
+    return p;
+}
+
+static void usage(void)
+{
+    printf("usage: kvx-bench [options]              serve target regions (port %d)\n"
+           "       kvx-bench [options] host[:port]  run against a server (several: one per peer)\n"
+           "       kvx-bench --loopback [options]   fork the server(s) here and run\n"
+           "options:\n"
+           "  -s, --sizes LIST      block sizes, e.g. 4K,64K,1M,4M (default 64K,1M)\n"
+           "  -r, --region BYTES    region size on each side (default 256M)\n"
+           "  -b, --blocks N        blocks per transfer (default: as many as the region holds)\n"
+           "  -P, --pattern P       contiguous | scattered | random (default scattered)\n"
+           "  -o, --op OP           write | read | both (default both)\n"
+           "  -n, --iters N         measured transfers per peer (default 5)\n"
+           "  -w, --warmup N        warm-up transfers per peer (default 1)\n"
+           "  -q, --inflight N      transfers in flight per peer (default 1)\n"
+           "  -t, --threads N       progress threads of the initiator (default 1)\n"
+           "  -T, --target-threads N  progress threads of the target (default 1)\n"
+           "  -N, --peers N         with --loopback: targets to fork (default 1)\n"
+           "  -I, --initiators N    with --loopback: initiator processes sharing the target(s),\n"
+           "                        each on its own slice of their regions (default 1)\n"
+           "      --client-index K --clients N   without --loopback: this initiator is K of N\n"
+           "      --load SECONDS    random traffic for that long instead: writes of 1..--blocks\n"
+           "                        (default 64) random blocks, each read back and compared;\n"
+           "                        fails on any failed transfer, wrong byte or stray id\n"
+           "      --same-block      one block, the same remote block every time (ucx_perftest's\n"
+           "                        cache-hot mode)\n"
+           "  -p, --port N          server port (default %d; 0 = any)\n"
+           "      --bind ADDR       server: listen on this IPv4 address (default 127.0.0.1;\n"
+           "                        0.0.0.0 for every interface: anyone who reaches it can\n"
+           "                        make regions and write into them)\n"
+           "      --max-region BYTES  server: refuse regions larger than this (default 4G)\n"
+           "      --wait            sleep in kvx_transport_wait instead of spinning on poll\n"
+           "                        (for more busy threads than cores)\n"
+           "      --json            one JSON object per result line\n"
+           "      --no-verify       skip checking the bytes that landed\n"
+           "      --quiet           no progress display\n",
+           o.port, o.port);
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option lo[] = {{"sizes", 1, 0, 's'},        {"region", 1, 0, 'r'},
+                                       {"blocks", 1, 0, 'b'},       {"pattern", 1, 0, 'P'},
+                                       {"op", 1, 0, 'o'},           {"iters", 1, 0, 'n'},
+                                       {"warmup", 1, 0, 'w'},       {"inflight", 1, 0, 'q'},
+                                       {"threads", 1, 0, 't'},      {"target-threads", 1, 0, 'T'},
+                                       {"peers", 1, 0, 'N'},        {"port", 1, 0, 'p'},
+                                       {"loopback", 0, 0, 'L'},     {"json", 0, 0, 'J'},
+                                       {"no-verify", 0, 0, 'V'},    {"same-block", 0, 0, 'S'},
+                                       {"quiet", 0, 0, 'Q'},        {"help", 0, 0, 'h'},
+                                       {"client-index", 1, 0, 'K'}, {"clients", 1, 0, 'C'},
+                                       {"initiators", 1, 0, 'C'},   {"wait", 0, 0, 'W'},
+                                       {"load", 1, 0, 'D'},         {"bind", 1, 0, 'B'},
+                                       {"max-region", 1, 0, 'M'},   {0, 0, 0, 0}};
+    int c;
+
+    while ((c = getopt_long(argc, argv, "s:r:b:P:o:n:w:q:t:T:N:I:p:h", lo, NULL)) != -1) {
+        switch (c) {
+        case 's': {
+            char *list = strdup(optarg), *save = NULL;
+            for (char *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+                if (o.nsizes == MAX_SIZES)
+                    die("too many sizes");
+                o.sizes[o.nsizes++] = parse_size(tok);
+            }
+            free(list);
+            break;
+        }
+        case 'r':
+            o.region = parse_size(optarg);
+            break;
+        case 'b':
+            o.blocks = strtoull(optarg, NULL, 0);
+            break;
+        case 'P':
+            o.pattern = !strncmp(optarg, "contig", 6)    ? PAT_CONTIG
+                        : !strncmp(optarg, "scatter", 7) ? PAT_SCATTER
+                        : !strcmp(optarg, "random")      ? PAT_RANDOM
+                                                         : (die("bad pattern '%s'", optarg), 0);
+            break;
+        case 'o':
+            o.ops = !strcmp(optarg, "write")  ? OP_WRITE
+                    : !strcmp(optarg, "read") ? OP_READ
+                    : !strcmp(optarg, "both") ? OP_WRITE | OP_READ
+                                              : (die("bad op '%s'", optarg), 0);
+            break;
+        case 'n':
+            o.iters = atoi(optarg);
+            break;
+        case 'w':
+            o.warmup = atoi(optarg);
+            break;
+        case 'q':
+            o.inflight = atoi(optarg);
+            break;
+        case 't':
+            o.threads = atoi(optarg);
+            break;
+        case 'T':
+            o.target_threads = atoi(optarg);
+            break;
+        case 'N':
+            o.peers = atoi(optarg);
+            break;
+        case 'p':
+            o.port = atoi(optarg);
+            break;
+        case 'L':
+            o.loopback = true;
+            break;
+        case 'J':
+            o.json = true;
+            break;
+        case 'V':
+            o.verify = false;
+            break;
+        case 'S':
+            o.same_block = true;
+            break;
+        case 'Q':
+            o.quiet = true;
+            break;
+        case 'W':
+            o.wait = true;
+            break;
+        case 'D':
+            o.load_s = atof(optarg);
+            break;
+        case 'B':
+            o.bind = optarg;
+            break;
+        case 'M':
+            o.max_region = parse_size(optarg);
+            break;
+        case 'K':
+            o.client_index = atoi(optarg);
+            break;
+        case 'C':
+        case 'I':
+            o.clients = atoi(optarg);
+            break;
+        case 'h':
+            usage();
+            return 0;
+        default:
+            usage();
+            return 2;
+        }
+    }
+    if (o.nsizes == 0) {
+        o.sizes[o.nsizes++] = 64ull << 10;
+        o.sizes[o.nsizes++] = 1ull << 20;
+    }
+    if (o.iters < 1 || o.warmup < 0 || o.inflight < 1 || o.peers < 1 || o.peers > MAX_PEERS ||
+        o.clients < 1 || o.client_index < 0 || o.client_index >= o.clients)
+        die("bad iteration, warm-up, in-flight, peer or client counts");
+    for (int i = optind; i < argc; i++) {
+        if (o.naddrs == MAX_PEERS)
+            die("too many addresses");
+        o.addrs[o.naddrs++] = argv[i];
+    }
+    signal(SIGPIPE, SIG_IGN);
+
+    if (o.loopback) {
+        static char addr[MAX_PEERS][32];
+        pid_t pids[MAX_PEERS];
+        int rc, st, status = 0;
+
+        for (int i = 0; i < o.peers; i++) {
+            int port, lfd = listen_on("127.0.0.1", 0, &port);
+            fflush(NULL);
+            pids[i] = fork();
+            if (pids[i] < 0)
+                die("fork: %s", strerror(errno));
+            if (pids[i] == 0) {
+                prctl(PR_SET_PDEATHSIG, SIGKILL);
+                _exit(server_run(lfd, true));
+            }
+            close(lfd);
+            snprintf(addr[i], sizeof(addr[i]), "127.0.0.1:%d", port);
+            o.addrs[o.naddrs++] = addr[i];
+        }
+        if (o.clients > 1) {
+            /* several initiators into the target(s): each a process of its own, on its slice of
+             * the target region, started together by the target's barrier */
+            pid_t cp[MAX_INITIATORS];
+            FILE *outs[MAX_INITIATORS];
+            result_t res[MAX_INITIATORS * MAX_SIZES * 2];
+            bool json = o.json;
+            int n, bad = 0;
+
+            if (o.clients > MAX_INITIATORS)
+                die("at most %d initiators", MAX_INITIATORS);
+            for (int k = 0; k < o.clients; k++) {
+                int pfd[2];
+                if (pipe(pfd) < 0)
+                    die("pipe: %s", strerror(errno));
+                fflush(NULL);
+                cp[k] = fork();
+                if (cp[k] == 0) {
+                    prctl(PR_SET_PDEATHSIG, SIGKILL);
+                    close(pfd[0]);
+                    dup2(pfd[1], 1);
+                    o.client_index = k;
+                    o.json = o.quiet = true;
+                    _exit(client_run());
+                }
+                close(pfd[1]);
+                outs[k] = fdopen(pfd[0], "r");
+            }
+            n = collect_initiators(outs, o.clients, res, (int)(sizeof(res) / sizeof(res[0])));
+            rc = 0;
+            for (int k = 0; k < o.clients; k++) {
+                fclose(outs[k]);
+                waitpid(cp[k], &st, 0);
+                if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+                    rc = 1;
+            }
+            o.json = json;
+            print_results(res, n);
+            for (int i = 0; i < n; i++)
+                bad |= res[i].bad != 0;
+            if (bad)
+                fprintf(stderr, "kvx-bench: verification FAILED\n");
+            rc |= bad;
+        } else {
+            rc = client_run();
+        }
+        for (int i = 0; i < o.peers; i++) {
+            waitpid(pids[i], &st, 0);
+            if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+                status = 1;
+        }
+        return rc ? rc : status;
+    }
+    if (o.naddrs == 0) {
+        int port, lfd = listen_on(o.bind, o.port, &port);
+        fprintf(stderr, "kvx-bench: serving on %s port %d\n", o.bind ? o.bind : "127.0.0.1", port);
+        return server_run(lfd, false);
+    }
+    return client_run();
+}

@@ -1,0 +1,330 @@
+/*
+ * kvx-bench's server: owns target regions, hands their metadata to initiators, answers
+ * verification requests and barriers. Anything a client sends is checked before it is used (sizes,
+ * overflow, counts); a client that sends something wrong gets MSG_ERROR and is disconnected, and
+ * the server keeps serving the others. Sockets are non-blocking: a client that stalls halfway
+ * through a message holds up nobody.
+ */
+#include "bench.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#define MAX_CLIENTS 64
+#define MAX_REGIONS (MAX_SIZES * 2)
+#define MAX_BLOCK_LEN (1ull << 30)
+
+typedef struct srv_region {
+    uint64_t block_len, num_blocks;
+    uint8_t *base;
+    kvx_transport_t *t;
+    uint8_t *md;
+    size_t md_len;
+} srv_region_t;
+
+static srv_region_t srv_regions[MAX_REGIONS];
+static int srv_nregions;
+
+/* One connected client and the message it is in the middle of sending. */
+typedef struct srv_client {
+    int fd;
+    msg_hdr_t h;
+    size_t got;   /* bytes of header + payload received so far */
+    uint8_t *buf; /* the payload, allocated once the header has been checked */
+    bool barrier; /* waiting in the barrier */
+} srv_client_t;
+
+static srv_client_t clients[MAX_CLIENTS];
+static int nclients;
+
+/* A barrier for several initiators sharing this target: each sends {id, n}; all n are answered
+ * when the n-th arrives, so that their measured phases overlap. */
+static struct {
+    uint32_t id, n, count;
+} srv_barrier;
+
+static srv_region_t *srv_region_find(uint64_t block_len, uint64_t num_blocks)
+{
+    for (int i = 0; i < srv_nregions; i++)
+        if (srv_regions[i].block_len == block_len && srv_regions[i].num_blocks == num_blocks)
+            return &srv_regions[i];
+    return NULL;
+}
+
+/* The region of that geometry, made on first use. NULL with *why set when refused. */
+static srv_region_t *srv_region_get(uint64_t block_len, uint64_t num_blocks, const char **why)
+{
+    srv_region_t *r = srv_region_find(block_len, num_blocks);
+    kvx_params_t p = {.field_mask = KVX_PARAM_REGION | KVX_PARAM_NUM_THREADS};
+    int rc;
+
+    if (r != NULL)
+        return r;
+    if (block_len == 0 || block_len > MAX_BLOCK_LEN || num_blocks == 0 || num_blocks > UINT32_MAX ||
+        num_blocks > o.max_region / block_len) {
+        *why = "region geometry out of bounds (see --max-region)";
+        return NULL;
+    }
+    if (srv_nregions == MAX_REGIONS) {
+        *why = "too many regions";
+        return NULL;
+    }
+    r = &srv_regions[srv_nregions];
+    memset(r, 0, sizeof(*r));
+    r->block_len = block_len;
+    r->num_blocks = num_blocks;
+    r->base = mmap(NULL, block_len * num_blocks, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (r->base == MAP_FAILED) {
+        *why = "out of memory";
+        return NULL;
+    }
+    for (uint64_t i = 0; i < num_blocks; i++)
+        kvx_pattern_fill(r->base + i * block_len, block_len, SERVER_SALT, i, 0);
+    p.base = r->base;
+    p.num_blocks = num_blocks;
+    p.block_len = block_len;
+    p.num_threads = (unsigned)o.target_threads;
+    rc = kvx_transport_create(&p, &r->t);
+    if (rc == 0) {
+        r->md_len = 0;
+        kvx_transport_metadata(r->t, NULL, &r->md_len);
+        r->md = malloc(r->md_len);
+        if (r->md == NULL || kvx_transport_metadata(r->t, r->md, &r->md_len) < 0)
+            rc = -ENOMEM;
+    }
+    if (rc < 0) {
+        kvx_transport_destroy(r->t);
+        free(r->md);
+        munmap(r->base, block_len * num_blocks);
+        *why = kvx_strerror(rc);
+        return NULL;
+    }
+    srv_nregions++;
+    return r;
+}
+
+static void srv_send(srv_client_t *c, uint32_t type, const void *buf, uint32_t len)
+{
+    msg_hdr_t h = {type, len};
+    /* replies are small; a client that does not read them is dropped (SO_SNDTIMEO) */
+    if (!io_all(c->fd, &h, sizeof(h), true) || (len && !io_all(c->fd, (void *)buf, len, true)))
+        shutdown(c->fd, SHUT_RDWR);
+}
+
+/* The largest payload a message of each type may have. */
+static uint64_t srv_max_len(uint32_t type)
+{
+    switch (type) {
+    case MSG_REGION:
+    case MSG_REFILL:
+        return 2 * sizeof(uint64_t);
+    case MSG_BARRIER:
+        return 2 * sizeof(uint32_t);
+    case MSG_VERIFY:
+        return MSG_MAX;
+    case MSG_BYE:
+        return 0;
+    default:
+        return UINT64_MAX; /* unknown */
+    }
+}
+
+/* Handle one complete message. Returns NULL, or why the client is refused. */
+static const char *srv_handle(srv_client_t *c)
+{
+    const msg_hdr_t *h = &c->h;
+    const uint8_t *buf = c->buf;
+    const char *why = NULL;
+    uint64_t geo[2], bad = 0;
+    srv_region_t *r;
+
+    switch (h->type) {
+    case MSG_REGION:
+        if (h->len != sizeof(geo))
+            return "bad REGION length";
+        memcpy(geo, buf, sizeof(geo));
+        r = srv_region_get(geo[0], geo[1], &why);
+        if (r == NULL)
+            return why;
+        srv_send(c, MSG_REGION, r->md, (uint32_t)r->md_len);
+        return NULL;
+    case MSG_VERIFY: {
+        verify_req_t q;
+        const uint8_t *pairs = buf + sizeof(q);
+        if (h->len < sizeof(q))
+            return "VERIFY too short";
+        memcpy(&q, buf, sizeof(q));
+        if ((uint64_t)h->len != sizeof(q) + 8ull * q.n)
+            return "VERIFY length disagrees with its count";
+        r = srv_region_find(q.block_len, q.num_blocks);
+        if (r == NULL)
+            return "VERIFY of an unknown region";
+        for (uint32_t i = 0; i < q.n; i++) {
+            uint32_t dst, src;
+            memcpy(&dst, pairs + 8ull * i, 4);
+            memcpy(&src, pairs + 8ull * i + 4, 4);
+            if (dst >= r->num_blocks)
+                return "VERIFY of a block out of range";
+            if (kvx_pattern_check(r->base + (uint64_t)dst * r->block_len, r->block_len, q.salt, src,
+                                  q.round) != 0)
+                bad++;
+        }
+        srv_send(c, MSG_VERIFY, &bad, sizeof(bad));
+        return NULL;
+    }
+    case MSG_REFILL:
+        if (h->len != sizeof(geo))
+            return "bad REFILL length";
+        memcpy(geo, buf, sizeof(geo));
+        r = srv_region_find(geo[0], geo[1]);
+        if (r == NULL)
+            return "REFILL of an unknown region";
+        for (uint64_t i = 0; i < r->num_blocks; i++)
+            kvx_pattern_fill(r->base + i * r->block_len, r->block_len, SERVER_SALT, i, 0);
+        srv_send(c, MSG_REFILL, NULL, 0);
+        return NULL;
+    case MSG_BARRIER: {
+        uint32_t b[2];
+        if (h->len != sizeof(b))
+            return "bad BARRIER length";
+        memcpy(b, buf, sizeof(b));
+        if (b[1] == 0 || b[1] > MAX_INITIATORS)
+            return "BARRIER count out of range";
+        if (c->barrier)
+            return "BARRIER again before the last one was answered";
+        if (srv_barrier.count == 0) {
+            srv_barrier.id = b[0];
+            srv_barrier.n = b[1];
+        } else if (srv_barrier.id != b[0] || srv_barrier.n != b[1]) {
+            return "initiators disagree on the barrier";
+        }
+        c->barrier = true;
+        if (++srv_barrier.count == srv_barrier.n) {
+            for (int i = 0; i < nclients; i++) {
+                if (!clients[i].barrier)
+                    continue;
+                clients[i].barrier = false;
+                srv_send(&clients[i], MSG_BARRIER, NULL, 0);
+            }
+            srv_barrier.count = 0;
+        }
+        return NULL;
+    }
+    default:
+        return "unknown message";
+    }
+}
+
+static void srv_drop(int i)
+{
+    srv_client_t *c = &clients[i];
+
+    if (c->barrier)
+        srv_barrier.count--;
+    close(c->fd);
+    free(c->buf);
+    clients[i] = clients[--nclients];
+}
+
+/* Read what client i has sent. Returns false when the client is gone (BYE, EOF, refused). */
+static bool srv_read(srv_client_t *c)
+{
+    for (;;) {
+        const char *why = NULL;
+        size_t want =
+            c->got < sizeof(c->h) ? sizeof(c->h) - c->got : sizeof(c->h) + c->h.len - c->got;
+        uint8_t *dst =
+            c->got < sizeof(c->h) ? (uint8_t *)&c->h + c->got : c->buf + (c->got - sizeof(c->h));
+        ssize_t n = want == 0 ? 0 : read(c->fd, dst, want);
+
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return errno == EAGAIN || errno == EWOULDBLOCK;
+        if (n == 0 && want > 0)
+            return false; /* EOF, possibly in the middle of a message */
+        c->got += (size_t)n;
+        if (c->got == sizeof(c->h) && want > 0) {
+            /* a header: check it before allocating anything */
+            if (c->h.type == MSG_BYE && c->h.len == 0)
+                return false;
+            uint64_t max = srv_max_len(c->h.type);
+            if (max == UINT64_MAX) {
+                why = "unknown message";
+            } else if (c->h.len > max) {
+                why = "message too long for its type";
+            } else if ((c->buf = malloc(c->h.len ? c->h.len : 1)) == NULL) {
+                why = "out of memory";
+            }
+        }
+        if (why == NULL && c->got == sizeof(c->h) + c->h.len && c->got >= sizeof(c->h)) {
+            why = srv_handle(c);
+            free(c->buf);
+            c->buf = NULL;
+            c->got = 0;
+        }
+        if (why != NULL) {
+            fprintf(stderr, "kvx-bench: server: dropping a client: %s\n", why);
+            srv_send(c, MSG_ERROR, why, (uint32_t)strlen(why));
+            return false;
+        }
+    }
+}
+
+int server_run(int lfd, bool once)
+{
+    struct pollfd fds[1 + MAX_CLIENTS];
+    int served = 0;
+
+    while (!(once && served > 0 && nclients == 0)) {
+        fds[0].fd = lfd;
+        fds[0].events = POLLIN;
+        for (int i = 0; i < nclients; i++) {
+            fds[1 + i].fd = clients[i].fd;
+            fds[1 + i].events = POLLIN;
+            fds[1 + i].revents = 0;
+        }
+        if (poll(fds, (nfds_t)(1 + nclients), -1) < 0) {
+            if (errno == EINTR)
+                continue;
+            die("poll: %s", strerror(errno));
+        }
+        for (int i = nclients - 1; i >= 0; i--)
+            if ((fds[1 + i].revents & (POLLIN | POLLHUP | POLLERR)) && !srv_read(&clients[i]))
+                srv_drop(i);
+        if (fds[0].revents & POLLIN) {
+            int c = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK), one = 1;
+            struct timeval tv = {.tv_sec = 1};
+            if (c < 0)
+                continue;
+            if (nclients == MAX_CLIENTS) {
+                static const char full[] = "too many clients";
+                msg_hdr_t h = {MSG_ERROR, sizeof(full) - 1};
+                if (write(c, &h, sizeof(h)) == sizeof(h) && write(c, full, h.len) < 0)
+                    (void)0;
+                close(c);
+                continue;
+            }
+            setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+            setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+            clients[nclients++] = (srv_client_t){.fd = c};
+            served++;
+        }
+    }
+    for (int i = 0; i < srv_nregions; i++) {
+        kvx_transport_destroy(srv_regions[i].t);
+        munmap(srv_regions[i].base, srv_regions[i].block_len * srv_regions[i].num_blocks);
+        free(srv_regions[i].md);
+    }
+    close(lfd);
+    return 0;
+}
