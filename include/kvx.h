@@ -34,10 +34,12 @@ extern "C" {
  * and a negative errno on failure. kvx-specific codes live above KVX_ERRNO_OFFSET.
  *
  * Threading: all functions taking a transport may be called from any thread, concurrently with
- * each other (kvx serializes them internally), except kvx_transport_close and
- * kvx_transport_destroy, which must not race with any other call on the same transport. A
- * background progress thread (on by default, see num_threads) drives UCX so that peers can write
- * into and read from this transport's region while the application never calls kvx at all.
+ * each other, kvx_transport_close included (calls that overlap it return -ESHUTDOWN); only
+ * kvx_transport_destroy must not race with any other call on the same transport. No call holds
+ * kvx's lock while it waits on the network (a peer's wire-up, a connection's close), so a slow
+ * or stopped peer never stalls other peers' transfers. A background progress thread (on by
+ * default, see num_threads) drives UCX so that peers can write into and read from this
+ * transport's region while the application never calls kvx at all.
  * Completions are only ever delivered through kvx_transport_poll; kvx never calls back into the
  * application except through the log callback.
  */
@@ -107,8 +109,13 @@ enum kvx_params_field {
     KVX_PARAM_NUM_THREADS = 1u << 4, /**< default: 1 */
     KVX_PARAM_DEADLINE = 1u << 5,    /**< default: 5000 ms */
     KVX_PARAM_KEEPALIVE = 1u << 6,   /**< default: 1000 ms */
-    KVX_PARAM_LOG = 1u << 7          /**< default: the process-wide sink of kvx_log_set */
+    KVX_PARAM_LOG = 1u << 7,         /**< default: the process-wide sink of kvx_log_set */
+    KVX_PARAM_STALL = 1u << 8        /**< default: 2000 ms */
 };
+
+/** Largest value accepted for a duration in milliseconds (deadline_ms, keepalive_ms, stall_ms):
+ *  10^12 ms, about 31 years. Larger values are rejected with -EINVAL. */
+#define KVX_MS_MAX 1000000000000ull
 
 /**
  * Creation parameters. Start from zero, set the fields you need and name them in field_mask.
@@ -143,32 +150,45 @@ typedef struct kvx_params {
     unsigned num_threads;
 
     /** Default per-transfer deadline in milliseconds, counted from submission; 0 disables it.
-     *  A transfer still unfinished at its deadline fails with -ETIMEDOUT (see kvx_xfer_write). */
+     *  At most KVX_MS_MAX. A transfer still unfinished at its deadline fails with -ETIMEDOUT (see
+     *  kvx_xfer_write). */
     uint64_t deadline_ms;
 
-    /** UCX keepalive interval in milliseconds: how soon a dead peer with transfers in flight is
-     *  noticed (about 1.5 x this value). 0 keeps UCX's own setting. */
+    /** Keepalive interval in milliseconds: how soon a dead peer with transfers in flight is
+     *  noticed (within about 1.5 x this value; a peer process on this host is watched by kvx
+     *  itself, so that one that died but was not reaped counts as dead too). 0 keeps UCX's own
+     *  setting. At most KVX_MS_MAX. */
     uint64_t keepalive_ms;
 
     /** Log sink and level for this transport (see kvx_log_set). */
     kvx_log_fn log_fn;
     void *log_arg;
     int log_level;
+
+    /** Stall limit in milliseconds: a connection with UCX operations outstanding none of which
+     *  completed for this long fails, and with it every transfer in flight to that peer
+     *  (-ETIMEDOUT), whatever their deadlines. So a transfer never hangs even with no deadline
+     *  (deadline_ms = 0, for very large transfers): a stopped or unreachable peer is given up
+     *  after stall_ms, a slow but moving one never. 0 disables it. At most KVX_MS_MAX. */
+    uint64_t stall_ms;
 } kvx_params_t;
 
 /**
  * Create a transport: start UCX, register the region once, start the progress thread.
- * Returns 0 and sets *transport_p, or a negative errno (-EINVAL for bad parameters, -ENOMEM,
- * -ENODEV when UCX cannot start) and leaves *transport_p untouched. The caller owns the handle
- * and releases it with kvx_transport_destroy.
+ * Returns 0 and sets *transport_p, or a negative errno (-EINVAL for bad parameters, a duration
+ * above KVX_MS_MAX included, -ENOMEM, -ENODEV when UCX cannot start) and leaves *transport_p
+ * untouched. The caller owns the handle and releases it with kvx_transport_destroy.
  */
 KVX_API int kvx_transport_create(const kvx_params_t *params, kvx_transport_t **transport_p);
 
 /**
  * Shut a transport down: fail what is in flight, close every peer connection, stop the progress
- * thread, deregister the region. Idempotent: a second call returns 0 and does nothing. The handle
- * stays valid for kvx_transport_destroy; every other call on it returns -ESHUTDOWN. When this
- * returns, kvx and UCX no longer touch the region.
+ * thread, deregister the region. Idempotent: a second call returns 0 and does nothing. It may
+ * overlap other calls on the transport from other threads: from the moment it begins, every
+ * other call returns -ESHUTDOWN, and calls asleep in kvx_transport_wait or waiting in
+ * kvx_peer_add / kvx_peer_remove wake and return -ESHUTDOWN before the teardown proceeds. The
+ * handle stays valid for kvx_transport_destroy. When this returns, kvx and UCX no longer touch
+ * the region.
  */
 KVX_API int kvx_transport_close(kvx_transport_t *transport);
 
@@ -183,7 +203,8 @@ enum kvx_transport_attr_field {
     KVX_TRANSPORT_ATTR_NUM_THREADS = 1u << 3,
     KVX_TRANSPORT_ATTR_DEADLINE = 1u << 4,
     KVX_TRANSPORT_ATTR_METADATA_LEN = 1u << 5,
-    KVX_TRANSPORT_ATTR_NUM_PEERS = 1u << 6
+    KVX_TRANSPORT_ATTR_NUM_PEERS = 1u << 6,
+    KVX_TRANSPORT_ATTR_STALL = 1u << 7
 };
 
 /** Transport attributes; only the fields named in field_mask are written. */
@@ -198,6 +219,7 @@ typedef struct kvx_transport_attr {
     uint64_t deadline_ms;
     size_t metadata_len;
     size_t num_peers;
+    uint64_t stall_ms;
 } kvx_transport_attr_t;
 
 /** Fill the attributes named in attr->field_mask. Returns 0, -EINVAL or -ESHUTDOWN. */
@@ -231,9 +253,11 @@ typedef struct kvx_peer_params {
 /**
  * Connect to a peer described by its metadata and call it peer_id (1..KVX_PEER_ID_MAX bytes).
  * The connection is wired up at once, so that the first transfer does not pay for it: the call
- * waits up to 200 ms for the peer to answer (a healthy one takes about a millisecond); a peer
- * that does not answer in time (stopped, overloaded) finishes the wire-up in the background, and
- * transfers to it wait behind it, within their deadlines.
+ * waits up to 200 ms for the peer to answer (a healthy one takes about a millisecond), without
+ * holding up other calls or other peers' transfers meanwhile; a peer that does not answer in
+ * time (stopped, overloaded) finishes the wire-up in the background, and transfers to it wait
+ * behind it, within their deadlines and the stall limit. A peer on this host whose process has
+ * exited (reaped or not) is refused at once with -EHOSTUNREACH.
  * Returns 0, or:
  *   -EINVAL           bad arguments, or metadata that disagrees with params' expected region
  *   -EBADMSG          metadata malformed, truncated, corrupted, or not kvx's
@@ -253,9 +277,23 @@ KVX_API int kvx_peer_add(kvx_transport_t *transport, const char *peer_id, const 
 /**
  * Remove a peer: its transfers in flight fail with -ECONNABORTED (they come out of the next poll)
  * and its connection is released even if a step of the teardown fails. Other peers are not
- * touched. Returns 1 if the peer existed, 0 if it did not (a no-op), or -EINVAL / -ESHUTDOWN.
+ * touched. The call waits (up to 2 s, without holding up other calls) for that peer's connection
+ * to close, so that its transfers have failed when it returns. Returns 1 if the peer existed, 0
+ * if it did not (a no-op), or -EINVAL / -ESHUTDOWN.
  */
 KVX_API int kvx_peer_remove(kvx_transport_t *transport, const char *peer_id);
+
+/** Flags of kvx_peer_remove_ex. */
+enum kvx_peer_remove_flags {
+    /** Forget the peer's transfers instead of failing them: their ids never come out of poll,
+     *  finished ones not yet polled included (the seed's remove_remote_peer). Their bytes may
+     *  still be moving until the connection has closed, as with KVX_CANCEL_IMMEDIATE: a purged
+     *  read's local blocks may still change, a purged write's remote blocks too. */
+    KVX_PEER_REMOVE_PURGE = 1u << 0
+};
+
+/** kvx_peer_remove with flags (0 or KVX_PEER_REMOVE_PURGE); other bits are -EINVAL. */
+KVX_API int kvx_peer_remove_ex(kvx_transport_t *transport, const char *peer_id, unsigned flags);
 
 /** State of a peer's connection (kvx_peer_attr_t.state). */
 typedef enum kvx_peer_state {
@@ -310,7 +348,8 @@ KVX_API int kvx_peer_query(kvx_transport_t *transport, const char *peer_id, kvx_
 
 /** Bits of kvx_xfer_params_t.field_mask. */
 enum kvx_xfer_params_field {
-    KVX_XFER_PARAM_DEADLINE = 1u << 0 /**< override the transport's deadline; 0 disables it */
+    /** override the transport's deadline; 0 disables it; at most KVX_MS_MAX */
+    KVX_XFER_PARAM_DEADLINE = 1u << 0
 };
 
 /** Optional per-transfer parameters. */
@@ -324,8 +363,9 @@ typedef struct kvx_xfer_params {
  * [0, count). Runs of indices consecutive on both sides travel as one UCX operation. count may be
  * 0 (the transfer completes at once with 0 bytes). params may be NULL.
  *
- * Returns 0 and sets *id_p to an id unique for the transport's life, or a negative errno with
- * nothing submitted: -ENOENT (unknown peer), -EINVAL (bad arguments, an index out of range),
+ * Returns 0 and sets *id_p to an id unique for the transport's life (ids are never 0), or a
+ * negative errno with nothing submitted: -ENOENT (unknown peer), -EINVAL (bad arguments, an
+ * index out of range, a deadline above KVX_MS_MAX),
  * -ENOTCONN (the peer's connection has failed: remove or re-add it), -ENOMEM, -ENOSPC (too many
  * transfers in flight), -ESHUTDOWN. Never blocks on the network.
  *
@@ -341,7 +381,8 @@ typedef struct kvx_xfer_params {
  * Deadline: a transfer not finished at its deadline fails with -ETIMEDOUT. If none of its bytes
  * had been handed to UCX yet, only it fails. Otherwise UCX cannot abort it, so kvx closes that
  * peer's connection: every transfer in flight to the peer fails with -ETIMEDOUT and the peer
- * goes to KVX_PEER_FAILED until it is re-added.
+ * goes to KVX_PEER_FAILED until it is re-added. The same happens, deadline or not, when the
+ * connection makes no progress for the transport's stall_ms.
  */
 KVX_API int kvx_xfer_write(kvx_transport_t *transport, const char *peer_id,
                            const uint32_t *local_idxs, const uint32_t *remote_idxs, size_t count,
@@ -385,9 +426,11 @@ KVX_API int kvx_transport_wait(kvx_transport_t *transport, const char *peer_id, 
 typedef enum kvx_cancel_mode {
     /** Stop tracking now: the ids never come out of poll. UCX may still be moving their bytes. */
     KVX_CANCEL_IMMEDIATE = 0,
-    /** Stop what has not started; report the ids whose bytes UCX may still be moving. Each of
-     *  those comes out of poll later, as failed with -ECANCELED, and only then may the caller
-     *  reuse its blocks. Ids not reported are finished and forgotten at once. */
+    /** Stop what has not started; report the ids whose bytes UCX may still be moving: every one
+     *  with some of its bytes handed to UCX and not yet known to have landed (some of them may
+     *  in fact be done). Each reported id comes out of poll later, as failed with -ECANCELED,
+     *  and only then may the caller reuse its blocks. Ids not reported are finished (or never
+     *  started) and forgotten at once. */
     KVX_CANCEL_WAIT = 1
 } kvx_cancel_mode_t;
 

@@ -97,10 +97,10 @@ typedef struct kvx_flush {
 struct kvx_xfer {
     kvx_transport_t *t;
     uint64_t id;
-    uint32_t slot;
     uint8_t state;
     uint8_t op;
     bool canceled;
+    bool purged;          /* its peer was removed with KVX_PEER_REMOVE_PURGE: never reported */
     uint32_t cancel_call; /* the kvx_xfer_cancel call that last reported it (dedupes ids) */
     kvx_peer_t *peer;
     kvx_conn_t *conn;
@@ -119,13 +119,33 @@ struct kvx_xfer {
 
 enum kvx_conn_state { KVX_CONN_OPEN = 0, KVX_CONN_CLOSING, KVX_CONN_CLOSED };
 
-/* One UCX endpoint to a peer's worker plus the unpacked remote key of its region. */
+/* Who a transport is: same kernel (boot id) and pid namespace means a peer's pid names the same
+ * process here (host.c). */
+typedef struct kvx_host_id {
+    uint8_t boot_id[16]; /* zero: unknown */
+    uint64_t pid_ns;
+    uint64_t start_time; /* clock ticks after boot, as /proc/<pid>/stat says */
+    uint32_t pid;
+} kvx_host_id_t;
+
+/*
+ * One UCX endpoint to a peer's worker plus the unpacked remote key of its region. It is OPEN from
+ * kvx_peer_add on; wire-up (the peer answering) completes in the background (wired). A failure
+ * makes it CLOSING (the endpoint closing, forced) then CLOSED. No API call waits for any of this
+ * with the transport lock held: they wait on t->cond, which progress signals.
+ */
 struct kvx_conn {
     kvx_transport_t *t;
-    kvx_peer_t *peer; /* NULL once detached by remove/replace */
+    kvx_peer_t *peer; /* NULL until kvx_peer_add installs it, and once detached */
     int state;
-    int err;         /* why it failed or closes */
-    int pending_err; /* an error reported by UCX, handled outside UCX callbacks */
+    bool wired;                /* the peer answered the wire-up */
+    int err;                   /* why it failed or closes */
+    int pending_err;           /* an error reported by UCX, handled outside UCX callbacks */
+    unsigned pins;             /* API calls waiting on this connection: it is not freed meanwhile */
+    uint64_t last_progress_ns; /* last completion of a UCX operation of this connection */
+    kvx_host_id_t host;        /* the peer's process, when it runs on this host */
+    bool watched;              /* same host: kvx checks that process is alive */
+    int pidfd;                 /* its pidfd (-1: none, /proc is read instead) */
     uint64_t remote_base;
     uint64_t remote_num_blocks;
     char agent_name[KVX_NAME_MAX + 1];
@@ -141,6 +161,7 @@ struct kvx_conn {
     unsigned ucx_refs;    /* UCX callbacks still to come that name this connection */
     kvx_list_t work_link; /* t->work: has queued runs to post or an error to handle */
     kvx_list_t all_link;  /* t->conns */
+    kvx_list_t fail_link; /* a local list of connections to fail (deadline scan) */
     kvx_ucx_conn_t *ucx;
 };
 
@@ -160,10 +181,20 @@ struct kvx_peer {
     uint64_t last_base, last_num_blocks;
 };
 
+/* Transfer ids in flight or waiting for poll, for cancel: an open-addressing table. */
+typedef struct kvx_idmap {
+    kvx_xfer_t **slots;
+    size_t cap; /* a power of two, or 0 */
+    size_t count;
+} kvx_idmap_t;
+
 struct kvx_transport {
     pthread_mutex_t lock;
+    pthread_cond_t cond;     /* progress signals connection events to API calls waiting */
     atomic_int lock_waiters; /* API calls waiting for the lock: the progress thread yields */
-    bool closed;
+    bool closed;             /* set when close begins: every later call returns -ESHUTDOWN */
+    unsigned busy;           /* API calls waiting on t->cond with the lock released */
+    bool conn_event;         /* a connection was wired, failed or closed since the last signal */
 
     char name[KVX_NAME_MAX + 1];
     char fingerprint[KVX_FINGERPRINT_MAX + 1];
@@ -172,7 +203,11 @@ struct kvx_transport {
     uint64_t block_len;
     uint64_t deadline_ns;
     uint64_t keepalive_ms;
+    uint64_t stall_ns;
     unsigned num_threads;
+    kvx_host_id_t host;
+    uint64_t generation;
+    uint8_t capability[16];
 
     kvx_log_fn log_fn;
     void *log_arg;
@@ -192,14 +227,18 @@ struct kvx_transport {
     kvx_list_t conns;  /* every connection not yet freed */
     kvx_list_t work;   /* connections with runs to post or an error to handle */
 
-    /* transfers */
-    kvx_xfer_t **slots;
-    uint32_t nslots;
+    /* transfers: objects are pooled (free_xfers); the pool keeps what recent peaks needed */
+    kvx_idmap_t ids;
     kvx_xfer_t *free_xfers;
+    size_t nfree, nlive;              /* transfer objects in the pool / in use */
+    size_t live_peak, live_peak_prev; /* the most in use in this and the previous period */
+    uint64_t xfer_mallocs;            /* transfer objects allocated over the transport's life */
     uint64_t next_seq;
     uint32_t cancel_calls;
-    kvx_list_t active;         /* transfers not yet DONE (QUEUED, FLUSHING, FAILING) */
-    uint64_t next_deadline_ns; /* earliest deadline in active, or later; UINT64_MAX = none */
+    kvx_list_t active;             /* transfers not yet DONE (QUEUED, FLUSHING, FAILING) */
+    uint64_t next_deadline_ns;     /* earliest deadline in active, or later; UINT64_MAX = none */
+    uint64_t next_housekeeping_ns; /* stall and liveness checks, pool trimming */
+    uint64_t next_pool_trim_ns;
 
     /* progress thread */
     _Atomic uint64_t app_poll_ns; /* last time the application polled (it drives UCX then) */
@@ -238,10 +277,18 @@ void kvx_log(const kvx_transport_t *t, int level, const char *fmt, ...)
 #define kvx_info(t, ...) kvx_log((t), KVX_LOG_INFO, __VA_ARGS__)
 #define kvx_debug(t, ...) kvx_log((t), KVX_LOG_DEBUG, __VA_ARGS__)
 
+/* ---- same-host peers (host.c) --------------------------------------------------------------- */
+
+void kvx_host_self(kvx_host_id_t *id);
+/* Start watching a peer's process: 1 (same host: *pidfd_p set, or -1 to fall back on /proc),
+ * 0 (another host, or unknown: UCX's keepalive watches it), -EHOSTUNREACH (already gone). */
+int kvx_host_watch(const kvx_host_id_t *self, const kvx_host_id_t *peer, int *pidfd_p);
+bool kvx_host_alive(const kvx_host_id_t *peer, int pidfd);
+
 /* ---- metadata codec (metadata.c) ------------------------------------------------------------ */
 
 #define KVX_MD_MAGIC 0x4d58564bu /* "KVXM" read little-endian */
-#define KVX_MD_VERSION 1u
+#define KVX_MD_VERSION 2u
 
 typedef struct kvx_md {
     char agent_name[KVX_NAME_MAX + 1];
@@ -249,6 +296,9 @@ typedef struct kvx_md {
     uint64_t base;
     uint64_t num_blocks;
     uint64_t block_len;
+    uint64_t generation;
+    uint8_t capability[16];
+    kvx_host_id_t host;
     const uint8_t *worker_addr; /* points into the decoded buffer */
     uint32_t worker_addr_len;
     const uint8_t *rkey;
@@ -273,8 +323,9 @@ void kvx_peer_free_all(kvx_transport_t *t);
 void kvx_conn_fail(kvx_conn_t *c, int err);
 void kvx_conn_release(kvx_conn_t *c, int err);
 void kvx_conn_handle_work(kvx_conn_t *c);
-void kvx_conn_wait_closed(kvx_transport_t *t);
 void kvx_conn_maybe_free(kvx_conn_t *c);
+void kvx_conn_housekeeping(kvx_transport_t *t, uint64_t now);
+bool kvx_conn_busy(const kvx_conn_t *c);
 
 /* ---- transfers (xfer.c, transport.c) -------------------------------------------------------- */
 
@@ -287,11 +338,13 @@ int kvx_xfer_alloc(kvx_transport_t *t, kvx_xfer_t **x_p);
 void kvx_xfer_free(kvx_transport_t *t, kvx_xfer_t *x);
 kvx_xfer_t *kvx_xfer_lookup(kvx_transport_t *t, uint64_t id);
 void kvx_xfer_free_all(kvx_transport_t *t);
+void kvx_xfer_trim_pool(kvx_transport_t *t);
 
 /* ---- progress (progress.c) ------------------------------------------------------------------ */
 
 unsigned kvx_progress_step(kvx_transport_t *t);
 void kvx_progress_notify_waiters(kvx_transport_t *t);
+void kvx_progress_wait_event(kvx_transport_t *t, uint64_t until_ns);
 int kvx_progress_start(kvx_transport_t *t);
 void kvx_progress_stop(kvx_transport_t *t);
 void kvx_progress_kick(kvx_transport_t *t, uint64_t when_ns);
@@ -302,7 +355,7 @@ int kvx_ucx_init(kvx_transport_t *t);
 void kvx_ucx_fini(kvx_transport_t *t);
 int kvx_ucx_local_info(kvx_transport_t *t, const void **waddr, size_t *waddr_len, const void **rkey,
                        size_t *rkey_len);
-int kvx_ucx_conn_open(kvx_conn_t *c, const kvx_md_t *md, uint64_t wait_ns);
+int kvx_ucx_conn_open(kvx_conn_t *c, const kvx_md_t *md);
 int kvx_ucx_conn_close(kvx_conn_t *c);
 void kvx_ucx_conn_free(kvx_conn_t *c);
 int kvx_ucx_rma(kvx_conn_t *c, int op, void *local, uint64_t remote, size_t len);

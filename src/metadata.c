@@ -2,20 +2,25 @@
  * The metadata blob a transport hands to its peers: encode and a strict decoder (the fuzz
  * target). Its size depends on the names and UCX addresses, never on the number of blocks.
  *
- * Layout, little-endian, format version 1:
- *    0  u32 magic "KVXM"         4  u16 version          6  u16 header length (52)
+ * Layout, little-endian, format version 2:
+ *    0  u32 magic "KVXM"         4  u16 version (2)      6  u16 header length (120)
  *    8  u32 total length        12  u32 crc32 of the blob with this field zeroed
  *   16  u64 base address        24  u64 number of blocks 32  u64 block length
- *   40  u8  agent name length   41  u8  fingerprint length  42 u16 reserved (0)
- *   44  u32 worker address length  48 u32 remote key length
- *   52  agent name, fingerprint, worker address, remote key (no terminators, no padding)
+ *   40  u64 generation (when the transport was created, ns since the epoch)
+ *   48  u8[16] capability (random; reserved for peers that hold this blob)
+ *   64  u8[16] host (the kernel's boot id; zero when unknown)
+ *   80  u64 pid namespace       88  u64 process start time (clock ticks after boot)
+ *   96  u32 pid                100  u32 flags (none defined: 0)
+ *  104  u8  agent name length  105  u8  fingerprint length  106 u16 reserved (0)
+ *  108  u32 worker address length  112 u32 remote key length  116 u32 reserved (0)
+ *  120  agent name, fingerprint, worker address, remote key (no terminators, no padding)
  */
 #include "kvx_int.h"
 
 #include <errno.h>
 #include <string.h>
 
-#define KVX_MD_HDR_LEN 52u
+#define KVX_MD_HDR_LEN 120u
 /* UCX addresses are a few hundred bytes: refuse absurd sizes. */
 #define KVX_MD_MAX_BLOB (1u << 20)
 
@@ -86,19 +91,25 @@ int kvx_md_encode(const kvx_md_t *md, uint8_t *buf, size_t cap)
     if (len > cap || len > KVX_MD_MAX_BLOB || name_len > KVX_NAME_MAX ||
         fp_len > KVX_FINGERPRINT_MAX)
         return -ENOSPC;
+    memset(buf, 0, KVX_MD_HDR_LEN);
     put32(buf, KVX_MD_MAGIC);
     put16(buf + 4, KVX_MD_VERSION);
     put16(buf + 6, KVX_MD_HDR_LEN);
     put32(buf + 8, (uint32_t)len);
-    put32(buf + 12, 0);
     put64(buf + 16, md->base);
     put64(buf + 24, md->num_blocks);
     put64(buf + 32, md->block_len);
-    buf[40] = (uint8_t)name_len;
-    buf[41] = (uint8_t)fp_len;
-    put16(buf + 42, 0);
-    put32(buf + 44, md->worker_addr_len);
-    put32(buf + 48, md->rkey_len);
+    put64(buf + 40, md->generation);
+    memcpy(buf + 48, md->capability, 16);
+    memcpy(buf + 64, md->host.boot_id, 16);
+    put64(buf + 80, md->host.pid_ns);
+    put64(buf + 88, md->host.start_time);
+    put32(buf + 96, md->host.pid);
+    put32(buf + 100, 0);
+    buf[104] = (uint8_t)name_len;
+    buf[105] = (uint8_t)fp_len;
+    put32(buf + 108, md->worker_addr_len);
+    put32(buf + 112, md->rkey_len);
     memcpy(p, md->agent_name, name_len);
     p += name_len;
     memcpy(p, md->fingerprint, fp_len);
@@ -137,12 +148,12 @@ int kvx_md_decode(const void *data, size_t len, kvx_md_t *md)
     base = get64(buf + 16);
     num_blocks = get64(buf + 24);
     block_len = get64(buf + 32);
-    name_len = buf[40];
-    fp_len = buf[41];
-    waddr_len = get32(buf + 44);
-    rkey_len = get32(buf + 48);
-    if (get16(buf + 42) != 0 || name_len == 0 || name_len > KVX_NAME_MAX ||
-        fp_len > KVX_FINGERPRINT_MAX || waddr_len == 0 || rkey_len == 0)
+    name_len = buf[104];
+    fp_len = buf[105];
+    waddr_len = get32(buf + 108);
+    rkey_len = get32(buf + 112);
+    if (get32(buf + 100) != 0 || get16(buf + 106) != 0 || get32(buf + 116) != 0 || name_len == 0 ||
+        name_len > KVX_NAME_MAX || fp_len > KVX_FINGERPRINT_MAX || waddr_len == 0 || rkey_len == 0)
         return -EBADMSG;
     need = (size_t)KVX_MD_HDR_LEN + name_len + fp_len + (size_t)waddr_len + (size_t)rkey_len;
     if (need != len)
@@ -171,5 +182,11 @@ int kvx_md_decode(const void *data, size_t len, kvx_md_t *md)
     md->base = base;
     md->num_blocks = num_blocks;
     md->block_len = block_len;
+    md->generation = get64(buf + 40);
+    memcpy(md->capability, buf + 48, 16);
+    memcpy(md->host.boot_id, buf + 64, 16);
+    md->host.pid_ns = get64(buf + 80);
+    md->host.start_time = get64(buf + 88);
+    md->host.pid = get32(buf + 96);
     return 0;
 }

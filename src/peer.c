@@ -8,10 +8,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* How long kvx_peer_add waits for the wire-up before letting it finish in the background. */
 #define KVX_CONNECT_WAIT_NS (200ull * 1000000ull)
-#define KVX_CLOSE_WAIT_NS (5ull * 1000000000ull)
+/* How long removing or replacing a peer waits for its old connection to close. */
+#define KVX_CLOSE_WAIT_NS (2ull * 1000000000ull)
 
 /* ---- the peer table: a chained hash by peer id ---------------------------------------------- */
 
@@ -133,7 +135,11 @@ void kvx_conn_maybe_free(kvx_conn_t *c)
         return;
     kvx_ucx_conn_free(c);
     kvx_xfer_free_flushes(c);
-    if (c->peer != NULL)
+    if (c->pidfd >= 0) {
+        close(c->pidfd);
+        c->pidfd = -1;
+    }
+    if (c->peer != NULL || c->pins > 0)
         return; /* a failed connection stays visible on its peer until remove or re-add */
     kvx_list_del(&c->all_link);
     kvx_list_del(&c->work_link);
@@ -143,6 +149,7 @@ void kvx_conn_maybe_free(kvx_conn_t *c)
 void kvx_on_conn_closed(kvx_conn_t *c)
 {
     c->state = KVX_CONN_CLOSED;
+    c->t->conn_event = true;
     /* UCX has let go of every operation of this endpoint: now the failures may be reported. */
     while (!kvx_list_empty(&c->failing))
         kvx_xfer_complete(kvx_list_first(&c->failing, kvx_xfer_t, conn_link), c->err);
@@ -198,6 +205,7 @@ void kvx_on_conn_error(kvx_conn_t *c, int status)
     if (c->state != KVX_CONN_OPEN || c->pending_err != 0)
         return;
     c->pending_err = status != 0 ? status : -ECONNRESET;
+    c->t->conn_event = true;
     kvx_info(c->t, "UCX reports connection to %s failed: %s", c->agent_name,
              kvx_strerror(c->pending_err));
     if (!kvx_list_linked(&c->work_link))
@@ -215,25 +223,56 @@ void kvx_conn_handle_work(kvx_conn_t *c)
         kvx_xfer_post(c, SIZE_MAX);
 }
 
-/* Drive UCX until no connection is closing any more, for KVX_CLOSE_WAIT_NS at most. */
-void kvx_conn_wait_closed(kvx_transport_t *t)
+/* UCX operations of this connection are outstanding: the wire-up, posted runs, flushes. */
+bool kvx_conn_busy(const kvx_conn_t *c)
 {
-    uint64_t end = kvx_now_ns() + KVX_CLOSE_WAIT_NS;
+    return c->state == KVX_CONN_OPEN && (!c->wired || c->reqs > 0 || c->flushes > 0);
+}
 
-    for (;;) {
-        bool closing = false;
-        for (kvx_list_t *n = t->conns.next; n != &t->conns; n = n->next)
-            if (kvx_container_of(n, kvx_conn_t, all_link)->state == KVX_CONN_CLOSING)
-                closing = true;
-        if (!closing)
-            return;
-        if (kvx_now_ns() > end) {
-            kvx_warn(t, "connections still closing after %llu ms",
-                     (unsigned long long)(KVX_CLOSE_WAIT_NS / 1000000ull));
-            return;
+/*
+ * Periodic checks of every open connection: a same-host peer whose process exited (UCX's
+ * keepalive misses a zombie), and a connection whose outstanding operations have all been stuck
+ * for stall_ns. Failing one never disturbs the list walk: failed connections stay listed.
+ */
+void kvx_conn_housekeeping(kvx_transport_t *t, uint64_t now)
+{
+    for (kvx_list_t *n = t->conns.next; n != &t->conns; n = n->next) {
+        kvx_conn_t *c = kvx_container_of(n, kvx_conn_t, all_link);
+
+        if (c->state != KVX_CONN_OPEN)
+            continue;
+        if (c->watched && !kvx_host_alive(&c->host, c->pidfd)) {
+            kvx_info(t, "connection to %s: its process %u has exited", c->agent_name,
+                     (unsigned)c->host.pid);
+            kvx_conn_fail(c, -ECONNRESET);
+        } else if (t->stall_ns != 0 && kvx_conn_busy(c) &&
+                   now - c->last_progress_ns > t->stall_ns) {
+            kvx_warn(t, "connection to %s made no progress for %llu ms: failing it", c->agent_name,
+                     (unsigned long long)((now - c->last_progress_ns) / 1000000ull));
+            kvx_conn_fail(c, -ETIMEDOUT);
         }
-        kvx_ucx_progress(t);
     }
+}
+
+/*
+ * Wait with the lock released until c is no longer open-and-unwired (wait_wired) or no longer
+ * closing (otherwise), the transport closes, or until_ns. c is pinned meanwhile: it stays
+ * allocated. Lock held on entry and on return.
+ */
+static void kvx_conn_wait(kvx_conn_t *c, bool wait_wired, uint64_t until_ns)
+{
+    kvx_transport_t *t = c->t;
+
+    c->pins++;
+    t->busy++;
+    while (!t->closed && kvx_now_ns() < until_ns &&
+           (wait_wired ? c->state == KVX_CONN_OPEN && !c->wired && c->pending_err == 0
+                       : c->state == KVX_CONN_CLOSING))
+        kvx_progress_wait_event(t, until_ns);
+    t->busy--;
+    c->pins--;
+    if (t->closed)
+        pthread_cond_broadcast(&t->cond); /* close waits for busy calls to leave */
 }
 
 /* ---- public API ----------------------------------------------------------------------------- */
@@ -248,14 +287,62 @@ static bool kvx_peer_id_ok(const char *id)
     return n >= 1 && n <= KVX_PEER_ID_MAX;
 }
 
+static kvx_peer_t *kvx_peer_new(kvx_transport_t *t, const char *peer_id)
+{
+    kvx_peer_t *p = calloc(1, sizeof(*p));
+
+    if (p == NULL || (p->id = strdup(peer_id)) == NULL || kvx_peer_insert(t, p) < 0) {
+        if (p != NULL)
+            free(p->id);
+        free(p);
+        return NULL;
+    }
+    p->removed = true; /* until a connection is installed */
+    kvx_list_init(&p->cq);
+    kvx_list_init(&p->ready_link);
+    return p;
+}
+
+static kvx_conn_t *kvx_conn_new(kvx_transport_t *t, const kvx_md_t *md)
+{
+    kvx_conn_t *c = calloc(1, sizeof(*c));
+
+    if (c == NULL)
+        return NULL;
+    c->t = t;
+    c->pidfd = -1;
+    c->remote_base = md->base;
+    c->remote_num_blocks = md->num_blocks;
+    c->host = md->host;
+    memcpy(c->agent_name, md->agent_name, sizeof(c->agent_name));
+    kvx_list_init(&c->queue);
+    kvx_list_init(&c->flushing);
+    kvx_list_init(&c->failing);
+    kvx_list_init(&c->work_link);
+    kvx_list_init(&c->all_link);
+    kvx_list_init(&c->fail_link);
+    return c;
+}
+
+/* Detach a connection from its peer, fail it, and wait (lock released) for it to close, so that
+ * its transfers have failed when kvx_peer_add / kvx_peer_remove return. */
+static void kvx_conn_retire(kvx_conn_t *old, int err)
+{
+    old->pins++;
+    kvx_conn_release(old, err);
+    kvx_conn_wait(old, false, kvx_now_ns() + KVX_CLOSE_WAIT_NS);
+    old->pins--;
+    kvx_conn_maybe_free(old);
+}
+
 int kvx_peer_add(kvx_transport_t *t, const char *peer_id, const void *metadata, size_t metadata_len,
                  const kvx_peer_params_t *params)
 {
     kvx_md_t md;
-    kvx_conn_t *c;
-    kvx_peer_t *p, *fresh = NULL;
+    kvx_conn_t *c, *old;
+    kvx_peer_t *p;
     const char *why;
-    int rc;
+    int rc, watch;
 
     if (t == NULL || !kvx_peer_id_ok(peer_id) || (metadata == NULL && metadata_len != 0))
         return -EINVAL;
@@ -274,87 +361,81 @@ int kvx_peer_add(kvx_transport_t *t, const char *peer_id, const void *metadata, 
         kvx_error(t, "peer %s (%s) rejected: %s", peer_id, md.agent_name, why);
         goto out;
     }
-
-    p = kvx_peer_lookup(t, peer_id);
-    if (p == NULL) {
-        /* a new id is inserted up front (as if removed), so that nothing can fail after the
-         * connection is up */
-        fresh = calloc(1, sizeof(*fresh));
-        if (fresh == NULL || (fresh->id = strdup(peer_id)) == NULL ||
-            kvx_peer_insert(t, fresh) < 0) {
-            if (fresh != NULL)
-                free(fresh->id);
-            free(fresh);
-            rc = -ENOMEM;
-            goto out;
-        }
-        fresh->removed = true;
-        kvx_list_init(&fresh->cq);
-        kvx_list_init(&fresh->ready_link);
-        p = fresh;
-    }
-    c = calloc(1, sizeof(*c));
+    c = kvx_conn_new(t, &md);
     if (c == NULL) {
         rc = -ENOMEM;
-        goto err_fresh;
+        goto out;
     }
-    c->t = t;
-    c->remote_base = md.base;
-    c->remote_num_blocks = md.num_blocks;
-    memcpy(c->agent_name, md.agent_name, sizeof(c->agent_name));
-    kvx_list_init(&c->queue);
-    kvx_list_init(&c->flushing);
-    kvx_list_init(&c->failing);
-    kvx_list_init(&c->work_link);
-    kvx_list_init(&c->all_link);
-    rc = kvx_ucx_conn_open(c, &md, KVX_CONNECT_WAIT_NS);
-    if (rc < 0) {
-        kvx_list_del(&c->work_link);
+    watch = kvx_host_watch(&t->host, &md.host, &c->pidfd);
+    if (watch < 0) {
+        kvx_error(t, "peer %s (%s): its process %u on this host has exited", peer_id, md.agent_name,
+                  (unsigned)md.host.pid);
         free(c);
-        goto err_fresh;
+        rc = watch;
+        goto out;
     }
-    if (p->conn != NULL) {
-        /* Replace: the old connection goes first, and its transfers fail. */
-        kvx_conn_t *old = p->conn;
-        kvx_info(t, "peer %s: replacing connection to %s with one to %s", peer_id, old->agent_name,
+    c->watched = watch == 1;
+    rc = kvx_ucx_conn_open(c, &md);
+    if (rc < 0) {
+        if (c->pidfd >= 0)
+            close(c->pidfd);
+        free(c);
+        goto out;
+    }
+    /* The new connection is not the peer's until it has answered (or 200 ms passed): until
+     * then an existing connection of that id keeps working, and stays if this one fails. */
+    kvx_list_add_tail(&t->conns, &c->all_link);
+    c->last_progress_ns = kvx_now_ns();
+    c->pins++;
+    kvx_conn_wait(c, true, kvx_now_ns() + KVX_CONNECT_WAIT_NS);
+    c->pins--;
+    rc = t->closed ? -ESHUTDOWN : c->state != KVX_CONN_OPEN ? c->err : c->pending_err;
+    p = rc == 0 ? kvx_peer_lookup(t, peer_id) : NULL;
+    if (rc == 0 && p == NULL && (p = kvx_peer_new(t, peer_id)) == NULL)
+        rc = -ENOMEM;
+    if (rc < 0) {
+        kvx_error(t, "peer %s (%s): %s", peer_id, md.agent_name, kvx_strerror(rc));
+        if (c->state == KVX_CONN_OPEN)
+            kvx_conn_fail(c, rc);
+        else
+            kvx_conn_maybe_free(c);
+        goto out;
+    }
+    if (!c->wired)
+        kvx_info(t, "peer %s (%s) has not answered yet; wire-up goes on in the background", peer_id,
                  md.agent_name);
-        p->conn = NULL;
-        kvx_conn_release(old, -ECONNABORTED);
-        kvx_conn_wait_closed(t);
-    } else {
+    /* Install the new connection, then retire the old one (another kvx_peer_add of the same id
+     * may have installed it while this one waited: the later one wins, as if the calls had run
+     * one after the other). The peer id stays known throughout. */
+    old = p->conn;
+    if (p->removed)
         t->nconnected++;
-    }
     p->conn = c;
     p->removed = false;
     p->last_err = 0;
     c->peer = p;
-    kvx_list_add_tail(&t->conns, &c->all_link);
     memcpy(p->last_agent, c->agent_name, sizeof(p->last_agent));
     p->last_base = c->remote_base;
     p->last_num_blocks = c->remote_num_blocks;
-    kvx_info(t, "peer %s: connected to %s over %s (%s RMA)", peer_id, c->agent_name, c->transport,
-             c->rma_hw ? "hardware" : "emulated");
-    rc = 0;
-    goto out;
-
-err_fresh:
-    if (fresh != NULL) {
-        kvx_peer_unlink(t, fresh);
-        free(fresh->id);
-        free(fresh);
+    kvx_info(t, "peer %s: connected to %s over %s (%s RMA)%s", peer_id, c->agent_name, c->transport,
+             c->rma_hw ? "hardware" : "emulated", c->watched ? ", watching its process" : "");
+    if (old != NULL) {
+        kvx_info(t, "peer %s: replaced its connection to %s", peer_id, old->agent_name);
+        kvx_conn_retire(old, -ECONNABORTED);
     }
+    rc = 0;
 out:
     kvx_unlock(t);
     return rc;
 }
 
-int kvx_peer_remove(kvx_transport_t *t, const char *peer_id)
+static int kvx_peer_remove_impl(kvx_transport_t *t, const char *peer_id, unsigned flags)
 {
     kvx_peer_t *p;
     kvx_conn_t *c;
     int rc = 0;
 
-    if (t == NULL || !kvx_peer_id_ok(peer_id))
+    if (t == NULL || !kvx_peer_id_ok(peer_id) || (flags & ~(unsigned)KVX_PEER_REMOVE_PURGE))
         return -EINVAL;
     kvx_lock(t);
     if (t->closed) {
@@ -365,17 +446,38 @@ int kvx_peer_remove(kvx_transport_t *t, const char *peer_id)
     if (p == NULL || p->conn == NULL)
         goto out;
     c = p->conn;
-    p->last_err = c->err;
+    if (flags & KVX_PEER_REMOVE_PURGE) {
+        /* forget what finished and was not polled yet (p keeps its connection meanwhile, so
+         * releasing cannot free it), and mark what is in flight to be forgotten as it ends */
+        kvx_list_t *lists[] = {&c->queue, &c->flushing, &c->failing};
+        while (!kvx_list_empty(&p->cq))
+            kvx_xfer_release(kvx_list_first(&p->cq, kvx_xfer_t, conn_link));
+        for (size_t i = 0; i < 3; i++)
+            for (kvx_list_t *n = lists[i]->next; n != lists[i]; n = n->next)
+                kvx_container_of(n, kvx_xfer_t, conn_link)->purged = true;
+    }
     p->conn = NULL;
     p->removed = true;
-    kvx_conn_release(c, -ECONNABORTED);
+    p->last_err = c->err;
     t->nconnected--;
-    kvx_conn_wait_closed(t);
+    p->nxfers++; /* keeps p allocated while the lock is released below */
+    kvx_conn_retire(c, -ECONNABORTED);
+    p->nxfers--;
     kvx_peer_maybe_free(t, p);
     rc = 1;
 out:
     kvx_unlock(t);
     return rc;
+}
+
+int kvx_peer_remove(kvx_transport_t *t, const char *peer_id)
+{
+    return kvx_peer_remove_impl(t, peer_id, 0);
+}
+
+int kvx_peer_remove_ex(kvx_transport_t *t, const char *peer_id, unsigned flags)
+{
+    return kvx_peer_remove_impl(t, peer_id, flags);
 }
 
 int kvx_peer_query(kvx_transport_t *t, const char *peer_id, kvx_peer_attr_t *attr)

@@ -25,11 +25,29 @@
  * are in flight. With UCX's own keepalive setting (keepalive_ms == 0), once a second. */
 #define KVX_KEEPALIVE_DIVISOR 4
 #define KVX_IDLE_TICK_NS 1000000000ull
+/* Stall and liveness checks run this often while transfers are in flight (and at every idle
+ * tick otherwise); the transfer pool is trimmed once per KVX_POOL_PERIOD_NS. */
+#define KVX_HOUSEKEEPING_NS 100000000ull
+#define KVX_POOL_PERIOD_NS 1000000000ull
+
+static void kvx_progress_sleep(kvx_transport_t *t, int fd, uint64_t now, uint64_t until_ns,
+                               bool stalled);
+
+static void kvx_progress_housekeeping(kvx_transport_t *t, uint64_t now)
+{
+    kvx_conn_housekeeping(t, now);
+    if (now >= t->next_pool_trim_ns) {
+        kvx_xfer_trim_pool(t);
+        t->next_pool_trim_ns = now + KVX_POOL_PERIOD_NS;
+    }
+    t->next_housekeeping_ns = now + KVX_HOUSEKEEPING_NS;
+}
 
 unsigned kvx_progress_step(kvx_transport_t *t)
 {
     unsigned n = kvx_ucx_progress(t);
     kvx_list_t todo;
+    uint64_t now;
 
     /* Connections that asked for work during UCX callbacks (resume posting, fail) are served
      * here, outside the callbacks. Work they queue again waits for the next step. */
@@ -38,9 +56,36 @@ unsigned kvx_progress_step(kvx_transport_t *t)
         kvx_conn_handle_work(kvx_list_first(&todo, kvx_conn_t, work_link));
         n++;
     }
-    if (t->next_deadline_ns != UINT64_MAX)
-        kvx_xfer_check_deadlines(t, kvx_now_ns());
+    now = kvx_now_ns();
+    kvx_xfer_check_deadlines(t, now);
+    if (now >= t->next_housekeeping_ns)
+        kvx_progress_housekeeping(t, now);
+    /* API calls waiting on a connection (kvx_peer_add, kvx_peer_remove) look again */
+    if (t->conn_event) {
+        t->conn_event = false;
+        if (t->busy > 0)
+            pthread_cond_broadcast(&t->cond);
+    }
     return n;
+}
+
+void kvx_progress_wait_event(kvx_transport_t *t, uint64_t until_ns)
+{
+    uint64_t now = kvx_now_ns(), step = now + 1000000ull;
+
+    if (now >= until_ns)
+        return;
+    if (t->thread_running) {
+        /* the progress thread signals t->cond; look again every 10 ms regardless */
+        uint64_t at = until_ns < now + 10000000ull ? until_ns : now + 10000000ull;
+        struct timespec ts = {.tv_sec = (time_t)(at / 1000000000ull),
+                              .tv_nsec = (long)(at % 1000000000ull)};
+        pthread_cond_timedwait(&t->cond, &t->lock, &ts);
+        return;
+    }
+    /* no progress thread: the waiting call drives progress, resting on UCX's event fd */
+    if (kvx_progress_step(t) == 0)
+        kvx_progress_sleep(t, -1, now, until_ns < step ? until_ns : step, false);
 }
 
 /* Work that only polling can advance: UCX does not signal free space in a shared-memory FIFO. */
@@ -63,6 +108,8 @@ static uint64_t kvx_progress_tick(kvx_transport_t *t, uint64_t now)
 {
     uint64_t until = now + (t->keepalive_ms ? t->keepalive_ms * 1000000ull : KVX_IDLE_TICK_NS) /
                                (kvx_list_empty(&t->active) ? 1 : KVX_KEEPALIVE_DIVISOR);
+    if (!kvx_list_empty(&t->active) && t->next_housekeeping_ns < until)
+        until = t->next_housekeeping_ns;
     return t->next_deadline_ns < until ? t->next_deadline_ns : until;
 }
 
@@ -229,6 +276,8 @@ int kvx_transport_wait(kvx_transport_t *t, const char *peer_id, int timeout_ms)
             rest.last_work = kvx_now_ns();
     }
     t->waiters--;
+    if (t->closed)
+        pthread_cond_broadcast(&t->cond); /* close waits for the waiters to leave */
     kvx_unlock(t);
     return rc;
 }

@@ -14,10 +14,17 @@
 #include <time.h>
 #include <unistd.h>
 
-#define KVX_SLOT_BITS 20
-#define KVX_SLOT_MASK ((1ull << KVX_SLOT_BITS) - 1)
 #define KVX_DEFAULT_DEADLINE_MS 5000
 #define KVX_DEFAULT_KEEPALIVE_MS 1000
+#define KVX_DEFAULT_STALL_MS 2000
+/* Transfers in flight or unpolled at once, at most. */
+#define KVX_MAX_XFERS (1u << 20)
+/* The pool keeps this many idle transfer objects at least, and at most what the busier of the
+ * last two housekeeping periods had in use: bursts reuse objects, idle transports give them
+ * back. */
+#define KVX_POOL_MIN 64
+/* An idle transfer object keeps its run array up to this many runs (12 bytes each). */
+#define KVX_POOL_RUNS_KEEP 1024
 
 uint64_t kvx_now_ns(void)
 {
@@ -86,6 +93,10 @@ static int kvx_params_check(const kvx_params_t *p)
     if ((p->field_mask & KVX_PARAM_LOG) &&
         (p->log_level < KVX_LOG_OFF || p->log_level > KVX_LOG_DEBUG))
         return -EINVAL;
+    if (((p->field_mask & KVX_PARAM_DEADLINE) && p->deadline_ms > KVX_MS_MAX) ||
+        ((p->field_mask & KVX_PARAM_KEEPALIVE) && p->keepalive_ms > KVX_MS_MAX) ||
+        ((p->field_mask & KVX_PARAM_STALL) && p->stall_ms > KVX_MS_MAX))
+        return -EINVAL;
     return 0;
 }
 
@@ -102,6 +113,9 @@ static int kvx_metadata_build(kvx_transport_t *t)
     md.base = (uintptr_t)t->base;
     md.num_blocks = t->num_blocks;
     md.block_len = t->block_len;
+    md.generation = t->generation;
+    memcpy(md.capability, t->capability, sizeof(md.capability));
+    md.host = t->host;
     md.worker_addr = waddr;
     md.worker_addr_len = (uint32_t)waddr_len;
     md.rkey = rkey;
@@ -130,6 +144,13 @@ int kvx_transport_create(const kvx_params_t *params, kvx_transport_t **transport
     if (t == NULL)
         return -ENOMEM;
     pthread_mutex_init(&t->lock, NULL);
+    {
+        pthread_condattr_t ca;
+        pthread_condattr_init(&ca);
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+        pthread_cond_init(&t->cond, &ca);
+        pthread_condattr_destroy(&ca);
+    }
     kvx_list_init(&t->ready);
     kvx_list_init(&t->conns);
     kvx_list_init(&t->work);
@@ -140,6 +161,8 @@ int kvx_transport_create(const kvx_params_t *params, kvx_transport_t **transport
     t->cq_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (t->cq_fd < 0) {
         rc = -errno;
+        pthread_cond_destroy(&t->cond);
+        pthread_mutex_destroy(&t->lock);
         free(t);
         return rc;
     }
@@ -153,11 +176,26 @@ int kvx_transport_create(const kvx_params_t *params, kvx_transport_t **transport
     if ((params->field_mask & KVX_PARAM_FINGERPRINT) && params->fingerprint != NULL)
         snprintf(t->fingerprint, sizeof(t->fingerprint), "%s", params->fingerprint);
     t->num_threads = (params->field_mask & KVX_PARAM_NUM_THREADS) ? params->num_threads : 1;
+    /* every duration is at most KVX_MS_MAX (checked above): in ns, it cannot overflow */
     t->deadline_ns = ((params->field_mask & KVX_PARAM_DEADLINE) ? params->deadline_ms
                                                                 : KVX_DEFAULT_DEADLINE_MS) *
                      1000000ull;
     t->keepalive_ms = (params->field_mask & KVX_PARAM_KEEPALIVE) ? params->keepalive_ms
                                                                  : KVX_DEFAULT_KEEPALIVE_MS;
+    t->stall_ns =
+        ((params->field_mask & KVX_PARAM_STALL) ? params->stall_ms : KVX_DEFAULT_STALL_MS) *
+        1000000ull;
+    kvx_host_self(&t->host);
+    {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        t->generation = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    }
+    if (getrandom(t->capability, sizeof(t->capability), 0) != (ssize_t)sizeof(t->capability)) {
+        rc = -errno;
+        kvx_error(NULL, "kvx_transport_create: getrandom: %s", strerror(errno));
+        goto err_free;
+    }
     if (params->field_mask & KVX_PARAM_LOG) {
         t->own_log = true;
         t->log_fn = params->log_fn;
@@ -188,13 +226,19 @@ err_ucx:
     kvx_ucx_fini(t);
 err_free:
     close(t->cq_fd);
+    pthread_cond_destroy(&t->cond);
     pthread_mutex_destroy(&t->lock);
     free(t);
     return rc;
 }
 
+/* How long close waits for connections to close before destroying the worker anyway. */
+#define KVX_CLOSE_DRAIN_NS (2ull * 1000000000ull)
+
 int kvx_transport_close(kvx_transport_t *t)
 {
+    uint64_t end;
+
     if (t == NULL)
         return -EINVAL;
     kvx_lock(t);
@@ -202,6 +246,14 @@ int kvx_transport_close(kvx_transport_t *t)
         kvx_unlock(t);
         return 0;
     }
+    /* From here every other call returns -ESHUTDOWN. Calls waiting with the lock released (in
+     * kvx_transport_wait, or in peer add/remove on t->cond) wake, see it and leave; the
+     * teardown starts once none is left. */
+    t->closed = true;
+    kvx_progress_notify_waiters(t);
+    pthread_cond_broadcast(&t->cond);
+    while (t->busy > 0 || t->waiters > 0)
+        pthread_cond_wait(&t->cond, &t->lock);
     kvx_unlock(t);
     kvx_progress_stop(t);
 
@@ -215,15 +267,33 @@ int kvx_transport_close(kvx_transport_t *t)
             kvx_conn_release(c, -ECONNABORTED);
         }
     }
-    kvx_conn_wait_closed(t);
+    /* Drive UCX until the forced closes complete (they need no answer from the peers). */
+    end = kvx_now_ns() + KVX_CLOSE_DRAIN_NS;
+    for (;;) {
+        bool closing = false;
+        for (kvx_list_t *n = t->conns.next; n != &t->conns; n = n->next)
+            if (kvx_container_of(n, kvx_conn_t, all_link)->state == KVX_CONN_CLOSING)
+                closing = true;
+        if (!closing)
+            break;
+        if (kvx_now_ns() > end) {
+            kvx_warn(t, "connections still closing after %llu ms",
+                     (unsigned long long)(KVX_CLOSE_DRAIN_NS / 1000000ull));
+            break;
+        }
+        kvx_ucx_progress(t);
+    }
     /* Anything UCX still calls back during teardown finds its objects alive; free them after. */
     kvx_ucx_fini(t);
     while (!kvx_list_empty(&t->conns)) {
         kvx_conn_t *c = kvx_list_first(&t->conns, kvx_conn_t, all_link);
         kvx_list_del(&c->all_link);
-        kvx_warn(t, "connection to %s did not close in time", c->agent_name);
+        if (c->state != KVX_CONN_CLOSED)
+            kvx_warn(t, "connection to %s did not close in time", c->agent_name);
         free(c->ucx); /* the worker is gone: nothing left to release in UCX */
         kvx_xfer_free_flushes(c);
+        if (c->pidfd >= 0)
+            close(c->pidfd);
         free(c);
     }
     kvx_xfer_free_all(t);
@@ -232,7 +302,6 @@ int kvx_transport_close(kvx_transport_t *t)
     t->metadata = NULL;
     close(t->cq_fd);
     t->cq_fd = -1;
-    t->closed = true;
     kvx_info(t, "closed");
     kvx_unlock(t);
     return 0;
@@ -243,6 +312,7 @@ void kvx_transport_destroy(kvx_transport_t *t)
     if (t == NULL)
         return;
     kvx_transport_close(t);
+    pthread_cond_destroy(&t->cond);
     pthread_mutex_destroy(&t->lock);
     free(t);
 }
@@ -273,6 +343,8 @@ int kvx_transport_query(kvx_transport_t *t, kvx_transport_attr_t *attr)
         attr->metadata_len = t->metadata_len;
     if (attr->field_mask & KVX_TRANSPORT_ATTR_NUM_PEERS)
         attr->num_peers = t->nconnected;
+    if (attr->field_mask & KVX_TRANSPORT_ATTR_STALL)
+        attr->stall_ms = t->stall_ns / 1000000ull;
     kvx_unlock(t);
     return 0;
 }
@@ -297,36 +369,113 @@ int kvx_transport_metadata(kvx_transport_t *t, void *buf, size_t *len_p)
     return rc;
 }
 
-/* ---- transfer slots and ids ----------------------------------------------------------------- */
+/* ---- transfer ids and the object pool -------------------------------------------------------- */
 
-/* An id is (sequence << KVX_SLOT_BITS | slot): unique for the transport's life, found in O(1).
- * Returns 0, -ENOSPC when 2^KVX_SLOT_BITS transfers are in flight, or -ENOMEM. */
+/* Fibonacci hashing of a 64-bit id into a table of 2^k slots. */
+static size_t kvx_idmap_home(const kvx_idmap_t *m, uint64_t id)
+{
+    return (size_t)((id * 0x9e3779b97f4a7c15ull) >> 32) & (m->cap - 1);
+}
+
+static int kvx_idmap_grow(kvx_idmap_t *m)
+{
+    size_t cap = m->cap ? m->cap * 2 : 128;
+    kvx_xfer_t **slots = calloc(cap, sizeof(*slots)), **old = m->slots;
+    size_t old_cap = m->cap;
+
+    if (slots == NULL)
+        return -ENOMEM;
+    m->slots = slots;
+    m->cap = cap;
+    for (size_t i = 0; i < old_cap; i++) {
+        if (old[i] == NULL)
+            continue;
+        size_t j = kvx_idmap_home(m, old[i]->id);
+        while (slots[j] != NULL)
+            j = (j + 1) & (cap - 1);
+        slots[j] = old[i];
+    }
+    free(old);
+    return 0;
+}
+
+static int kvx_idmap_insert(kvx_idmap_t *m, kvx_xfer_t *x)
+{
+    size_t j;
+
+    if ((m->count + 1) * 2 > m->cap && kvx_idmap_grow(m) < 0)
+        return -ENOMEM;
+    j = kvx_idmap_home(m, x->id);
+    while (m->slots[j] != NULL)
+        j = (j + 1) & (m->cap - 1);
+    m->slots[j] = x;
+    m->count++;
+    return 0;
+}
+
+static size_t kvx_idmap_find(const kvx_idmap_t *m, uint64_t id)
+{
+    size_t j;
+
+    if (m->cap == 0)
+        return SIZE_MAX;
+    for (j = kvx_idmap_home(m, id); m->slots[j] != NULL; j = (j + 1) & (m->cap - 1))
+        if (m->slots[j]->id == id)
+            return j;
+    return SIZE_MAX;
+}
+
+/* Linear probing without tombstones: entries after the hole move back when their home allows. */
+static void kvx_idmap_remove(kvx_idmap_t *m, uint64_t id)
+{
+    size_t hole = kvx_idmap_find(m, id), j, mask = m->cap - 1;
+
+    if (hole == SIZE_MAX)
+        return;
+    m->slots[hole] = NULL;
+    m->count--;
+    for (j = (hole + 1) & mask; m->slots[j] != NULL; j = (j + 1) & mask) {
+        size_t home = kvx_idmap_home(m, m->slots[j]->id);
+        /* the entry at j may fill the hole unless its home lies in (hole, j] */
+        if (((j - home) & mask) >= ((j - hole) & mask)) {
+            m->slots[hole] = m->slots[j];
+            m->slots[j] = NULL;
+            hole = j;
+        }
+    }
+}
+
+/* An id is a 64-bit sequence number: unique for the transport's life. Returns 0, -ENOSPC when
+ * KVX_MAX_XFERS transfers are in flight or unpolled, or -ENOMEM. */
 int kvx_xfer_alloc(kvx_transport_t *t, kvx_xfer_t **x_p)
 {
     kvx_xfer_t *x = t->free_xfers;
 
+    if (t->nlive >= KVX_MAX_XFERS)
+        return -ENOSPC;
     if (x != NULL) {
         t->free_xfers = x->next_free;
+        t->nfree--;
     } else {
-        if (t->nslots > KVX_SLOT_MASK)
-            return -ENOSPC;
-        if ((t->nslots & (t->nslots - 1)) == 0) { /* grow at powers of two */
-            uint32_t cap = t->nslots ? t->nslots * 2 : 64;
-            kvx_xfer_t **slots = realloc(t->slots, cap * sizeof(*slots));
-            if (slots == NULL)
-                return -ENOMEM;
-            t->slots = slots;
-        }
         x = calloc(1, sizeof(*x));
         if (x == NULL)
             return -ENOMEM;
         x->t = t;
-        x->slot = t->nslots;
-        t->slots[t->nslots++] = x;
+        t->xfer_mallocs++;
     }
     x->next_free = NULL;
-    x->id = (t->next_seq++ << KVX_SLOT_BITS) | x->slot;
+    x->id = t->next_seq++;
+    if (kvx_idmap_insert(&t->ids, x) < 0) {
+        x->next_free = t->free_xfers;
+        t->free_xfers = x;
+        t->nfree++;
+        return -ENOMEM;
+    }
+    t->nlive++;
+    if (t->nlive > t->live_peak)
+        t->live_peak = t->nlive;
     x->canceled = false;
+    x->purged = false;
     x->status = 0;
     x->nruns = x->next_run = 0;
     x->conn = NULL;
@@ -337,57 +486,86 @@ int kvx_xfer_alloc(kvx_transport_t *t, kvx_xfer_t **x_p)
     return 0;
 }
 
-/* Return a slot to the free list: nothing (kvx or UCX) refers to the transfer any more. */
+static void kvx_xfer_destroy(kvx_xfer_t *x)
+{
+    free(x->runs);
+    free(x);
+}
+
+/* Return a transfer object to the pool: nothing (kvx or UCX) refers to the transfer any more. */
 void kvx_xfer_free(kvx_transport_t *t, kvx_xfer_t *x)
 {
+    kvx_idmap_remove(&t->ids, x->id);
+    t->nlive--;
     x->state = KVX_XS_FREE;
     x->conn = NULL;
     x->peer = NULL;
-    /* Give back memory of unusually large transfers; keep the common size for reuse. */
-    if (x->runs_cap > 65536) {
+    /* an idle object keeps a run array of the common size, not that of an unusual transfer */
+    if (x->runs_cap > KVX_POOL_RUNS_KEEP) {
         free(x->runs);
         x->runs = NULL;
         x->runs_cap = 0;
     }
     x->next_free = t->free_xfers;
     t->free_xfers = x;
+    t->nfree++;
+}
+
+/* Called once per housekeeping period: give back idle objects beyond what the busier of this
+ * and the previous period needed (KVX_POOL_MIN at least). */
+void kvx_xfer_trim_pool(kvx_transport_t *t)
+{
+    size_t peak = t->live_peak > t->live_peak_prev ? t->live_peak : t->live_peak_prev;
+    size_t keep = peak > KVX_POOL_MIN ? peak : KVX_POOL_MIN;
+
+    while (t->nfree > 0 && t->nfree + t->nlive > keep) {
+        kvx_xfer_t *x = t->free_xfers;
+        t->free_xfers = x->next_free;
+        t->nfree--;
+        kvx_xfer_destroy(x);
+    }
+    t->live_peak_prev = t->live_peak;
+    t->live_peak = t->nlive;
 }
 
 kvx_xfer_t *kvx_xfer_lookup(kvx_transport_t *t, uint64_t id)
 {
-    uint64_t slot = id & KVX_SLOT_MASK;
-    kvx_xfer_t *x;
+    size_t j = kvx_idmap_find(&t->ids, id);
 
-    if (slot >= t->nslots)
-        return NULL;
-    x = t->slots[slot];
-    if (x->id != id || x->state == KVX_XS_FREE)
-        return NULL;
-    return x;
+    return j == SIZE_MAX ? NULL : t->ids.slots[j];
 }
 
 void kvx_xfer_free_all(kvx_transport_t *t)
 {
-    for (uint32_t i = 0; i < t->nslots; i++) {
-        free(t->slots[i]->runs);
-        free(t->slots[i]);
+    for (size_t i = 0; i < t->ids.cap; i++)
+        if (t->ids.slots[i] != NULL)
+            kvx_xfer_destroy(t->ids.slots[i]);
+    free(t->ids.slots);
+    memset(&t->ids, 0, sizeof(t->ids));
+    while (t->free_xfers != NULL) {
+        kvx_xfer_t *x = t->free_xfers;
+        t->free_xfers = x->next_free;
+        kvx_xfer_destroy(x);
     }
-    free(t->slots);
-    t->slots = NULL;
-    t->nslots = 0;
-    t->free_xfers = NULL;
+    t->nfree = t->nlive = 0;
     kvx_list_init(&t->active);
     kvx_list_init(&t->ready);
 }
 
 /* ---- completion ----------------------------------------------------------------------------- */
 
-/* Finish a transfer: it leaves every connection list and waits in its peer's queue for poll. */
+/* Finish a transfer: it leaves every connection list and waits in its peer's queue for poll
+ * (or, purged by kvx_peer_remove_ex, is forgotten). */
 void kvx_xfer_complete(kvx_xfer_t *x, int status)
 {
     kvx_peer_t *p = x->peer;
     uint64_t now = kvx_now_ns(), lat = now - x->t_submit_ns;
 
+    if (x->purged) {
+        p->inflight--;
+        kvx_xfer_release(x);
+        return;
+    }
     if (x->canceled)
         status = -ECANCELED;
     x->status = status;

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <ucp/api/ucp.h>
+#include <ucs/debug/log_def.h>
 
 struct kvx_ucx {
     ucp_context_h ctx;
@@ -24,9 +25,6 @@ struct kvx_ucx {
 struct kvx_ucx_conn {
     ucp_ep_h ep;
     ucp_rkey_h rkey;
-    bool opened; /* kvx_ucx_conn_open succeeded */
-    bool wired;  /* the wire-up flush completed */
-    ucs_status_t wire_status;
 };
 
 static int kvx_ucx_errno(ucs_status_t s)
@@ -101,44 +99,174 @@ static bool kvx_ucx_tls_uses_tcp(void)
     return kvx_ucx_tls_uses(tcp, 1, NULL, 0);
 }
 
-/* Set key=val in UCX's configuration unless the user set it (or a more specific form of it:
- * the UCX_* variables listed in user_env) in the environment. */
-static void kvx_ucx_config_set(kvx_transport_t *t, ucp_config_t *cfg, const char *key,
-                               const char *val, const char *const *user_env)
+/* One setting kvx makes in UCX's configuration; the forms UCX versions accept for it. */
+typedef struct kvx_ucx_setting {
+    const char *key[2];          /* the form tried first, and the other one (or NULL) */
+    const char *const *user_env; /* UCX_* variables that mean the user chose this themselves */
+    char val[32];
+    int form;      /* which key was applied, -1: none (the user's choice stands) */
+    bool rejected; /* UCX reported the applied form unused */
+} kvx_ucx_setting_t;
+
+/*
+ * UCX reports settings no transport consumed ("invalid configuration: K=V", a warning during
+ * worker creation): kvx captures those warnings for its own settings, to try the other form of
+ * a key (UCX 1.13 takes tcp's "TX_SEG_SIZE", 1.19 only "TCP_TX_SEG_SIZE") and to log what did
+ * not apply, instead of assuming. Log handlers are process-wide: one capture at a time.
+ */
+static pthread_mutex_t kvx_ucx_capture_lock = PTHREAD_MUTEX_INITIALIZER;
+static char kvx_ucx_captured[1024];
+
+static ucs_log_func_rc_t kvx_ucx_capture(const char *file, unsigned line, const char *function,
+                                         ucs_log_level_t level,
+                                         const ucs_log_component_config_t *comp_conf,
+                                         const char *message, va_list ap)
+{
+    char buf[512];
+    size_t len = strlen(kvx_ucx_captured);
+    va_list aq;
+
+    (void)file, (void)line, (void)function, (void)comp_conf;
+    if (level != UCS_LOG_LEVEL_WARN || strncmp(message, "invalid configuration", 21) != 0)
+        return UCS_LOG_FUNC_RC_CONTINUE;
+    va_copy(aq, ap);
+    vsnprintf(buf, sizeof(buf), message, aq);
+    va_end(aq);
+    snprintf(kvx_ucx_captured + len, sizeof(kvx_ucx_captured) - len, "%s,", buf);
+    return UCS_LOG_FUNC_RC_STOP; /* kvx handles it: see kvx_ucx_start */
+}
+
+/* Did UCX report "key=..." unused in the captured warnings? */
+static bool kvx_ucx_reported(const char *key)
+{
+    char pat[64];
+    const char *p = kvx_ucx_captured;
+
+    snprintf(pat, sizeof(pat), "%s=", key);
+    while ((p = strstr(p, pat)) != NULL) {
+        if (p[-1] == ' ' || p[-1] == ',')
+            return true;
+        p++;
+    }
+    return false;
+}
+
+static void kvx_ucx_apply(kvx_transport_t *t, ucp_config_t *cfg, kvx_ucx_setting_t *st)
 {
     char env[128];
     ucs_status_t s;
 
-    snprintf(env, sizeof(env), "UCX_%s", key);
-    if (getenv(env) != NULL)
-        return;
-    for (; user_env != NULL && *user_env != NULL; user_env++)
-        if (getenv(*user_env) != NULL)
+    st->form = -1;
+    for (int i = 0; i < 2 && st->key[i] != NULL; i++) {
+        snprintf(env, sizeof(env), "UCX_%s", st->key[i]);
+        if (getenv(env) != NULL)
             return;
-    s = ucp_config_modify(cfg, key, val);
-    if (s != UCS_OK)
-        kvx_debug(t, "ucx: cannot set %s=%s: %s", key, val, ucs_status_string(s));
+    }
+    for (const char *const *e = st->user_env; e != NULL && *e != NULL; e++)
+        if (getenv(*e) != NULL)
+            return;
+    for (int i = st->rejected ? 1 : 0; i < 2 && st->key[i] != NULL; i++) {
+        s = ucp_config_modify(cfg, st->key[i], st->val);
+        if (s == UCS_OK) {
+            st->form = i;
+            return;
+        }
+        kvx_debug(t, "ucx: cannot set %s=%s: %s", st->key[i], st->val, ucs_status_string(s));
+    }
+}
+
+static void kvx_ucx_stop(kvx_ucx_t *u)
+{
+    if (u->worker != NULL)
+        ucp_worker_destroy(u->worker);
+    if (u->ctx != NULL)
+        ucp_cleanup(u->ctx);
+    u->worker = NULL;
+    u->ctx = NULL;
+}
+
+/* Context and worker with kvx's settings applied. Returns 1 when UCX reported one of them
+ * unused and another form exists (the caller starts again), 0 when started, or an errno. */
+static int kvx_ucx_start(kvx_transport_t *t, kvx_ucx_t *u, kvx_ucx_setting_t *set, size_t nset)
+{
+    ucp_config_t *cfg = NULL;
+    ucs_status_t s;
+    int retry = 0;
+
+    s = ucp_config_read(NULL, NULL, &cfg);
+    if (s != UCS_OK) {
+        kvx_error(t, "ucx: ucp_config_read: %s", ucs_status_string(s));
+        return -ENODEV;
+    }
+    for (size_t i = 0; i < nset; i++)
+        kvx_ucx_apply(t, cfg, &set[i]);
+
+    ucp_params_t params = {
+        .field_mask =
+            UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED | UCP_PARAM_FIELD_NAME,
+        .features = UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP,
+        .mt_workers_shared = 0,
+        .name = t->name,
+    };
+    /* kvx's own lock serializes every call on the worker (caller threads, progress thread). */
+    ucp_worker_params_t wparams = {
+        .field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+        .thread_mode = UCS_THREAD_MODE_SERIALIZED,
+    };
+    pthread_mutex_lock(&kvx_ucx_capture_lock);
+    kvx_ucx_captured[0] = '\0';
+    ucs_log_push_handler(kvx_ucx_capture);
+    s = ucp_init(&params, cfg, &u->ctx);
+    if (s == UCS_OK) {
+        s = ucp_worker_create(u->ctx, &wparams, &u->worker);
+        if (s != UCS_OK)
+            kvx_error(t, "ucx: ucp_worker_create: %s", ucs_status_string(s));
+    } else {
+        kvx_error(t, "ucx: ucp_init: %s", ucs_status_string(s));
+    }
+    ucs_log_pop_handler();
+    for (size_t i = 0; i < nset; i++) {
+        kvx_ucx_setting_t *st = &set[i];
+        if (st->form < 0 || !kvx_ucx_reported(st->key[st->form]))
+            continue;
+        if (st->form == 0 && st->key[1] != NULL && !st->rejected) {
+            kvx_debug(t, "ucx: %s=%s unused by this UCX; trying %s", st->key[0], st->val,
+                      st->key[1]);
+            st->rejected = true;
+            retry = 1;
+        } else {
+            kvx_warn(t, "ucx: this UCX ignored kvx's setting %s=%s", st->key[st->form], st->val);
+        }
+    }
+    pthread_mutex_unlock(&kvx_ucx_capture_lock);
+    ucp_config_release(cfg);
+    if (s != UCS_OK) {
+        kvx_ucx_stop(u);
+        return -ENODEV;
+    }
+    if (retry)
+        kvx_ucx_stop(u);
+    return retry;
 }
 
 int kvx_ucx_init(kvx_transport_t *t)
 {
+    static const char *const eh[] = {"UCX_SYSV_ERROR_HANDLING", "UCX_POSIX_ERROR_HANDLING", NULL};
+    static const char *const seg[] = {"UCX_SYSV_SEG_SIZE", "UCX_POSIX_SEG_SIZE", NULL};
+    static const char *const fifo[] = {"UCX_SYSV_FIFO_SIZE", "UCX_POSIX_FIFO_SIZE", NULL};
+    static const char *const tx[] = {"UCX_TCP_TX_SEG_SIZE", "UCX_TX_SEG_SIZE", NULL};
+    kvx_ucx_setting_t set[8];
+    size_t nset = 0;
+    unsigned major, minor, release;
     kvx_ucx_t *u;
-    ucp_config_t *cfg = NULL;
     ucs_status_t s;
     int rc;
-    char val[32];
 
     u = calloc(1, sizeof(*u));
     if (u == NULL)
         return -ENOMEM;
     u->efd = -1;
 
-    s = ucp_config_read(NULL, NULL, &cfg);
-    if (s != UCS_OK) {
-        kvx_error(t, "ucx: ucp_config_read: %s", ucs_status_string(s));
-        rc = -ENODEV;
-        goto err_free;
-    }
     /*
      * kvx's UCX defaults; an explicit UCX_<NAME> in the environment wins over each of them.
      * - Peer error handling drops shared memory from an endpoint unless the mm transports
@@ -148,57 +276,46 @@ int kvx_ucx_init(kvx_transport_t *t)
      *   blocks here. Not 64 KiB or more: UCX 1.13 then loses every put of a 64 KiB block
      *   (kvx-bench's verification caught it) - a FIFO element's length is 16 bits.
      * - tcp segments of 60 KiB (UCX: 8 KiB): 2.5-3x the throughput of 64 KiB and 1 MiB blocks.
+     *   UCX 1.13 matches modified keys without the transport's prefix ("TX_SEG_SIZE"); later
+     *   versions want "TCP_TX_SEG_SIZE". The form this version takes is tried first, and UCX's
+     *   report decides (kvx_ucx_start).
      */
+    memset(set, 0, sizeof(set));
+    ucp_get_version(&major, &minor, &release);
     if (kvx_ucx_tls_uses_shm()) {
-        static const char *const eh[] = {"UCX_SYSV_ERROR_HANDLING", "UCX_POSIX_ERROR_HANDLING",
-                                         NULL};
-        static const char *const seg[] = {"UCX_SYSV_SEG_SIZE", "UCX_POSIX_SEG_SIZE", NULL};
-        static const char *const fifo[] = {"UCX_SYSV_FIFO_SIZE", "UCX_POSIX_FIFO_SIZE", NULL};
-        kvx_ucx_config_set(t, cfg, "MM_ERROR_HANDLING", "y", eh);
-        kvx_ucx_config_set(t, cfg, "MM_SEG_SIZE", "32k", seg);
-        kvx_ucx_config_set(t, cfg, "MM_FIFO_SIZE", "128", fifo);
+        set[nset++] = (kvx_ucx_setting_t){{"MM_ERROR_HANDLING", NULL}, eh, "y", -1, false};
+        set[nset++] = (kvx_ucx_setting_t){{"MM_SEG_SIZE", NULL}, seg, "32k", -1, false};
+        set[nset++] = (kvx_ucx_setting_t){{"MM_FIFO_SIZE", NULL}, fifo, "128", -1, false};
     }
-    /* UCX matches modified keys without the transport's own prefix: "TX_SEG_SIZE", which only
-     * tcp has, reaches tcp; "TCP_TX_SEG_SIZE" would be ignored with a warning. */
     if (kvx_ucx_tls_uses_tcp()) {
-        static const char *const tx[] = {"UCX_TCP_TX_SEG_SIZE", NULL};
-        kvx_ucx_config_set(t, cfg, "TX_SEG_SIZE", "60k", tx);
+        bool old = major == 1 && minor <= 13;
+        set[nset++] = (kvx_ucx_setting_t){
+            {old ? "TX_SEG_SIZE" : "TCP_TX_SEG_SIZE", old ? "TCP_TX_SEG_SIZE" : "TX_SEG_SIZE"},
+            tx,
+            "60k",
+            -1,
+            false};
     }
     if (t->keepalive_ms != 0) {
-        snprintf(val, sizeof(val), "%llums", (unsigned long long)t->keepalive_ms);
-        kvx_ucx_config_set(t, cfg, "KEEPALIVE_INTERVAL", val, NULL);
+        kvx_ucx_setting_t *st = &set[nset++];
+        *st = (kvx_ucx_setting_t){{"KEEPALIVE_INTERVAL", NULL}, NULL, "", -1, false};
+        snprintf(st->val, sizeof(st->val), "%llums", (unsigned long long)t->keepalive_ms);
         /* UCX checks 128 endpoints per round by default: with more peers than that, a dead one
          * could go unnoticed for several intervals, and the endpoints peers left behind here
          * after removing us would be reclaimed at only 128 per interval. */
-        kvx_ucx_config_set(t, cfg, "KEEPALIVE_NUM_EPS", "inf", NULL);
+        set[nset++] = (kvx_ucx_setting_t){{"KEEPALIVE_NUM_EPS", NULL}, NULL, "inf", -1, false};
     }
-
-    ucp_params_t params = {
-        .field_mask =
-            UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED | UCP_PARAM_FIELD_NAME,
-        .features = UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP,
-        .mt_workers_shared = 0,
-        .name = t->name,
-    };
-    s = ucp_init(&params, cfg, &u->ctx);
-    ucp_config_release(cfg);
-    if (s != UCS_OK) {
-        kvx_error(t, "ucx: ucp_init: %s", ucs_status_string(s));
-        rc = -ENODEV;
+    rc = kvx_ucx_start(t, u, set, nset);
+    if (rc == 1)
+        rc = kvx_ucx_start(t, u, set, nset);
+    if (rc != 0) {
+        rc = rc > 0 ? -ENODEV : rc;
         goto err_free;
     }
-
-    /* kvx's own lock serializes every call on the worker (caller threads, progress thread). */
-    ucp_worker_params_t wparams = {
-        .field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
-        .thread_mode = UCS_THREAD_MODE_SERIALIZED,
-    };
-    s = ucp_worker_create(u->ctx, &wparams, &u->worker);
-    if (s != UCS_OK) {
-        kvx_error(t, "ucx: ucp_worker_create: %s", ucs_status_string(s));
-        rc = -ENODEV;
-        goto err_cleanup;
-    }
+    for (size_t i = 0; i < nset; i++)
+        if (set[i].form >= 0)
+            kvx_debug(t, "ucx %u.%u.%u: %s=%s", major, minor, release, set[i].key[set[i].form],
+                      set[i].val);
 
     ucp_mem_map_params_t mparams = {
         .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
@@ -212,7 +329,7 @@ int kvx_ucx_init(kvx_transport_t *t)
         kvx_error(t, "ucx: ucp_mem_map of %llu bytes: %s", (unsigned long long)mparams.length,
                   ucs_status_string(s));
         rc = kvx_ucx_errno(s);
-        goto err_worker;
+        goto err_stop;
     }
     s = ucp_rkey_pack(u->ctx, u->memh, &u->rkey_buf, &u->rkey_len);
     if (s != UCS_OK) {
@@ -241,10 +358,8 @@ err_rkey:
     ucp_rkey_buffer_release(u->rkey_buf);
 err_unmap:
     ucp_mem_unmap(u->ctx, u->memh);
-err_worker:
-    ucp_worker_destroy(u->worker);
-err_cleanup:
-    ucp_cleanup(u->ctx);
+err_stop:
+    kvx_ucx_stop(u);
 err_free:
     free(u);
     return rc;
@@ -303,15 +418,18 @@ static void kvx_ucx_list_add(char *list, size_t cap, const char *name)
 
 /*
  * Which transport carries the data. ucp_ep_print_info lists each lane as
- *   "lane[0]:  3:sysv/memory.0 md[2] -> md[2]/sysv/sysdev[255] am am_bw#0 keepalive"
- * Lanes tagged rma_bw do one-sided RMA on registered memory (RDMA, rkey reachable). Without
- * them UCX emulates RMA with active messages on the am_bw lanes (shared memory, tcp in 1.13).
+ *   "lane[0]:  3:sysv/memory.0 md[2] -> md[2]/sysv/sysdev[255] am am_bw#0 keepalive"  (1.13)
+ *   "lane[0]:  3:sysv/memory.0 md[2] -> md[2]/sysv/sysdev[255] seg 4294967295 am keepalive"
+ * (1.19, whose protocols v2 tag only the am lane). Lanes tagged rma_bw do one-sided RMA on
+ * registered memory (RDMA, rkey reachable). Without them UCX emulates RMA with active messages
+ * on the am_bw lanes, or the am lane when none is tagged am_bw (shared memory and tcp).
  */
 static void kvx_ucx_describe(kvx_conn_t *c)
 {
     char *text = NULL, *line, *save = NULL;
     size_t size = 0;
-    char rma[KVX_TRANSPORT_NAME_MAX] = "", am[KVX_TRANSPORT_NAME_MAX] = "";
+    char rma[KVX_TRANSPORT_NAME_MAX] = "", am_bw[KVX_TRANSPORT_NAME_MAX] = "",
+         am[KVX_TRANSPORT_NAME_MAX] = "";
     FILE *f = open_memstream(&text, &size);
 
     if (f == NULL)
@@ -333,25 +451,37 @@ static void kvx_ucx_describe(kvx_conn_t *c)
             continue;
         if (strstr(line, "rma_bw") != NULL)
             kvx_ucx_list_add(rma, sizeof(rma), tl);
-        if (strstr(line, "am_bw") != NULL)
+        if (strstr(line, " am_bw") != NULL)
+            kvx_ucx_list_add(am_bw, sizeof(am_bw), tl);
+        if (strstr(line, " am ") != NULL ||
+            (strlen(line) > 3 && !strcmp(line + strlen(line) - 3, " am")))
             kvx_ucx_list_add(am, sizeof(am), tl);
     }
     free(text);
     c->rma_hw = rma[0] != '\0';
-    snprintf(c->transport, sizeof(c->transport), "%s", c->rma_hw ? rma : am);
+    snprintf(c->transport, sizeof(c->transport), "%s",
+             c->rma_hw          ? rma
+             : am_bw[0] != '\0' ? am_bw
+                                : am);
 }
 
-static void kvx_ucx_ep_force_close(kvx_transport_t *t, ucp_ep_h ep)
+static void kvx_ucx_discard_cb(void *req, ucs_status_t status, void *arg)
 {
-    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
-                             .flags = UCP_EP_CLOSE_FLAG_FORCE};
+    (void)status;
+    (void)arg;
+    ucp_request_free(req);
+}
+
+/* Close an endpoint no connection owns (a failed open): forced, without waiting; the worker's
+ * progress completes it, or its destruction at the latest. */
+static void kvx_ucx_ep_discard(ucp_ep_h ep)
+{
+    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK,
+                             .flags = UCP_EP_CLOSE_FLAG_FORCE,
+                             .cb.send = kvx_ucx_discard_cb};
     void *req = ucp_ep_close_nbx(ep, &p);
 
-    if (UCS_PTR_IS_PTR(req)) {
-        while (ucp_request_check_status(req) == UCS_INPROGRESS)
-            ucp_worker_progress(t->ucx->worker);
-        ucp_request_free(req);
-    }
+    (void)req; /* a request frees itself in the callback; NULL or an error needs nothing */
 }
 
 /* The wire-up flush: completes once the endpoint's lanes are connected to the peer. */
@@ -360,31 +490,27 @@ static void kvx_ucx_wire_cb(void *req, ucs_status_t status, void *arg)
     kvx_conn_t *c = arg;
 
     ucp_request_free(req);
-    c->ucx->wired = true;
-    c->ucx->wire_status = status;
     c->ucx_refs--;
-    if (c->ucx->opened) {
-        if (status != UCS_OK)
-            kvx_on_conn_error(c, kvx_ucx_errno(status));
-        kvx_conn_maybe_free(c);
-    }
+    c->wired = true;
+    c->last_progress_ns = kvx_now_ns();
+    c->t->conn_event = true;
+    if (status != UCS_OK)
+        kvx_on_conn_error(c, kvx_ucx_errno(status));
+    kvx_conn_maybe_free(c);
 }
 
 /*
  * Create the endpoint and start wiring it up at once, so that the first transfer does not pay
- * for it. Wait up to wait_ns for the wire-up: a healthy peer answers within milliseconds, an
- * unreachable one fails here. A peer that does not answer in time (stopped, busy) is not an
- * error: wire-up goes on in the background and transfers queue behind it, bounded by their
- * deadlines.
+ * for it; nothing here waits for the peer. The wire-up completes in kvx_ucx_wire_cb (c->wired),
+ * or fails through the endpoint's error handler; transfers queue behind it meanwhile.
  */
-int kvx_ucx_conn_open(kvx_conn_t *c, const kvx_md_t *md, uint64_t wait_ns)
+int kvx_ucx_conn_open(kvx_conn_t *c, const kvx_md_t *md)
 {
     kvx_transport_t *t = c->t;
     kvx_ucx_conn_t *uc;
     ucs_status_t s;
     void *req;
     int rc;
-    uint64_t end;
 
     uc = calloc(1, sizeof(*uc));
     if (uc == NULL)
@@ -410,7 +536,6 @@ int kvx_ucx_conn_open(kvx_conn_t *c, const kvx_md_t *md, uint64_t wait_ns)
         rc = s == UCS_ERR_UNREACHABLE ? -EHOSTUNREACH : -EBADMSG;
         goto err_close;
     }
-    c->ucx = uc;
 
     ucp_request_param_t fp = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
@@ -420,42 +545,21 @@ int kvx_ucx_conn_open(kvx_conn_t *c, const kvx_md_t *md, uint64_t wait_ns)
     req = ucp_ep_flush_nbx(uc->ep, &fp);
     if (UCS_PTR_IS_ERR(req)) {
         rc = kvx_ucx_errno(UCS_PTR_STATUS(req));
-        goto err_rkey;
-    }
-    if (req == NULL) {
-        uc->wired = true;
-        uc->wire_status = UCS_OK;
-    } else {
-        c->ucx_refs++;
-    }
-    end = kvx_now_ns() + wait_ns;
-    while (!uc->wired && c->pending_err == 0 && kvx_now_ns() < end)
-        ucp_worker_progress(t->ucx->worker);
-    rc = c->pending_err != 0                      ? c->pending_err
-         : uc->wired && uc->wire_status != UCS_OK ? kvx_ucx_errno(uc->wire_status)
-                                                  : 0;
-    if (rc != 0) {
         kvx_error(t, "ucx: connecting to %s: %s", md->agent_name, kvx_strerror(rc));
         goto err_rkey;
     }
-    if (!uc->wired)
-        kvx_info(t, "ucx: %s has not answered yet; wire-up goes on in the background",
-                 md->agent_name);
-    uc->opened = true;
+    c->ucx = uc;
+    if (req == NULL)
+        c->wired = true;
+    else
+        c->ucx_refs++;
     kvx_ucx_describe(c);
     return 0;
 
 err_rkey:
     ucp_rkey_destroy(uc->rkey);
 err_close:
-    kvx_ucx_ep_force_close(t, uc->ep);
-    /* the wire-up flush calls back once the close has purged it */
-    end = kvx_now_ns() + 1000000000ull;
-    while (c->ucx_refs > 0 && kvx_now_ns() < end)
-        ucp_worker_progress(t->ucx->worker);
-    if (c->ucx_refs > 0)
-        kvx_warn(t, "ucx: wire-up request to %s still pending after close", md->agent_name);
-    c->ucx = NULL;
+    kvx_ucx_ep_discard(uc->ep);
 err_free:
     free(uc);
     return rc;

@@ -68,7 +68,9 @@ static int kvx_xfer_submit(kvx_transport_t *t, int op, const char *peer_id, cons
     int rc;
 
     if (t == NULL || peer_id == NULL || id_p == NULL || (count != 0 && (!local || !remote)) ||
-        count > UINT32_MAX || count > UINT64_MAX / t->block_len)
+        count > UINT32_MAX || count > UINT64_MAX / t->block_len ||
+        (params != NULL && (params->field_mask & KVX_XFER_PARAM_DEADLINE) &&
+         params->deadline_ms > KVX_MS_MAX))
         return -EINVAL;
     kvx_lock(t);
     if (t->closed) {
@@ -77,9 +79,7 @@ static int kvx_xfer_submit(kvx_transport_t *t, int op, const char *peer_id, cons
     }
     deadline_ms = t->deadline_ns / 1000000ull;
     if (params != NULL && (params->field_mask & KVX_XFER_PARAM_DEADLINE))
-        deadline_ms = params->deadline_ms;
-    if (deadline_ms > UINT64_MAX / 2000000ull)
-        deadline_ms = 0; /* beyond centuries: no deadline */
+        deadline_ms = params->deadline_ms; /* at most KVX_MS_MAX: no overflow below */
 
     p = kvx_peer_lookup(t, peer_id);
     if (p == NULL || p->conn == NULL) {
@@ -187,6 +187,8 @@ static void kvx_xfer_flush(kvx_conn_t *c)
     }
     f->conn = c;
     f->seq = seq;
+    if (!kvx_conn_busy(c))
+        c->last_progress_ns = kvx_now_ns();
     rc = kvx_ucx_flush(c, f);
     if (rc == 1) {
         c->flushes++;
@@ -233,6 +235,8 @@ void kvx_xfer_post(kvx_conn_t *c, size_t budget)
              * the submitting thread never copies more than its budget */
             if (c->reqs >= KVX_MAX_REQS || len > budget)
                 goto flush;
+            if (!kvx_conn_busy(c)) /* the stall clock starts with the first outstanding op */
+                c->last_progress_ns = kvx_now_ns();
             rc = kvx_ucx_rma(c, x->op, t->base + (uint64_t)r->local * t->block_len,
                              c->remote_base + (uint64_t)r->remote * t->block_len, len);
             if (rc < 0) {
@@ -261,6 +265,7 @@ void kvx_on_flush_done(kvx_flush_t *f, int status)
     c->free_flushes = f;
     c->flushes--;
     c->ucx_refs--;
+    c->last_progress_ns = kvx_now_ns();
     if (c->state == KVX_CONN_OPEN) {
         if (status != 0) {
             kvx_on_conn_error(c, status); /* the transfers fail with their connection */
@@ -278,6 +283,7 @@ void kvx_on_op_done(kvx_conn_t *c, int status)
 {
     c->reqs--;
     c->ucx_refs--;
+    c->last_progress_ns = kvx_now_ns();
     if (c->state == KVX_CONN_OPEN) {
         if (status != 0)
             kvx_on_conn_error(c, status);
@@ -290,17 +296,18 @@ void kvx_on_op_done(kvx_conn_t *c, int status)
 /*
  * Fail transfers past their deadline. One whose bytes never reached UCX fails alone. For one
  * already posted, closing its connection is the only way to stop UCX from touching its blocks,
- * so the whole connection fails. Runs only when the earliest known deadline has passed.
+ * so the whole connection fails; those connections are collected first and failed after the
+ * walk (failing one completes transfers, which leave the list being walked). Runs only when the
+ * earliest known deadline has passed.
  */
 void kvx_xfer_check_deadlines(kvx_transport_t *t, uint64_t now)
 {
-    kvx_list_t *n, *next;
-    uint64_t earliest;
+    kvx_list_t *n, *next, doomed;
+    uint64_t earliest = UINT64_MAX;
 
     if (now < t->next_deadline_ns)
         return;
-restart:
-    earliest = UINT64_MAX;
+    kvx_list_init(&doomed);
     for (n = t->active.next; n != &t->active; n = next) {
         kvx_xfer_t *x = kvx_container_of(n, kvx_xfer_t, active_link);
         uint64_t due;
@@ -320,12 +327,18 @@ restart:
             kvx_xfer_complete(x, x->conn->err);
         } else if (x->state == KVX_XS_QUEUED && x->next_run == 0) {
             kvx_xfer_complete(x, -ETIMEDOUT);
-        } else {
+        } else if (!kvx_list_linked(&x->conn->fail_link)) {
             kvx_warn(t, "transfer %llu to %s missed its deadline: closing that connection",
                      (unsigned long long)x->id, x->conn->agent_name);
-            kvx_conn_fail(x->conn, -ETIMEDOUT);
-            goto restart;
+            kvx_list_add_tail(&doomed, &x->conn->fail_link);
         }
     }
     t->next_deadline_ns = earliest;
+    while (!kvx_list_empty(&doomed)) {
+        kvx_conn_t *c = kvx_list_first(&doomed, kvx_conn_t, fail_link);
+        kvx_list_del(&c->fail_link);
+        kvx_conn_fail(c, -ETIMEDOUT);
+        /* its transfers are FAILING now, due again after their grace: one more walk finds when */
+        t->next_deadline_ns = now;
+    }
 }

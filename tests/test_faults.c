@@ -1,11 +1,15 @@
 /*
  * Things break on purpose, over shared memory:
- *  - peer death: a target SIGKILLed with 1,200 transfers in flight. Every one comes out of poll
- *    failed within 5 s (the documented bound: keepalive 1 s, deadline 5 s), a healthy second
- *    peer's transfers all succeed, and a restarted target added under the same id works;
+ *  - peer death: a target SIGKILLed with 1,200 transfers in flight, once reaped at once and once
+ *    left a zombie (its parent has not called wait). With no deadline and no stall limit, every
+ *    transfer comes out of poll failed within 1.5 x keepalive + 0.5 s of the kill (UCX's
+ *    keepalive misses a zombie: kvx watches same-host peers itself), a healthy second peer's
+ *    transfers all succeed, and a restarted target added under the same id works;
  *  - stalled peer: a SIGSTOPped target. Transfers fail with -ETIMEDOUT at their deadline, enforced
  *    by the progress thread with nobody polling (and without spinning meanwhile), each reported
  *    once even after the target resumes; after SIGCONT and a re-add, transfers succeed;
+ *  - stall limit: with no deadline at all, transfers to a SIGSTOPped target fail once the
+ *    connection made no progress for stall_ms;
  *  - deadlines: a queued transfer past its (per-transfer) deadline fails alone and leaves the
  *    connection up; with no progress thread, poll enforces deadlines.
  * Every transfer that succeeds is verified byte for byte.
@@ -66,11 +70,29 @@ static void check_written(kvx_transport_t *t, kt_target_t *tg, const char *peer,
     KT_EQ(kt_target_verify(tg, ri, li, n, salt, 0), 0);
 }
 
-static void peer_death(void)
+/* A transport with the given deadline and stall limit (0: none) and a 1 s keepalive. */
+static kvx_transport_t *transport(const char *name, uint64_t deadline_ms, uint64_t stall_ms)
+{
+    kvx_transport_t *t;
+    kvx_params_t p = {.field_mask = KVX_PARAM_REGION | KVX_PARAM_AGENT_NAME | KVX_PARAM_DEADLINE |
+                                    KVX_PARAM_STALL | KVX_PARAM_KEEPALIVE,
+                      .base = r.base,
+                      .num_blocks = NB,
+                      .block_len = BL,
+                      .agent_name = name,
+                      .deadline_ms = deadline_ms,
+                      .stall_ms = stall_ms,
+                      .keepalive_ms = 1000};
+    KT_OK(kvx_transport_create(&p, &t));
+    return t;
+}
+
+static void peer_death(bool reap)
 {
     enum { N = 1200 };
     kt_target_t a = start("doomed"), b = start("healthy");
-    kvx_transport_t *t = kt_transport(&r, "survivor", 1);
+    /* neither a deadline nor the stall limit may be what fails the transfers */
+    kvx_transport_t *t = transport("survivor", 0, 0);
     static kvx_completion_t c[N];
     uint64_t idb[50], t_kill, t_last = 0;
     kvx_peer_attr_t pa = {.field_mask = KVX_PEER_ATTR_STATE | KVX_PEER_ATTR_COUNTERS};
@@ -88,13 +110,14 @@ static void peer_death(void)
 
     kt_kill(&a.proc, SIGKILL);
     t_kill = kt_now_ns();
-    KT_EQ(kt_wait(&a.proc), 128 + SIGKILL); /* reaped, as its parent would */
+    if (reap)
+        KT_EQ(kt_wait(&a.proc), 128 + SIGKILL); /* reaped, as its parent would */
 
     while (got < N && kt_now_ns() - t_kill < 10000000000ull) {
         int n = kvx_transport_poll(t, "A", c + got, (size_t)(N - got));
         KT_OK(n);
         for (int i = got; i < got + n; i++) {
-            if (c[i].status != -ECONNRESET && c[i].status != -ETIMEDOUT)
+            if (c[i].status != -ECONNRESET)
                 KT_FAIL("transfer %d failed with %d (%s)", i, c[i].status,
                         kvx_strerror(c[i].status));
             t_last = kt_now_ns();
@@ -104,9 +127,11 @@ static void peer_death(void)
             usleep(1000);
     }
     KT_EQ(got, N);
-    kt_log("peer death: %d transfers failed, the last %.3f s after SIGKILL", N,
-           (double)(t_last - t_kill) / 1e9);
-    KT_CHECK(t_last - t_kill <= 5000000000ull);
+    kt_log("peer death (%s): %d transfers failed, the last %.3f s after SIGKILL",
+           reap ? "reaped at once" : "a zombie until the end", N, (double)(t_last - t_kill) / 1e9);
+    KT_CHECK(t_last - t_kill <= 2000000000ull); /* 1.5 x keepalive (1 s) + 0.5 s */
+    if (!reap)
+        KT_EQ(kt_wait(&a.proc), 128 + SIGKILL);
     KT_EQ(kvx_transport_poll(t, "A", c, 1), 0);
     KT_OK(kvx_peer_query(t, "A", &pa));
     KT_EQ(pa.state, KVX_PEER_FAILED);
@@ -143,6 +168,52 @@ static void peer_death(void)
     free(a.md);
     KT_EQ(kt_target_stop(&a2), 0);
     KT_EQ(kt_target_stop(&b), 0);
+}
+
+/* No deadline: only the stall limit stops transfers to a stopped peer from hanging. */
+static void stall_limit(void)
+{
+    kt_target_t s = start("stalls");
+    kvx_transport_t *t = transport("stall-watcher", 0, 500);
+    kvx_transport_attr_t ta = {.field_mask =
+                                   KVX_TRANSPORT_ATTR_STALL | KVX_TRANSPORT_ATTR_DEADLINE};
+    kvx_peer_attr_t pa = {.field_mask = KVX_PEER_ATTR_STATE};
+    kvx_completion_t c[20];
+    uint64_t t0, t_last = 0;
+    int got = 0;
+
+    KT_OK(kvx_transport_query(t, &ta));
+    KT_EQ(ta.stall_ms, 500);
+    KT_EQ(ta.deadline_ms, 0);
+    KT_OK(kvx_peer_add(t, "S", s.md, s.md_len, NULL));
+    check_written(t, &s, "S", 8);
+    kt_stop(&s.proc);
+    t0 = kt_now_ns();
+    for (int i = 0; i < 20; i++)
+        write1(t, "S", (uint32_t)i, (uint32_t)i, 0);
+    while (got < 20 && kt_now_ns() - t0 < 10000000000ull) {
+        int n = kvx_transport_poll(t, "S", c + got, (size_t)(20 - got));
+        KT_OK(n);
+        for (int i = got; i < got + n; i++) {
+            KT_ERR(c[i].status, -ETIMEDOUT);
+            t_last = kt_now_ns();
+        }
+        got += n;
+        if (n == 0)
+            usleep(1000);
+    }
+    KT_EQ(got, 20);
+    kt_log("stall limit 0.5 s, no deadline: 20 transfers to a stopped peer failed %.3f s after "
+           "submission",
+           (double)(t_last - t0) / 1e9);
+    KT_CHECK(t_last - t0 >= 500000000ull);
+    KT_OK(kvx_peer_query(t, "S", &pa));
+    KT_EQ(pa.state, KVX_PEER_FAILED);
+    kt_cont(&s.proc);
+    KT_OK(kvx_peer_add(t, "S", s.md, s.md_len, NULL));
+    check_written(t, &s, "S", 16);
+    kvx_transport_destroy(t);
+    KT_EQ(kt_target_stop(&s), 0);
 }
 
 static void stalled_peer(void)
@@ -246,7 +317,9 @@ int main(void)
 {
     r = kt_region_alloc(NB, BL);
     kt_fill_all(&r, salt, 0);
-    peer_death();
+    peer_death(true);
+    peer_death(false);
+    stall_limit();
     stalled_peer();
     deadlines();
     kt_region_free(&r);

@@ -11,15 +11,19 @@
 static void codec(void)
 {
     uint8_t waddr[200], rkey[12], buf[512], copy[512];
-    kvx_md_t in = {.agent_name = "engine-a",
-                   .fingerprint = "0123456789abcdef",
-                   .base = 0x7f0000000000ull,
-                   .num_blocks = 20000,
-                   .block_len = 65536,
-                   .worker_addr = waddr,
-                   .worker_addr_len = sizeof(waddr),
-                   .rkey = rkey,
-                   .rkey_len = sizeof(rkey)};
+    kvx_md_t in = {
+        .agent_name = "engine-a",
+        .fingerprint = "0123456789abcdef",
+        .base = 0x7f0000000000ull,
+        .num_blocks = 20000,
+        .block_len = 65536,
+        .worker_addr = waddr,
+        .worker_addr_len = sizeof(waddr),
+        .rkey = rkey,
+        .rkey_len = sizeof(rkey),
+        .generation = 0x1234567890abcdefull,
+        .capability = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16},
+        .host = {.boot_id = {0xb0, 0x07}, .pid_ns = 4026531836ull, .start_time = 777, .pid = 4242}};
     kvx_md_t out;
     int len;
 
@@ -40,6 +44,12 @@ static void codec(void)
     KT_CHECK(memcmp(out.worker_addr, waddr, sizeof(waddr)) == 0);
     KT_EQ(out.rkey_len, sizeof(rkey));
     KT_CHECK(memcmp(out.rkey, rkey, sizeof(rkey)) == 0);
+    KT_EQ(out.generation, in.generation);
+    KT_CHECK(memcmp(out.capability, in.capability, 16) == 0);
+    KT_CHECK(memcmp(out.host.boot_id, in.host.boot_id, 16) == 0);
+    KT_EQ(out.host.pid_ns, in.host.pid_ns);
+    KT_EQ(out.host.start_time, 777);
+    KT_EQ(out.host.pid, 4242);
 
     /* every truncation, and trailing garbage */
     for (int n = 0; n < len; n++)
@@ -64,7 +74,7 @@ static void codec(void)
 
     /* a future format version is refused as such */
     memcpy(copy, buf, (size_t)len);
-    copy[4] = 2;
+    copy[4] = KVX_MD_VERSION + 1;
     KT_ERR(kvx_md_decode(copy, (size_t)len, &out), -EPROTONOSUPPORT);
     /* foreign bytes (a NIXL-like blob) and NULL */
     KT_ERR(kvx_md_decode("nixl-agent-metadata....................................", 56, &out),

@@ -189,8 +189,17 @@ static void cancel(kt_target_t *ta)
     kt_stop(&ta->proc);
     for (int i = 0; i < 6; i++)
         ids[i] = submit("A", (uint32_t)i * 32, 32);
-    /* the last one never reached UCX: immediate forgets it; the first one surely did */
-    KT_EQ(kvx_xfer_cancel(t, ids + 5, 1, KVX_CANCEL_IMMEDIATE, pending), 0);
+    /* immediate forgets a transfer at once: it leaves the peer's in-flight count, a later cancel
+     * no longer knows it, and it never comes out of poll (checked at the end) */
+    {
+        kvx_peer_attr_t pa = {.field_mask = KVX_PEER_ATTR_COUNTERS};
+        KT_OK(kvx_peer_query(t, "A", &pa));
+        KT_EQ(pa.xfers_inflight, 6);
+        KT_EQ(kvx_xfer_cancel(t, ids + 5, 1, KVX_CANCEL_IMMEDIATE, pending), 0);
+        KT_OK(kvx_peer_query(t, "A", &pa));
+        KT_EQ(pa.xfers_inflight, 5);
+        KT_EQ(kvx_xfer_cancel(t, ids + 5, 1, KVX_CANCEL_WAIT, pending), 0);
+    }
     {
         /* the same id twice in one call is reported once; a later call reports it again,
          * since it may still touch memory */
@@ -216,6 +225,35 @@ static void cancel(kt_target_t *ta)
     KT_EQ(kvx_transport_poll(t, NULL, c, 8), 0); /* the forgotten ones never show up */
 }
 
+/* Removing with KVX_PEER_REMOVE_PURGE forgets the peer's transfers, finished or not: none ever
+ * comes out of poll, and the peer id is gone at once. */
+static void purge(kt_target_t *ta)
+{
+    kvx_completion_t c[16];
+    kvx_peer_attr_t pa = {.field_mask = KVX_PEER_ATTR_STATE};
+
+    for (int i = 0; i < 3; i++)
+        submit("A", (uint32_t)i * 8, 8);
+    usleep(200000); /* finished, not polled */
+    kt_stop(&ta->proc);
+    for (int i = 0; i < 4; i++)
+        submit("A", (uint32_t)i * 32, 32);
+    KT_ERR(kvx_peer_remove_ex(t, "A", 2), -EINVAL);
+    KT_ERR(kvx_peer_remove_ex(t, "A", KVX_PEER_REMOVE_PURGE | 4), -EINVAL);
+    KT_EQ(kvx_peer_remove_ex(t, "A", KVX_PEER_REMOVE_PURGE), 1);
+    KT_ERR(kvx_peer_query(t, "A", &pa), -ENOENT);
+    KT_EQ(kvx_transport_poll(t, "A", c, 16), 0);
+    kt_cont(&ta->proc);
+    usleep(300000);
+    KT_EQ(kvx_transport_poll(t, NULL, c, 16), 0);
+    KT_EQ(kvx_peer_remove_ex(t, "A", KVX_PEER_REMOVE_PURGE), 0); /* unknown: a no-op */
+    KT_OK(kvx_peer_add(t, "A", ta->md, ta->md_len, NULL));
+    submit("A", 64, 16);
+    KT_EQ(kt_poll_n(t, "A", c, 1, 5000), 1);
+    KT_EQ(c[0].status, 0);
+    verify(ta, 64, 16);
+}
+
 int main(void)
 {
     kt_target_args_t a = {
@@ -239,6 +277,7 @@ int main(void)
     remove_fails_only_that_peer(&ta, &tb);
     replace(&tb, &tc);
     cancel(&ta);
+    purge(&ta);
 
     kvx_transport_destroy(t);
     kt_region_free(&r);

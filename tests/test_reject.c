@@ -78,7 +78,29 @@ static void create_rejections(void)
     REJECT(p.field_mask |= KVX_PARAM_BACKENDS; p.backends = unknown; p.num_backends = 2);
     REJECT(p.field_mask |= KVX_PARAM_BACKENDS; p.backends = ucx_only; p.num_backends = 0);
     REJECT(p.field_mask |= KVX_PARAM_LOG; p.log_level = 9);
+    /* durations: in ns they would overflow (0.1 took UINT64_MAX / 10^6 + 3 ms for 2 ms) */
+    REJECT(p.field_mask |= KVX_PARAM_DEADLINE; p.deadline_ms = UINT64_MAX / 1000000 + 3);
+    REJECT(p.field_mask |= KVX_PARAM_DEADLINE; p.deadline_ms = UINT64_MAX / 1000000 + 1);
+    REJECT(p.field_mask |= KVX_PARAM_DEADLINE; p.deadline_ms = KVX_MS_MAX + 1);
+    REJECT(p.field_mask |= KVX_PARAM_DEADLINE; p.deadline_ms = UINT64_MAX);
+    REJECT(p.field_mask |= KVX_PARAM_KEEPALIVE; p.keepalive_ms = KVX_MS_MAX + 1);
+    REJECT(p.field_mask |= KVX_PARAM_STALL; p.stall_ms = UINT64_MAX / 1000000 + 3);
 #undef REJECT
+    /* the largest durations accepted are kept exactly */
+    {
+        kvx_transport_attr_t ta = {.field_mask =
+                                       KVX_TRANSPORT_ATTR_DEADLINE | KVX_TRANSPORT_ATTR_STALL};
+        p = ok;
+        p.field_mask |= KVX_PARAM_DEADLINE | KVX_PARAM_STALL;
+        p.deadline_ms = KVX_MS_MAX;
+        p.stall_ms = KVX_MS_MAX;
+        KT_OK(kvx_transport_create(&p, &x));
+        KT_OK(kvx_transport_query(x, &ta));
+        KT_EQ(ta.deadline_ms, KVX_MS_MAX);
+        KT_EQ(ta.stall_ms, KVX_MS_MAX);
+        kvx_transport_destroy(x);
+        x = NULL;
+    }
     /* no alignment is required of the region */
     p = ok;
     p.base = r.base + 3;
@@ -200,6 +222,13 @@ static void xfer_rejections(void)
     KT_ERR(kvx_xfer_write(t, "p", ok_i, ok_i, 2, NULL, NULL), -EINVAL);
     KT_ERR(kvx_xfer_write(t, NULL, ok_i, ok_i, 2, NULL, &id), -EINVAL);
     KT_ERR(kvx_xfer_write(NULL, "p", ok_i, ok_i, 2, NULL, &id), -EINVAL);
+    {
+        kvx_xfer_params_t xp = {.field_mask = KVX_XFER_PARAM_DEADLINE,
+                                .deadline_ms = UINT64_MAX / 1000000 + 3};
+        KT_ERR(kvx_xfer_write(t, "p", ok_i, ok_i, 2, &xp, &id), -EINVAL);
+        xp.deadline_ms = KVX_MS_MAX + 1;
+        KT_ERR(kvx_xfer_read(t, "p", ok_i, ok_i, 2, &xp, &id), -EINVAL);
+    }
     KT_EQ(id, 777); /* out-parameters are written only on success */
     KT_OK(kvx_peer_query(t, "p", &after));
     KT_EQ(after.xfers_done + after.xfers_failed + after.xfers_inflight,

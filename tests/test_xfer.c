@@ -2,10 +2,36 @@
  * Write and read between two processes over real UCX, every byte checked: block lengths 4 KiB,
  * 64 KiB and 1 MiB, contiguous, scattered and mixed index lists. argv[1] names the transport
  * ("shm" or "tcp"): UCX_TLS is limited to it, and the peer must report that it travels on it.
+ * kvx's settings for that transport must have been applied in the form this UCX accepts (kvx
+ * logs each one at debug level, and warns when UCX reports one unused).
  */
 #include "harness.h"
 
+#include <pthread.h>
 #include <string.h>
+
+static char applied[4096];
+static bool ignored;
+static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void capture(void *arg, int level, const char *msg)
+{
+    const char *p;
+    (void)arg;
+    (void)level;
+    pthread_mutex_lock(&log_lock);
+    if (strstr(msg, "ignored kvx's setting") != NULL) {
+        ignored = true;
+        fprintf(stderr, "%s\n", msg);
+    }
+    /* "ucx 1.13.1: TX_SEG_SIZE=60k" */
+    if ((p = strstr(msg, "] ucx ")) != NULL && strchr(p, '=') != NULL &&
+        strlen(applied) + strlen(p) + 2 < sizeof(applied)) {
+        strcat(applied, p + 2);
+        strcat(applied, "\n");
+    }
+    pthread_mutex_unlock(&log_lock);
+}
 
 static void run(uint64_t block_len, uint64_t num_blocks, const char *want_tl, uint64_t round)
 {
@@ -79,17 +105,25 @@ static void run(uint64_t block_len, uint64_t num_blocks, const char *want_tl, ui
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "shm";
-    const char *want;
+    const char *want, *setting;
 
     if (strcmp(mode, "tcp") == 0) {
         setenv("UCX_TLS", "tcp", 1);
         want = "tcp";
+        setting = "TX_SEG_SIZE=60k"; /* TCP_TX_SEG_SIZE on UCX 1.19 */
     } else {
         setenv("UCX_TLS", "sm", 1);
-        want = "sysv"; /* UCX 1.13 puts active messages on sysv first, posix beside it */
+        want = "sysv"; /* UCX puts active messages on sysv first, posix beside it */
+        setting = "MM_SEG_SIZE=32k";
     }
+    kvx_log_set(capture, NULL, KVX_LOG_DEBUG);
     run(4096, 1024, want, 1);
+    kvx_log_set(NULL, NULL, KVX_LOG_OFF);
     run(65536, 256, want, 2);
     run(1 << 20, 64, want, 3);
+    kt_log("settings applied:\n%s", applied);
+    KT_CHECK(strstr(applied, setting) != NULL);
+    KT_CHECK(strstr(applied, "KEEPALIVE_INTERVAL=1000ms") != NULL);
+    KT_CHECK(!ignored);
     return 0;
 }
