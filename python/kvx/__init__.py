@@ -9,9 +9,11 @@ then the dynamic linker's path.
 """
 
 from ._lib import load as _load
-from .transport import KvxError, KvxTransport, PollResult, config_fingerprint
+from .transport import (KvxError, KvxTransport, PeerUnreachableError, PollResult,
+                        config_fingerprint)
 
-__all__ = ["KvxTransport", "PollResult", "KvxError", "config_fingerprint", "version"]
+__all__ = ["KvxTransport", "PollResult", "KvxError", "PeerUnreachableError", "config_fingerprint",
+           "version"]
 
 
 def version() -> str:

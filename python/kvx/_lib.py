@@ -15,6 +15,10 @@ PARAM_BACKENDS = 1 << 3
 PARAM_NUM_THREADS = 1 << 4
 PARAM_DEADLINE = 1 << 5
 PARAM_KEEPALIVE = 1 << 6
+PARAM_LOG = 1 << 7
+PARAM_STALL = 1 << 8
+MS_MAX = 10**12
+PEER_REMOVE_PURGE = 1 << 0
 PEER_PARAM_EXPECT_REGION = 1 << 0
 PEER_ATTR_AGENT_NAME = 1 << 0
 PEER_ATTR_TRANSPORT = 1 << 1
@@ -53,6 +57,7 @@ class Params(ctypes.Structure):
         ("log_fn", LOG_FN),
         ("log_arg", ctypes.c_void_p),
         ("log_level", ctypes.c_int),
+        ("stall_ms", ctypes.c_uint64),
     ]
 
 
@@ -164,6 +169,7 @@ def _declare(lib):
         "kvx_peer_add": (ctypes.c_int, [t, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t,
                                         ctypes.POINTER(PeerParams)]),
         "kvx_peer_remove": (ctypes.c_int, [t, ctypes.c_char_p]),
+        "kvx_peer_remove_ex": (ctypes.c_int, [t, ctypes.c_char_p, ctypes.c_uint]),
         "kvx_peer_query": (ctypes.c_int, [t, ctypes.c_char_p, ctypes.POINTER(PeerAttr)]),
         "kvx_xfer_write": (ctypes.c_int, [t, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p,
                                           ctypes.c_size_t, ctypes.POINTER(XferParams),

@@ -4,14 +4,17 @@ It has the constructor shape and the methods of the NIXL-based transport it repl
 follows the transport contract: None (never an exception) from write_blocks/read_blocks when a
 transfer cannot be submitted, ValueError from add_remote_peer for incompatible peers, per-peer
 poll isolation, honest cancel, idempotent close, and a clear exception for use after close.
+Every method may be called from any number of threads at once.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import errno
 import hashlib
 import json
+import threading
 from array import array
 from collections.abc import Iterable
 from typing import Any, NamedTuple, Optional
@@ -33,7 +36,8 @@ except Exception:  # pragma: no cover - depends on the environment
         failed: Any
 
 
-# Returned by poll() whenever nothing finished: the steady state allocates nothing.
+# Returned by poll() whenever nothing finished: the steady state allocates nothing. done and
+# failed are always tuples.
 _EMPTY_POLL_RESULT = PollResult(done=(), failed=())
 
 _POLL_BATCH = 256
@@ -51,6 +55,16 @@ class KvxError(RuntimeError):
     def __init__(self, what: str, rc: int):
         super().__init__(f"{what}: {_lib.strerror(rc)} ({rc})")
         self.errno = -rc
+
+
+class PeerUnreachableError(ConnectionError, ValueError):
+    """add_remote_peer could not reach the peer (its process is gone, the address does not
+    answer). It is a ConnectionError and, since a serving engine's session layer rejects a peer
+    on ValueError, a ValueError too."""
+
+
+def _closed_error() -> RuntimeError:
+    return RuntimeError("KvxTransport is closed")
 
 
 def config_fingerprint(config_fields: Optional[dict]) -> str:
@@ -107,10 +121,18 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
     """Registers one region (a 2-D memoryview, num_blocks x block_len bytes) with kvx and moves
     blocks of it to and from peers.
 
-    Threading: every method may be called from any thread; kvx serializes them. A background
-    progress thread (num_threads > 0) lets peers write into and read from this region while this
-    process never calls kvx. num_threads > 1 is accepted and runs one thread: UCX drives one
-    worker per transport.
+    Threading: every method may be called from any number of threads at once: each call has its
+    own buffers, and kvx serializes what must be. A slow peer in add_remote_peer or
+    remove_remote_peer holds up no other call. close() may be called while other threads are
+    inside methods: those calls (a wait() or poll() asleep, a write_blocks() in progress) return
+    as if they had been made after close(): RuntimeError("KvxTransport is closed"), or None from
+    write_blocks/read_blocks. A background progress thread (num_threads > 0) lets peers write
+    into and read from this region while this process never calls kvx. num_threads > 1 is
+    accepted and runs one thread: UCX drives one worker per transport.
+
+    Unavailable (UCX could not start, or libkvx is missing; available is False): write_blocks and
+    read_blocks return None, poll returns the empty result, every other method raises
+    RuntimeError saying why (add_remote_peer_async: a Future holding it).
     """
 
     def __init__(
@@ -133,9 +155,11 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
         self._num_threads = num_threads
         self._agent_name = agent_name
         self._handle: Optional[int] = None
+        self._lib = None
         self._closed = False
-        self._comps = (_lib.Completion * _POLL_BATCH)()
-        self._id = ctypes.c_uint64()
+        self._tls = threading.local()  # each thread's id and completion buffers
+        self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        self._executor_lock = threading.Lock()
         if _Base is not object:
             try:
                 super().__init__(view, config_fields=config_fields)
@@ -179,6 +203,9 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
             p.field_mask |= _lib.PARAM_AGENT_NAME
             p.agent_name = str(self._agent_name).encode()
         if deadline_ms is not None:
+            if not 0 <= int(deadline_ms) <= _lib.MS_MAX:
+                raise ValueError(f"KvxTransport: deadline_ms must be 0..{_lib.MS_MAX}, "
+                                 f"not {deadline_ms}")
             p.field_mask |= _lib.PARAM_DEADLINE
             p.deadline_ms = int(deadline_ms)
         h = ctypes.c_void_p()
@@ -216,29 +243,50 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
 
     def _h(self) -> int:
         if self._closed:
-            raise RuntimeError("KvxTransport is closed")
+            raise _closed_error()
         if self._handle is None:
             raise RuntimeError("KvxTransport is not available: " +
                                (_lib.load_error() or "UCX could not start"))
         return self._handle
+
+    def _check(self, what: str, rc: int) -> int:
+        """rc, or the exception for a failed call (-ESHUTDOWN: close() overlapped it)."""
+        if rc >= 0:
+            return rc
+        if rc == -errno.ESHUTDOWN:
+            raise _closed_error()
+        raise KvxError(what, rc)
+
+    def _buffers(self):
+        """This thread's id cell and completion array: calls on other threads never share
+        them (ctypes releases the GIL during each C call)."""
+        tls = self._tls
+        try:
+            return tls.id, tls.comps
+        except AttributeError:
+            tls.id = ctypes.c_uint64()
+            tls.comps = (_lib.Completion * _POLL_BATCH)()
+            return tls.id, tls.comps
 
     # ---- metadata and peers ----------------------------------------------------------------
 
     def get_agent_metadata(self) -> bytes:
         h = self._h()
         n = ctypes.c_size_t(0)
-        self._lib.kvx_transport_metadata(h, None, ctypes.byref(n))
+        rc = self._lib.kvx_transport_metadata(h, None, ctypes.byref(n))
+        if rc != -errno.ENOSPC:
+            self._check("get_agent_metadata", rc)
         buf = ctypes.create_string_buffer(n.value)
-        rc = self._lib.kvx_transport_metadata(h, buf, ctypes.byref(n))
-        if rc < 0:
-            raise KvxError("get_agent_metadata", rc)
+        self._check("get_agent_metadata", self._lib.kvx_transport_metadata(h, buf, ctypes.byref(n)))
         return buf.raw[: n.value]
 
     def add_remote_peer(self, peer_id: str, agent_metadata: bytes, base_addr: int,
                         num_blocks: int, block_len: int) -> None:
         """Connect to a peer. ValueError when the peer is incompatible (block length,
         fingerprint), the metadata is malformed or our own, or disagrees with the arguments;
-        ConnectionError when it cannot be reached. On error nothing changes."""
+        PeerUnreachableError (a ConnectionError and a ValueError) when it cannot be reached, for
+        instance because its process is gone. On error nothing changes. Waits up to 200 ms for
+        the peer to answer, without holding up other calls."""
         h = self._h()
         md = bytes(agent_metadata)
         pp = _lib.PeerParams(_lib.PEER_PARAM_EXPECT_REGION, int(base_addr) & (2**64 - 1),
@@ -246,22 +294,54 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
         rc = self._lib.kvx_peer_add(h, str(peer_id).encode(), md, len(md), ctypes.byref(pp))
         if rc == 0:
             return
+        if rc == -errno.ESHUTDOWN:
+            raise _closed_error()
         if -rc in _VALUE_ERRORS:
             raise ValueError(f"add_remote_peer({peer_id!r}): {_lib.strerror(rc)}")
-        raise ConnectionError(-rc, f"add_remote_peer({peer_id!r}): {_lib.strerror(rc)}")
+        raise PeerUnreachableError(-rc, f"add_remote_peer({peer_id!r}): {_lib.strerror(rc)}")
+
+    def add_remote_peer_async(self, peer_id: str, agent_metadata: bytes, base_addr: int,
+                              num_blocks: int, block_len: int) -> concurrent.futures.Future:
+        """add_remote_peer on a worker thread of this transport: returns a
+        concurrent.futures.Future whose result() is None or raises what add_remote_peer would.
+        Other calls, and other adds, go on meanwhile."""
+        if self._handle is None or self._closed:
+            f: concurrent.futures.Future = concurrent.futures.Future()
+            try:
+                self._h()
+            except RuntimeError as e:
+                f.set_exception(e)
+            return f
+        with self._executor_lock:
+            if self._executor is None:
+                self._executor = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=4, thread_name_prefix="kvx-add-peer")
+            try:
+                return self._executor.submit(self.add_remote_peer, peer_id, agent_metadata,
+                                             base_addr, num_blocks, block_len)
+            except RuntimeError:  # the executor was shut down by close()
+                f = concurrent.futures.Future()
+                f.set_exception(_closed_error())
+                return f
 
     def remove_remote_peer(self, peer_id: str) -> None:
-        """Fail the peer's transfers in flight (they come out of the next poll as failed) and
-        release its connection. Unknown peer: nothing happens."""
-        rc = self._lib.kvx_peer_remove(self._h(), str(peer_id).encode())
-        if rc < 0:
-            raise KvxError("remove_remote_peer", rc)
+        """Release the peer's connection and purge its transfers: their ids never come out of
+        poll (finished ones not yet polled included), as the seed's transport does; cancel
+        them first to learn their fate. Bytes of a purged transfer may still be moving until
+        the connection has closed (a purged read's local blocks, a purged write's remote
+        blocks). Unknown peer: nothing happens. Other calls go on meanwhile."""
+        h = self._h()
+        self._check("remove_remote_peer",
+                    self._lib.kvx_peer_remove_ex(h, str(peer_id).encode(), _lib.PEER_REMOVE_PURGE))
 
     def peer_info(self, peer_id: str) -> Optional[dict]:
         """Transport in use, state and counters of a peer; None if unknown."""
+        h = self._h()
         a = _lib.PeerAttr()
         a.field_mask = _lib.PEER_ATTR_ALL
-        rc = self._lib.kvx_peer_query(self._h(), str(peer_id).encode(), ctypes.byref(a))
+        rc = self._lib.kvx_peer_query(h, str(peer_id).encode(), ctypes.byref(a))
+        if rc == -errno.ESHUTDOWN:
+            raise _closed_error()
         if rc < 0:
             return None
         return {
@@ -284,49 +364,67 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
 
     # ---- transfers -------------------------------------------------------------------------
 
-    def _submit(self, fn, peer_id, local_idxs, remote_idxs, deadline_ms) -> Optional[int]:
-        h = self._h()
+    def _submit(self, write, peer_id, local_idxs, remote_idxs, deadline_ms) -> Optional[int]:
+        h = self._handle
+        if h is None or self._closed:
+            if self._closed:
+                raise _closed_error()
+            return None  # unavailable
         loc = _index_array(local_idxs)
         rem = _index_array(remote_idxs)
         if loc is None or rem is None or loc[1] != rem[1]:
             return None
         params = None
         if deadline_ms is not None:
-            params = ctypes.byref(_lib.XferParams(_lib.XFER_PARAM_DEADLINE, int(deadline_ms)))
-        rc = fn(h, str(peer_id).encode(), loc[0], rem[0], loc[1], params,
-                ctypes.byref(self._id))
-        return None if rc < 0 else self._id.value
+            try:
+                params = ctypes.byref(_lib.XferParams(_lib.XFER_PARAM_DEADLINE, int(deadline_ms)))
+            except (TypeError, ValueError, OverflowError):
+                return None
+        try:
+            idp = self._tls.id
+        except AttributeError:
+            idp = self._buffers()[0]
+        fn = self._lib.kvx_xfer_write if write else self._lib.kvx_xfer_read
+        rc = fn(h, str(peer_id).encode(), loc[0], rem[0], loc[1], params, ctypes.byref(idp))
+        return None if rc < 0 else idp.value
 
     def write_blocks(self, peer_id: str, local_idxs, remote_idxs,
                      deadline_ms: Optional[int] = None) -> Optional[int]:
         """Submit a write of local_idxs[i] into the peer's remote_idxs[i]. Returns a transfer id
         that poll() reports once, or None when the peer is unknown or failed, the lists differ
-        in length, an index is out of range, or submission fails. Never blocks, never raises for
-        a dead peer."""
-        return self._submit(self._lib.kvx_xfer_write, peer_id, local_idxs, remote_idxs,
-                            deadline_ms)
+        in length, an index is out of range, deadline_ms is out of 0..10**12, submission fails,
+        or the transport is unavailable. Never blocks, never raises for a dead peer."""
+        return self._submit(True, peer_id, local_idxs, remote_idxs, deadline_ms)
 
     def read_blocks(self, peer_id: str, local_idxs, remote_idxs,
                     deadline_ms: Optional[int] = None) -> Optional[int]:
         """Submit a read of the peer's remote_idxs[i] into local_idxs[i]; as write_blocks."""
-        return self._submit(self._lib.kvx_xfer_read, peer_id, local_idxs, remote_idxs,
-                            deadline_ms)
+        return self._submit(False, peer_id, local_idxs, remote_idxs, deadline_ms)
 
     def poll(self, peer_id: Optional[str] = None) -> PollResult:
-        """Drive progress; return the ids that finished since the last poll, each once. With a
-        peer_id, only that peer's transfers, leaving the others' for their own polls; None takes
-        them all (shutdown drain)."""
-        h = self._h()
+        """Drive progress; return the ids that finished since the last poll, each once, as
+        PollResult(done, failed) of two tuples. With a peer_id, only that peer's transfers,
+        leaving the others' for their own polls; None takes them all (shutdown drain). Each id
+        is returned to exactly one caller, whichever thread polls."""
+        h = self._handle
+        if h is None or self._closed:
+            if self._closed:
+                raise _closed_error()
+            return _EMPTY_POLL_RESULT  # unavailable
         pid = None if peer_id is None else str(peer_id).encode()
+        try:
+            comps = self._tls.comps
+        except AttributeError:
+            comps = self._buffers()[1]
         done = failed = None
         while True:
-            n = self._lib.kvx_transport_poll(h, pid, self._comps, _POLL_BATCH)
+            n = self._lib.kvx_transport_poll(h, pid, comps, _POLL_BATCH)
             if n <= 0:
                 if n < 0:
-                    raise KvxError("poll", n)
+                    self._check("poll", n)
                 break
             for i in range(n):
-                c = self._comps[i]
+                c = comps[i]
                 if c.status == 0:
                     if done is None:
                         done = []
@@ -339,18 +437,17 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
                 break
         if done is None and failed is None:
             return _EMPTY_POLL_RESULT
-        return PollResult(done=done if done is not None else _EMPTY_POLL_RESULT.done,
-                          failed=failed if failed is not None else _EMPTY_POLL_RESULT.failed)
+        return PollResult(done=tuple(done) if done is not None else (),
+                          failed=tuple(failed) if failed is not None else ())
 
     def wait(self, peer_id: Optional[str] = None, timeout: Optional[float] = None) -> bool:
         """Sleep until poll(peer_id) has something to return (True) or timeout seconds pass
-        (False), driving progress meanwhile."""
-        ms = -1 if timeout is None else max(0, int(timeout * 1000))
+        (False), driving progress meanwhile. close() from another thread ends the wait with
+        RuntimeError("KvxTransport is closed")."""
+        h = self._h()
+        ms = -1 if timeout is None else min(max(0, int(timeout * 1000)), 2**31 - 1)
         pid = None if peer_id is None else str(peer_id).encode()
-        rc = self._lib.kvx_transport_wait(self._h(), pid, ms)
-        if rc < 0:
-            raise KvxError("wait", rc)
-        return rc > 0
+        return self._check("wait", self._lib.kvx_transport_wait(h, pid, ms)) > 0
 
     def cancel(self, transfer_ids: Iterable[int], mode: str = "immediate") -> list:
         """Best effort. "immediate": stop tracking the ids now (they never come out of poll);
@@ -366,24 +463,26 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
             return []
         buf = (ctypes.c_uint64 * n).from_buffer(ids)
         pending = (ctypes.c_uint64 * n)()
-        rc = self._lib.kvx_xfer_cancel(h, buf, n,
-                                       _lib.CANCEL_WAIT if mode == "wait" else _lib.CANCEL_IMMEDIATE,
-                                       pending)
-        if rc < 0:
-            raise KvxError("cancel", rc)
+        rc = self._check("cancel", self._lib.kvx_xfer_cancel(
+            h, buf, n, _lib.CANCEL_WAIT if mode == "wait" else _lib.CANCEL_IMMEDIATE, pending))
         return list(pending[:rc])
 
     # ---- lifecycle -------------------------------------------------------------------------
 
     def close(self) -> None:
         """Fail and release everything, remove all peers, deregister the region. Idempotent.
-        Any later call raises RuntimeError."""
+        Any later call raises RuntimeError; calls other threads are making meanwhile end as
+        the class docstring says. When it returns, kvx no longer touches the region."""
         if self._closed:
             return
         self._closed = True
+        with self._executor_lock:
+            if self._executor is not None:
+                self._executor.shutdown(wait=False, cancel_futures=True)
         if self._handle is not None:
-            self._lib.kvx_transport_destroy(self._handle)
-            self._handle = None
+            # The handle itself is freed only when this object is (__del__): another thread may
+            # still be about to pass it to libkvx, which then answers -ESHUTDOWN.
+            self._lib.kvx_transport_close(self._handle)
         # drop our hold on the caller's buffer, so that it can be released (an mmap closed)
         self._region = None
         self._view = None
@@ -391,6 +490,9 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
     def __del__(self):
         try:
             self.close()
+            if self._handle is not None:
+                self._lib.kvx_transport_destroy(self._handle)
+                self._handle = None
         except Exception:
             pass
 

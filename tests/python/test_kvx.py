@@ -5,6 +5,7 @@ byte for byte.
 Run: PYTHONPATH=python /usr/bin/python3 -m pytest tests/python   (or -m unittest)
 """
 
+import concurrent.futures
 import errno
 import hashlib
 import json
@@ -13,9 +14,12 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
 import time
 import unittest
 from array import array
+
+import numpy as np  # Debian's python3-numpy: the NumPy index paths are part of the contract
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kvx  # noqa: E402
@@ -155,15 +159,31 @@ class TestOffline(unittest.TestCase):
                              backends=["UCX", "GDS"])
 
     def test_unavailable_when_ucx_cannot_start(self):
+        """Every public method of an unavailable transport does what its docstring says."""
         os.environ["UCX_TLS"] = "no-such-transport"
         try:
             t = kvx.KvxTransport("nodev", memoryview(bytearray(8192)).cast("B", (2, 4096)))
         finally:
             del os.environ["UCX_TLS"]
         self.assertFalse(t.available)
-        with self.assertRaisesRegex(RuntimeError, "not available"):
-            t.get_agent_metadata()
+        self.assertEqual((t.num_blocks, t.block_len, t.config_fingerprint), (2, 4096, ""))
+        self.assertIsInstance(t.base_addr, int)
+        self.assertIsNone(t.write_blocks("p", [0], [0]))
+        self.assertIsNone(t.read_blocks("p", [0], [0]))
+        self.assertIs(t.poll(), t.poll())
+        self.assertEqual(t.poll("p"), kvx.PollResult((), ()))
+        for call in (t.get_agent_metadata,
+                     lambda: t.add_remote_peer("p", b"x" * 64, 1, 2, 4096),
+                     lambda: t.remove_remote_peer("p"), lambda: t.peer_info("p"),
+                     lambda: t.wait(None, 0.01), lambda: t.cancel([1], "wait"),
+                     lambda: t.add_remote_peer_async("p", b"x", 1, 2, 4096).result(5)):
+            with self.assertRaisesRegex(RuntimeError, "not available"):
+                call()
+        self.assertIn("unavailable", repr(t))
         t.close()
+        t.close()
+        with self.assertRaisesRegex(RuntimeError, "closed"):
+            t.write_blocks("p", [0], [0])
 
     def test_properties_close_and_use_after_close(self):
         loc = Local("props", 8, 4096, {"x": 1}, num_threads=0)
@@ -239,13 +259,9 @@ class TestWithPeers(unittest.TestCase):
 
     def test_index_types(self):
         kinds = [[3, 4, 5], array("i", [3, 4, 5]), array("I", [3, 4, 5]),
-                 memoryview(array("i", [3, 4, 5])), (3, 4, 5), range(3, 6)]
-        try:
-            import numpy as np
-            kinds += [np.array([3, 4, 5], np.int32), np.array([3, 4, 5], np.uint32),
-                      np.array([3, 4, 5], np.int64), np.array([9, 3, 8, 4, 7, 5], np.int32)[1::2]]
-        except ImportError:
-            pass
+                 memoryview(array("i", [3, 4, 5])), (3, 4, 5), range(3, 6),
+                 np.array([3, 4, 5], np.int32), np.array([3, 4, 5], np.uint32),
+                 np.array([3, 4, 5], np.int64), np.array([9, 3, 8, 4, 7, 5], np.int32)[1::2]]
         for k in kinds:
             tid = self.t.write_blocks("A", k, [10, 11, 12])
             self.assertIsNotNone(tid, f"{type(k)}")
@@ -314,11 +330,24 @@ class TestWithPeers(unittest.TestCase):
         self.assertEqual(sorted(done_a), sorted(ids_a))
         self.assertEqual(failed_a, [])
         self.assertIs(self.t.poll("A"), self.t.poll("A"))
+        # poll always returns tuples, empty or not
+        tid = self.t.write_blocks("A", [1], [1])
+        r = kvx.PollResult((), ())
+        while not r.done:
+            r = self.t.poll("A")
+            self.assertIs(type(r.done), tuple)
+            self.assertIs(type(r.failed), tuple)
+        self.assertEqual(r.done, (tid,))
         done_b, _ = poll_until(self.t, 20, None)
         self.assertEqual(sorted(done_b), sorted(ids_b))
         self.assertEqual(self.t.poll(), kvx.PollResult((), ()))
 
-    def test_remove_fails_only_that_peers_transfers(self):
+    def test_remove_purges_only_that_peers_transfers(self):
+        """As the seed's transport (and the serving engine's own test of it): after
+        remove_remote_peer(p), poll(p) never returns p's in-flight ids; other peers are not
+        touched."""
+        done_a = self.t.write_blocks("A", [100], [100])  # finished, never polled
+        time.sleep(0.1)
         self.a.stop()
         ids_a = [self.t.write_blocks("A", list(range(i * 16, i * 16 + 16)), list(range(16)))
                  for i in range(4)]
@@ -328,12 +357,15 @@ class TestWithPeers(unittest.TestCase):
         self.t.remove_remote_peer("A")
         self.t.remove_remote_peer("A")  # unknown now: no-op
         self.assertIsNone(self.t.write_blocks("A", [0], [0]))
-        done, failed = poll_until(self.t, 4, "A", timeout=2)
-        self.assertEqual((done, sorted(failed)), ([], sorted(ids_a)))
+        self.assertIsNone(self.t.peer_info("A"))
+        self.a.cont()
+        time.sleep(0.3)
+        self.assertEqual(self.t.poll("A"), kvx.PollResult((), ()))
         done, failed = poll_until(self.t, 4, "B")
         self.assertEqual((sorted(done), failed), (sorted(ids_b), []))
+        self.assertEqual(self.t.poll(), kvx.PollResult((), ()))  # none of A's, ever
+        self.assertFalse({done_a, *ids_a} & set(done))
         self.assertEqual(self.b.verify(list(range(16)), list(range(48, 64)), SALT, 0), [])
-        self.a.cont()
 
     def test_readding_replaces_the_connection(self):
         self.a.stop()
@@ -371,7 +403,8 @@ class TestWithPeers(unittest.TestCase):
         self.assertIs(self.t.poll("A"), self.t.poll("A"))  # nothing finishes while A is stopped
         self.a.cont()
         done, failed = poll_until(self.t, len(pending), "A")
-        self.assertEqual(sorted(done + failed), sorted(pending))
+        # each pending id comes out once, as failed (canceled), never as done
+        self.assertEqual((done, sorted(failed)), ([], sorted(pending)))
         time.sleep(0.1)
         self.assertIs(self.t.poll(), self.t.poll())  # the others never come out
 
@@ -415,6 +448,161 @@ class TestWithPeers(unittest.TestCase):
             t1.remove_remote_peer("engine-2")
         finally:
             peer.close()
+
+
+class TestThreads(unittest.TestCase):
+    """Many threads on one transport, and close() while others are inside it."""
+
+    BL = 4096
+    NB = 1024
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tg = Target("mt-target", num_blocks=cls.NB, block_len=cls.BL, salt=3)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tg.quit()
+
+    def test_submitters_and_pollers(self):
+        """4 threads submit 2,500 writes each while 2 threads poll: every id is returned to
+        exactly one submitter and reported exactly once, to one poller, as done; every block
+        lands intact."""
+        loc = Local("mt-initiator", self.NB, self.BL)
+        t = loc.t
+        self.tg.add_to(t, "T")
+        per_thread, nthreads = 2500, 4
+        submitted = [[] for _ in range(nthreads)]
+        polled = [[] for _ in range(2)]
+        failed_seen = []
+        stop = threading.Event()
+        errors = []
+
+        def submitter(k):
+            try:
+                for i in range(per_thread):
+                    blk = k * (self.NB // nthreads) + i % (self.NB // nthreads)
+                    while True:
+                        tid = t.write_blocks("T", [blk], [blk])
+                        if tid is not None:
+                            break
+                        time.sleep(0.0005)  # too many in flight: let the pollers drain
+                    submitted[k].append(tid)
+            except Exception as e:  # pragma: no cover - reported below
+                errors.append(e)
+
+        def poller(k):
+            try:
+                while not stop.is_set():
+                    r = t.poll("T" if k == 0 else None)
+                    polled[k].extend(r.done)
+                    failed_seen.extend(r.failed)
+                    if not r.done and not r.failed:
+                        time.sleep(0.0001)
+            except Exception as e:  # pragma: no cover
+                errors.append(e)
+
+        threads = [threading.Thread(target=submitter, args=(k,)) for k in range(nthreads)]
+        pollers = [threading.Thread(target=poller, args=(k,)) for k in range(2)]
+        for th in threads + pollers:
+            th.start()
+        for th in threads:
+            th.join()
+        total = per_thread * nthreads
+        end = time.time() + 30
+        while sum(map(len, polled)) + len(failed_seen) < total and time.time() < end:
+            time.sleep(0.01)
+        stop.set()
+        for th in pollers:
+            th.join()
+        self.assertEqual(errors, [])
+        ids = [i for lst in submitted for i in lst]
+        self.assertEqual(len(ids), total)
+        self.assertEqual(len(set(ids)), total, "an id was returned to more than one submitter")
+        got = polled[0] + polled[1]
+        self.assertEqual(failed_seen, [])
+        self.assertEqual(len(got), total, "completions lost or reported twice")
+        self.assertEqual(set(got), set(ids))
+        self.assertEqual(self.tg.verify(list(range(self.NB)), list(range(self.NB)), SALT, 0), [])
+        loc.close()
+
+    def test_close_while_others_wait_and_poll(self):
+        """close() from one thread while another sleeps in wait() and a third polls in a loop:
+        both end with RuntimeError("KvxTransport is closed"), nothing crashes, and later calls
+        raise the same."""
+        loc = Local("mt-closer", 16, self.BL)
+        t = loc.t
+        self.tg.add_to(t, "T")
+        outcome = {}
+
+        def waiter():
+            try:
+                outcome["wait"] = t.wait("nobody", None)  # nothing will ever come
+            except RuntimeError as e:
+                outcome["wait"] = e
+
+        def poller():
+            try:
+                while True:
+                    t.poll()
+                    t.write_blocks("T", [1], [1])
+            except RuntimeError as e:
+                outcome["poll"] = e
+
+        threads = [threading.Thread(target=waiter), threading.Thread(target=poller)]
+        for th in threads:
+            th.start()
+        time.sleep(0.3)
+        t.close()
+        for th in threads:
+            th.join(10)
+            self.assertFalse(th.is_alive(), "a thread is still inside the closed transport")
+        for k in ("wait", "poll"):
+            self.assertIsInstance(outcome[k], RuntimeError, k)
+            self.assertIn("closed", str(outcome[k]))
+        with self.assertRaisesRegex(RuntimeError, "closed"):
+            t.wait(None, 0)
+        loc.region.close()
+
+    def test_add_remote_peer_async(self):
+        """add_remote_peer_async returns a Future; while an add to a stopped peer waits for its
+        answer, other calls and other adds go on."""
+        loc = Local("mt-async", 16, self.BL)
+        t = loc.t
+        stopped = Target("mt-stopped", num_blocks=16, block_len=self.BL)
+        try:
+            stopped.stop()
+            f1 = t.add_remote_peer_async("S", stopped.md, stopped.base, 16, self.BL)
+            self.assertIsInstance(f1, concurrent.futures.Future)
+            t0 = time.time()
+            f2 = t.add_remote_peer_async("T", self.tg.md, self.tg.base, self.NB, self.BL)
+            self.assertIsNone(f2.result(5))
+            tid = t.write_blocks("T", [3], [700])
+            self.assertEqual(poll_until(t, 1, "T"), ([tid], []))
+            self.assertLess(time.time() - t0, 5)
+            self.assertIsNone(f1.result(5))  # a stopped peer is added; it answers later
+            bad = t.add_remote_peer_async("X", b"junk" * 30, 1, 16, self.BL)
+            with self.assertRaises(ValueError):
+                bad.result(5)
+            stopped.cont()
+            self.assertEqual(self.tg.verify([700], [3], SALT, 0), [])
+        finally:
+            stopped.cont()
+            loc.close()
+            stopped.quit()
+
+    def test_unreachable_peer_is_connection_and_value_error(self):
+        gone = Target("mt-gone", num_blocks=16, block_len=self.BL)
+        gone.quit()
+        loc = Local("mt-lonely", 16, self.BL)
+        try:
+            with self.assertRaises(kvx.PeerUnreachableError) as cm:
+                loc.t.add_remote_peer("G", gone.md, gone.base, 16, self.BL)
+            self.assertIsInstance(cm.exception, ConnectionError)
+            self.assertIsInstance(cm.exception, ValueError)
+            self.assertIsNone(loc.t.peer_info("G"))
+        finally:
+            loc.close()
 
 
 class TestTcp(unittest.TestCase):
