@@ -7,10 +7,11 @@ KVX_PACKAGES=(
   gcc make cmake pkg-config          # build
   clang-format                       # the committed .clang-format is checked
   libucx-dev ucx-utils               # UCX and its ucx_perftest (the reference in bench/compare)
-  python3 python3-pytest             # the Python binding and its tests
+  python3 python3-pytest python3-numpy  # the Python binding and its tests (NumPy index paths)
   iproute2 procps                    # network namespaces for the two-host tests
   clang libclang-rt-14-dev           # the libFuzzer harness
   valgrind                           # the leak check
+  autoconf automake libtool g++      # building UCX 1.19.1 from source (kvx_ucx119)
 )
 
 kvx_missing_packages() {
@@ -51,6 +52,44 @@ kvx_build() {
     return 1
   fi
   rm -f "$log"
+}
+
+# UCX 1.19.1 (what current NIXL deployments run) built from its source tarball into a cache
+# outside the clone, reused while the tarball is the same. Prints the install prefix, or nothing
+# when the tarball is not found. The tarball: $KVX_UCX119_TARBALL, or ucx-1.19.1.tar.gz in
+# ../shared/third_party beside the clone (or /work/shared/third_party).
+kvx_ucx119() {
+  local tarball="" c cache prefix stamp sum src log
+  for c in "${KVX_UCX119_TARBALL:-}" "$KVX_ROOT/../shared/third_party/ucx-1.19.1.tar.gz" \
+           /work/shared/third_party/ucx-1.19.1.tar.gz; do
+    if [ -n "$c" ] && [ -f "$c" ]; then tarball=$c; break; fi
+  done
+  [ -n "$tarball" ] || return 0
+  cache=${KVX_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kvx}
+  prefix=$cache/ucx-1.19.1
+  stamp=$prefix/.kvx-source-sha256
+  sum=$(sha256sum "$tarball" | cut -d' ' -f1)
+  if [ -f "$prefix/lib/pkgconfig/ucx.pc" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$sum" ]; then
+    echo "$prefix"
+    return 0
+  fi
+  echo "kvx: building UCX 1.19.1 into $prefix (about 5 minutes, once)" >&2
+  mkdir -p "$cache"
+  src=$(mktemp -d "$cache/src.XXXXXX")
+  log=$src.log
+  rm -rf "$prefix"
+  if ! (tar -xzf "$tarball" -C "$src" --strip-components=1 && cd "$src" && ./autogen.sh &&
+        ./contrib/configure-release --prefix="$prefix" --enable-mt --without-cuda --without-rocm \
+          --without-java --without-go --disable-doxygen-doc &&
+        make -j "$(nproc)" && make install) >"$log" 2>&1; then
+    tail -40 "$log" >&2
+    echo "kvx: building UCX 1.19.1 failed (log: $log)" >&2
+    rm -rf "$src" "$prefix"
+    return 1
+  fi
+  echo "$sum" >"$stamp"
+  rm -rf "$src" "$log"
+  echo "$prefix"
 }
 
 KVX_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
