@@ -266,9 +266,12 @@ typedef struct kvx_peer_params {
  *   -EEXIST           the metadata is this transport's own (same agent name)
  *   -EHOSTUNREACH, -ECONNREFUSED, ...  UCX could not reach the peer
  * On any error nothing changes: an existing peer of that id keeps its connection.
- * If peer_id already names a peer, that peer is replaced: before the call returns, its old
- * connection is closed and its transfers in flight fail with -ECONNABORTED (they come out of
- * poll under the same peer_id). Cost does not depend on num_blocks.
+ * If peer_id already names a peer, that peer is replaced: the new connection is installed (a
+ * write submitted meanwhile goes to one or the other), then the call waits (up to 2 s, lock
+ * released) for the old connection to close: its transfers in flight fail with -ECONNABORTED
+ * (they come out of poll under the same peer_id). Adds and removes of one peer id take effect
+ * in the order they were called. If the transport is closed while the call waits for the
+ * wire-up, it returns -ESHUTDOWN. Cost does not depend on num_blocks.
  * metadata and params need only stay valid during the call.
  */
 KVX_API int kvx_peer_add(kvx_transport_t *transport, const char *peer_id, const void *metadata,
@@ -278,8 +281,9 @@ KVX_API int kvx_peer_add(kvx_transport_t *transport, const char *peer_id, const 
  * Remove a peer: its transfers in flight fail with -ECONNABORTED (they come out of the next poll)
  * and its connection is released even if a step of the teardown fails. Other peers are not
  * touched. The call waits (up to 2 s, without holding up other calls) for that peer's connection
- * to close, so that its transfers have failed when it returns. Returns 1 if the peer existed, 0
- * if it did not (a no-op), or -EINVAL / -ESHUTDOWN.
+ * to close, so that its transfers have failed when it returns (a close of the transport ends
+ * that wait early). Returns 1 if the peer existed (it is removed), 0 if it did not (a no-op),
+ * or -EINVAL / -ESHUTDOWN.
  */
 KVX_API int kvx_peer_remove(kvx_transport_t *transport, const char *peer_id);
 

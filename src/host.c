@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -106,26 +107,27 @@ static bool kvx_host_same(const kvx_host_id_t *self, const kvx_host_id_t *peer)
            peer->pid_ns == self->pid_ns && peer->pid_ns != 0 && peer->pid != 0;
 }
 
-/* The process is the one the metadata names, and it has not exited. */
-static bool kvx_host_proc_alive(const kvx_host_id_t *peer)
+/* The process /proc shows: 1 alive and the one the metadata names, 0 gone (no such process, a
+ * zombie, or another process under a reused pid), -1 unknown (/proc does not show it to us,
+ * e.g. hidepid). */
+static int kvx_host_proc_state(const kvx_host_id_t *peer)
 {
     char state;
     uint64_t start;
 
     if (kvx_proc_stat((pid_t)peer->pid, &state, &start) < 0)
-        return false;
+        return kill((pid_t)peer->pid, 0) < 0 && errno == ESRCH ? 0 : -1;
     return start == peer->start_time && state != 'Z' && state != 'X' && state != 'x';
 }
 
 int kvx_host_watch(const kvx_host_id_t *self, const kvx_host_id_t *peer, int *pidfd_p)
 {
-    int fd;
+    int fd, st;
 
     *pidfd_p = -1;
     if (!kvx_host_same(self, peer))
         return 0;
-    if (!kvx_host_proc_alive(peer))
-        return -EHOSTUNREACH;
+        /* A pidfd first: it tells a gone process apart even where /proc hides other users'. */
 #ifdef SYS_pidfd_open
     fd = (int)syscall(SYS_pidfd_open, (pid_t)peer->pid, 0);
 #else
@@ -138,13 +140,17 @@ int kvx_host_watch(const kvx_host_id_t *self, const kvx_host_id_t *peer, int *pi
         close(fd);
         fd = -1;
     }
-    /* the pid could have been reused between the two looks: check it is still the same process */
-    if (!kvx_host_proc_alive(peer)) {
+    /* Is it the process the metadata names (a pid can be reused), and not exited? Where /proc
+     * cannot say, a pidfd still sees the exit; without either, UCX's keepalive is all there is. */
+    st = kvx_host_proc_state(peer);
+    if (st == 0 || (fd >= 0 && !kvx_host_alive(peer, fd))) {
         if (fd >= 0)
             close(fd);
         return -EHOSTUNREACH;
     }
-    *pidfd_p = fd; /* -1: pidfds denied here; kvx_host_alive falls back to /proc */
+    if (fd < 0 && st < 0)
+        return 0;
+    *pidfd_p = fd; /* -1: pidfds denied here (seccomp, old kernel, valgrind): /proc is read */
     return 1;
 }
 
@@ -152,8 +158,11 @@ bool kvx_host_alive(const kvx_host_id_t *peer, int pidfd)
 {
     if (pidfd >= 0) {
         struct pollfd p = {.fd = pidfd, .events = POLLIN};
+        int n;
         /* a pidfd turns readable when its process exits, before it is reaped */
-        return poll(&p, 1, 0) == 0;
+        while ((n = poll(&p, 1, 0)) < 0 && errno == EINTR)
+            ;
+        return n <= 0 || !(p.revents & POLLIN); /* an error says nothing: assume alive */
     }
-    return kvx_host_proc_alive(peer);
+    return kvx_host_proc_state(peer) != 0;
 }

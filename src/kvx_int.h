@@ -70,7 +70,8 @@ typedef struct kvx_run {
 
 /*
  * Life of a transfer:
- *   QUEUED   in conn->queue; runs [0, next_run) handed to UCX (none when next_run == 0)
+ *   QUEUED   in conn->queue; runs [0, next_run) and run_off bytes of the next one handed to UCX
+ *            (none when kvx_xfer_started is false)
  *   FLUSHING every run posted: in conn->flushing, waiting for the endpoint flush numbered
  *            flush_seq (0: none posted yet) whose completion means its bytes all landed
  *   FAILING  its connection is closing; reported when the close completes: in conn->failing
@@ -108,6 +109,7 @@ struct kvx_xfer {
     kvx_list_t active_link; /* t->active: every transfer not yet DONE, for deadlines */
     kvx_run_t *runs;
     uint32_t nruns, next_run, runs_cap;
+    uint64_t run_off; /* bytes of runs[next_run] already handed to UCX */
     int status;
     uint64_t flush_seq;
     uint64_t bytes;
@@ -175,6 +177,9 @@ struct kvx_peer {
     kvx_list_t ready_link; /* t->ready while cq is not empty */
     uint64_t nxfers;       /* transfers naming this peer that are not yet freed */
     uint64_t inflight;
+    /* Adds and removes of this id take turns in call order (they wait with the lock released):
+     * the call holding ticket turn_now runs, later ones wait. */
+    uint64_t turn_next, turn_now;
     /* counters */
     uint64_t bytes_written, bytes_read, xfers_done, xfers_failed, lat_sum_ns, lat_max_ns;
     char last_agent[KVX_NAME_MAX + 1];
@@ -193,6 +198,7 @@ struct kvx_transport {
     pthread_cond_t cond;     /* progress signals connection events to API calls waiting */
     atomic_int lock_waiters; /* API calls waiting for the lock: the progress thread yields */
     bool closed;             /* set when close begins: every later call returns -ESHUTDOWN */
+    bool close_done;         /* the teardown has finished (a second close waits for it) */
     unsigned busy;           /* API calls waiting on t->cond with the lock released */
     bool conn_event;         /* a connection was wired, failed or closed since the last signal */
 
@@ -339,6 +345,15 @@ void kvx_xfer_free(kvx_transport_t *t, kvx_xfer_t *x);
 kvx_xfer_t *kvx_xfer_lookup(kvx_transport_t *t, uint64_t id);
 void kvx_xfer_free_all(kvx_transport_t *t);
 void kvx_xfer_trim_pool(kvx_transport_t *t);
+
+/* How often stall and liveness checks run while transfers are in flight. */
+#define KVX_HOUSEKEEPING_NS 100000000ull
+
+/* Some of the transfer's bytes were handed to UCX. */
+static inline bool kvx_xfer_started(const kvx_xfer_t *x)
+{
+    return x->next_run > 0 || x->run_off > 0;
+}
 
 /* ---- progress (progress.c) ------------------------------------------------------------------ */
 

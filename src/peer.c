@@ -77,7 +77,7 @@ static void kvx_peer_unlink(kvx_transport_t *t, kvx_peer_t *p)
 /* A removed peer lives on while the application still has transfers of it to poll. */
 void kvx_peer_maybe_free(kvx_transport_t *t, kvx_peer_t *p)
 {
-    if (!p->removed || p->conn != NULL || p->nxfers != 0)
+    if (!p->removed || p->conn != NULL || p->nxfers != 0 || p->turn_now != p->turn_next)
         return;
     kvx_peer_unlink(t, p);
     free(p->id);
@@ -171,7 +171,7 @@ void kvx_conn_fail(kvx_conn_t *c, int err)
     kvx_info(c->t, "connection to %s closing: %s", c->agent_name, kvx_strerror(err));
     while (!kvx_list_empty(&c->queue)) {
         kvx_xfer_t *x = kvx_list_first(&c->queue, kvx_xfer_t, conn_link);
-        if (x->next_run == 0) {
+        if (!kvx_xfer_started(x)) {
             kvx_xfer_complete(x, err);
         } else {
             kvx_list_del(&x->conn_link);
@@ -275,6 +275,34 @@ static void kvx_conn_wait(kvx_conn_t *c, bool wait_wired, uint64_t until_ns)
         pthread_cond_broadcast(&t->cond); /* close waits for busy calls to leave */
 }
 
+/*
+ * Adds and removes of one peer id run one after the other, in call order, although they wait
+ * with the lock released: without this, a slow add of stale metadata that began first could
+ * install its connection after a quick add of fresh metadata, and win. Returns 0 when it is the
+ * caller's turn, or -ESHUTDOWN (the transport closes; the queue does not matter any more).
+ */
+static int kvx_peer_turn_begin(kvx_transport_t *t, kvx_peer_t *p)
+{
+    uint64_t ticket = p->turn_next++;
+
+    t->busy++;
+    while (p->turn_now != ticket && !t->closed)
+        kvx_progress_wait_event(t, kvx_now_ns() + 10000000ull);
+    t->busy--;
+    if (t->closed) {
+        pthread_cond_broadcast(&t->cond); /* close waits for busy calls to leave */
+        return -ESHUTDOWN;
+    }
+    return 0;
+}
+
+static void kvx_peer_turn_end(kvx_transport_t *t, kvx_peer_t *p)
+{
+    p->turn_now++;
+    if (p->turn_now != p->turn_next)
+        pthread_cond_broadcast(&t->cond); /* the next add or remove of this id */
+}
+
 /* ---- public API ----------------------------------------------------------------------------- */
 
 static bool kvx_peer_id_ok(const char *id)
@@ -361,10 +389,20 @@ int kvx_peer_add(kvx_transport_t *t, const char *peer_id, const void *metadata, 
         kvx_error(t, "peer %s (%s) rejected: %s", peer_id, md.agent_name, why);
         goto out;
     }
+    /* A new id gets its entry now, invisible until a connection is installed: it holds the
+     * queue of adds and removes of that id. */
+    p = kvx_peer_lookup(t, peer_id);
+    if (p == NULL && (p = kvx_peer_new(t, peer_id)) == NULL) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    rc = kvx_peer_turn_begin(t, p);
+    if (rc < 0)
+        goto out; /* closing: close frees p */
     c = kvx_conn_new(t, &md);
     if (c == NULL) {
         rc = -ENOMEM;
-        goto out;
+        goto out_turn;
     }
     watch = kvx_host_watch(&t->host, &md.host, &c->pidfd);
     if (watch < 0) {
@@ -372,7 +410,7 @@ int kvx_peer_add(kvx_transport_t *t, const char *peer_id, const void *metadata, 
                   (unsigned)md.host.pid);
         free(c);
         rc = watch;
-        goto out;
+        goto out_turn;
     }
     c->watched = watch == 1;
     rc = kvx_ucx_conn_open(c, &md);
@@ -380,7 +418,7 @@ int kvx_peer_add(kvx_transport_t *t, const char *peer_id, const void *metadata, 
         if (c->pidfd >= 0)
             close(c->pidfd);
         free(c);
-        goto out;
+        goto out_turn;
     }
     /* The new connection is not the peer's until it has answered (or 200 ms passed): until
      * then an existing connection of that id keeps working, and stays if this one fails. */
@@ -390,23 +428,21 @@ int kvx_peer_add(kvx_transport_t *t, const char *peer_id, const void *metadata, 
     kvx_conn_wait(c, true, kvx_now_ns() + KVX_CONNECT_WAIT_NS);
     c->pins--;
     rc = t->closed ? -ESHUTDOWN : c->state != KVX_CONN_OPEN ? c->err : c->pending_err;
-    p = rc == 0 ? kvx_peer_lookup(t, peer_id) : NULL;
-    if (rc == 0 && p == NULL && (p = kvx_peer_new(t, peer_id)) == NULL)
-        rc = -ENOMEM;
     if (rc < 0) {
         kvx_error(t, "peer %s (%s): %s", peer_id, md.agent_name, kvx_strerror(rc));
         if (c->state == KVX_CONN_OPEN)
             kvx_conn_fail(c, rc);
         else
             kvx_conn_maybe_free(c);
-        goto out;
+        if (rc == -ESHUTDOWN)
+            goto out;
+        goto out_turn;
     }
     if (!c->wired)
         kvx_info(t, "peer %s (%s) has not answered yet; wire-up goes on in the background", peer_id,
                  md.agent_name);
-    /* Install the new connection, then retire the old one (another kvx_peer_add of the same id
-     * may have installed it while this one waited: the later one wins, as if the calls had run
-     * one after the other). The peer id stays known throughout. */
+    /* Install the new connection, then retire the old one. The peer id stays known
+     * throughout: a write submitted meanwhile goes to one connection or the other. */
     old = p->conn;
     if (p->removed)
         t->nconnected++;
@@ -424,6 +460,9 @@ int kvx_peer_add(kvx_transport_t *t, const char *peer_id, const void *metadata, 
         kvx_conn_retire(old, -ECONNABORTED);
     }
     rc = 0;
+out_turn:
+    kvx_peer_turn_end(t, p);
+    kvx_peer_maybe_free(t, p); /* an entry made for an add that failed */
 out:
     kvx_unlock(t);
     return rc;
@@ -443,9 +482,20 @@ static int kvx_peer_remove_impl(kvx_transport_t *t, const char *peer_id, unsigne
         goto out;
     }
     p = kvx_peer_lookup(t, peer_id);
-    if (p == NULL || p->conn == NULL)
+    if (p == NULL || (p->conn == NULL && p->turn_now == p->turn_next))
+        goto out;
+    /* after the adds and removes of this id called before this one */
+    p->nxfers++; /* keeps p allocated while the lock is released below */
+    rc = kvx_peer_turn_begin(t, p);
+    p->nxfers--;
+    if (rc < 0)
         goto out;
     c = p->conn;
+    if (c == NULL) {
+        kvx_peer_turn_end(t, p);
+        kvx_peer_maybe_free(t, p);
+        goto out;
+    }
     if (flags & KVX_PEER_REMOVE_PURGE) {
         /* forget what finished and was not polled yet (p keeps its connection meanwhile, so
          * releasing cannot free it), and mark what is in flight to be forgotten as it ends */
@@ -460,9 +510,8 @@ static int kvx_peer_remove_impl(kvx_transport_t *t, const char *peer_id, unsigne
     p->removed = true;
     p->last_err = c->err;
     t->nconnected--;
-    p->nxfers++; /* keeps p allocated while the lock is released below */
     kvx_conn_retire(c, -ECONNABORTED);
-    p->nxfers--;
+    kvx_peer_turn_end(t, p);
     kvx_peer_maybe_free(t, p);
     rc = 1;
 out:
@@ -496,7 +545,7 @@ int kvx_peer_query(kvx_transport_t *t, const char *peer_id, kvx_peer_attr_t *att
         goto out;
     }
     p = kvx_peer_lookup(t, peer_id);
-    if (p == NULL) {
+    if (p == NULL || (p->conn == NULL && p->nxfers == 0)) { /* an add still under way */
         rc = -ENOENT;
         goto out;
     }

@@ -25,9 +25,8 @@
  * are in flight. With UCX's own keepalive setting (keepalive_ms == 0), once a second. */
 #define KVX_KEEPALIVE_DIVISOR 4
 #define KVX_IDLE_TICK_NS 1000000000ull
-/* Stall and liveness checks run this often while transfers are in flight (and at every idle
- * tick otherwise); the transfer pool is trimmed once per KVX_POOL_PERIOD_NS. */
-#define KVX_HOUSEKEEPING_NS 100000000ull
+/* Stall and liveness checks run every KVX_HOUSEKEEPING_NS while transfers are in flight (and at
+ * every idle tick otherwise); the transfer pool is trimmed once per KVX_POOL_PERIOD_NS. */
 #define KVX_POOL_PERIOD_NS 1000000000ull
 
 static void kvx_progress_sleep(kvx_transport_t *t, int fd, uint64_t now, uint64_t until_ns,
@@ -219,15 +218,17 @@ static void *kvx_progress_main(void *arg)
     return NULL;
 }
 
-/* A completion was queued while application threads sleep in kvx_transport_wait. */
+/* A completion was queued while application threads sleep in kvx_transport_wait. cq_fd is a
+ * semaphore eventfd: each waiter's wake-up consumes one count, so that one waiter waking first
+ * cannot swallow the others' (a plain eventfd, drained by the first reader, lost them). */
 void kvx_progress_notify_waiters(kvx_transport_t *t)
 {
-    uint64_t one = 1;
+    uint64_t n = t->waiters;
 
-    if (t->cq_signaled)
+    if (t->cq_signaled || n == 0)
         return;
     t->cq_signaled = true;
-    if (write(t->cq_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+    if (write(t->cq_fd, &n, sizeof(n)) < 0 && errno != EAGAIN)
         kvx_warn(t, "progress: waking waiters: %s", strerror(errno));
 }
 

@@ -158,7 +158,7 @@ int kvx_transport_create(const kvx_params_t *params, kvx_transport_t **transport
     t->next_deadline_ns = UINT64_MAX;
     t->next_seq = 1;
     t->wake_fd = -1;
-    t->cq_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    t->cq_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC | EFD_SEMAPHORE);
     if (t->cq_fd < 0) {
         rc = -errno;
         pthread_cond_destroy(&t->cond);
@@ -243,6 +243,9 @@ int kvx_transport_close(kvx_transport_t *t)
         return -EINVAL;
     kvx_lock(t);
     if (t->closed) {
+        /* another thread is closing: return once it has finished, as the first close does */
+        while (!t->close_done)
+            pthread_cond_wait(&t->cond, &t->lock);
         kvx_unlock(t);
         return 0;
     }
@@ -250,6 +253,7 @@ int kvx_transport_close(kvx_transport_t *t)
      * kvx_transport_wait, or in peer add/remove on t->cond) wake, see it and leave; the
      * teardown starts once none is left. */
     t->closed = true;
+    t->cq_signaled = false; /* one count for every waiter, whatever was signaled before */
     kvx_progress_notify_waiters(t);
     pthread_cond_broadcast(&t->cond);
     while (t->busy > 0 || t->waiters > 0)
@@ -302,6 +306,8 @@ int kvx_transport_close(kvx_transport_t *t)
     t->metadata = NULL;
     close(t->cq_fd);
     t->cq_fd = -1;
+    t->close_done = true;
+    pthread_cond_broadcast(&t->cond);
     kvx_info(t, "closed");
     kvx_unlock(t);
     return 0;
@@ -478,6 +484,7 @@ int kvx_xfer_alloc(kvx_transport_t *t, kvx_xfer_t **x_p)
     x->purged = false;
     x->status = 0;
     x->nruns = x->next_run = 0;
+    x->run_off = 0;
     x->conn = NULL;
     x->peer = NULL;
     kvx_list_init(&x->conn_link);
@@ -686,10 +693,10 @@ int kvx_xfer_cancel(kvx_transport_t *t, const uint64_t *ids, size_t count, int m
         kvx_xfer_t *x = kvx_xfer_lookup(t, ids[i]);
         bool untouched;
 
-        if (x == NULL)
+        if (x == NULL || x->purged) /* a purged transfer is forgotten already */
             continue;
         /* Nothing handed to UCX yet, or already finished: forget it at once. */
-        untouched = x->state == KVX_XS_QUEUED && x->next_run == 0;
+        untouched = x->state == KVX_XS_QUEUED && !kvx_xfer_started(x);
         if (x->state == KVX_XS_DONE || untouched) {
             if (untouched)
                 x->peer->inflight--;
@@ -708,8 +715,9 @@ int kvx_xfer_cancel(kvx_transport_t *t, const uint64_t *ids, size_t count, int m
             continue;
         x->canceled = true;
         x->cancel_call = call;
-        if (x->state == KVX_XS_QUEUED && x->nruns > x->next_run) {
-            x->nruns = x->next_run;
+        /* a run partly posted is posted to its end: what was handed to UCX stays consistent */
+        if (x->state == KVX_XS_QUEUED && x->nruns > x->next_run + (x->run_off > 0)) {
+            x->nruns = x->next_run + (x->run_off > 0);
             if (!kvx_list_linked(&x->conn->work_link))
                 kvx_list_add_tail(&t->work, &x->conn->work_link);
             kvx_progress_kick(t, 0);

@@ -112,10 +112,44 @@ typedef struct kvx_ucx_setting {
  * UCX reports settings no transport consumed ("invalid configuration: K=V", a warning during
  * worker creation): kvx captures those warnings for its own settings, to try the other form of
  * a key (UCX 1.13 takes tcp's "TX_SEG_SIZE", 1.19 only "TCP_TX_SEG_SIZE") and to log what did
- * not apply, instead of assuming. Log handlers are process-wide: one capture at a time.
+ * not apply, instead of assuming. UCX's log handlers are process-wide: kvx takes one capture at a
+ * time, looks only at messages of the thread creating its worker, and passes every other message
+ * on (other UCX users of the process see theirs as usual). The report names every unused key at
+ * once, kvx's and any the application set through ucp_config_modify: kvx keeps its own and
+ * passes the message on when it names anything else.
  */
 static pthread_mutex_t kvx_ucx_capture_lock = PTHREAD_MUTEX_INITIALIZER;
 static char kvx_ucx_captured[1024];
+static _Thread_local bool kvx_ucx_capturing;
+static const kvx_ucx_setting_t *kvx_ucx_capture_set;
+static size_t kvx_ucx_capture_nset;
+
+/* Does the report "invalid configuration(s): K=V,K=V" name only kvx's settings? */
+static bool kvx_ucx_report_is_ours(const char *msg)
+{
+    const char *p = strchr(msg, ':');
+
+    if (p == NULL)
+        return false;
+    for (p++; *p != '\0';) {
+        size_t klen;
+        bool ours = false;
+        while (*p == ' ' || *p == ',')
+            p++;
+        klen = strcspn(p, "=");
+        if (p[klen] != '=')
+            return *p == '\0';
+        for (size_t i = 0; i < kvx_ucx_capture_nset && !ours; i++) {
+            const kvx_ucx_setting_t *st = &kvx_ucx_capture_set[i];
+            const char *k = st->form >= 0 ? st->key[st->form] : NULL;
+            ours = k != NULL && strlen(k) == klen && strncmp(p, k, klen) == 0;
+        }
+        if (!ours)
+            return false;
+        p += klen + strcspn(p + klen, ",");
+    }
+    return true;
+}
 
 static ucs_log_func_rc_t kvx_ucx_capture(const char *file, unsigned line, const char *function,
                                          ucs_log_level_t level,
@@ -123,17 +157,20 @@ static ucs_log_func_rc_t kvx_ucx_capture(const char *file, unsigned line, const 
                                          const char *message, va_list ap)
 {
     char buf[512];
-    size_t len = strlen(kvx_ucx_captured);
+    size_t len;
     va_list aq;
 
     (void)file, (void)line, (void)function, (void)comp_conf;
-    if (level != UCS_LOG_LEVEL_WARN || strncmp(message, "invalid configuration", 21) != 0)
+    if (!kvx_ucx_capturing || level != UCS_LOG_LEVEL_WARN ||
+        strncmp(message, "invalid configuration", 21) != 0)
         return UCS_LOG_FUNC_RC_CONTINUE;
     va_copy(aq, ap);
     vsnprintf(buf, sizeof(buf), message, aq);
     va_end(aq);
+    len = strlen(kvx_ucx_captured);
     snprintf(kvx_ucx_captured + len, sizeof(kvx_ucx_captured) - len, "%s,", buf);
-    return UCS_LOG_FUNC_RC_STOP; /* kvx handles it: see kvx_ucx_start */
+    /* kvx handles a report of its own settings (kvx_ucx_start); anything else stays visible */
+    return kvx_ucx_report_is_ours(buf) ? UCS_LOG_FUNC_RC_STOP : UCS_LOG_FUNC_RC_CONTINUE;
 }
 
 /* Did UCX report "key=..." unused in the captured warnings? */
@@ -215,6 +252,9 @@ static int kvx_ucx_start(kvx_transport_t *t, kvx_ucx_t *u, kvx_ucx_setting_t *se
     };
     pthread_mutex_lock(&kvx_ucx_capture_lock);
     kvx_ucx_captured[0] = '\0';
+    kvx_ucx_capture_set = set;
+    kvx_ucx_capture_nset = nset;
+    kvx_ucx_capturing = true;
     ucs_log_push_handler(kvx_ucx_capture);
     s = ucp_init(&params, cfg, &u->ctx);
     if (s == UCS_OK) {
@@ -225,6 +265,7 @@ static int kvx_ucx_start(kvx_transport_t *t, kvx_ucx_t *u, kvx_ucx_setting_t *se
         kvx_error(t, "ucx: ucp_init: %s", ucs_status_string(s));
     }
     ucs_log_pop_handler();
+    kvx_ucx_capturing = false;
     for (size_t i = 0; i < nset; i++) {
         kvx_ucx_setting_t *st = &set[i];
         if (st->form < 0 || !kvx_ucx_reported(st->key[st->form]))

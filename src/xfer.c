@@ -14,6 +14,10 @@
 /* Bytes the submitting thread posts itself before leaving the rest to the progress engine: small
  * transfers go out at once, large ones do not hold the caller for the whole copy. */
 #define KVX_INLINE_BUDGET ((size_t)256 * 1024)
+/* The largest UCX operation kvx posts: a run of blocks consecutive on both sides is posted in
+ * pieces of at most this, so that an operation completes well within the stall limit even on a
+ * slow link (1 MiB at 100 MB/s: 10 ms), and a large run does not hold UCX for seconds. */
+#define KVX_OP_MAX ((size_t)1 << 20)
 /* How long a closing connection may take before its transfers are reported anyway. */
 #define KVX_CLOSE_GRACE_NS (2ull * 1000000000ull)
 
@@ -110,6 +114,10 @@ static int kvx_xfer_submit(kvx_transport_t *t, int op, const char *peer_id, cons
     x->state = KVX_XS_QUEUED;
     p->nxfers++;
     p->inflight++;
+    /* leaving idle: a progress thread asleep for a long tick looks again soon (stall and
+     * liveness checks run every KVX_HOUSEKEEPING_NS while transfers are in flight) */
+    if (kvx_list_empty(&t->active))
+        kvx_progress_kick(t, now + KVX_HOUSEKEEPING_NS);
     kvx_list_add_tail(&t->active, &x->active_link);
     if (x->deadline_ns != 0 && x->deadline_ns < t->next_deadline_ns) {
         t->next_deadline_ns = x->deadline_ns;
@@ -229,22 +237,28 @@ void kvx_xfer_post(kvx_conn_t *c, size_t budget)
 
         while (x->next_run < x->nruns) {
             const kvx_run_t *r = &x->runs[x->next_run];
-            size_t len = (size_t)r->count * t->block_len;
+            uint64_t run_len = (uint64_t)r->count * t->block_len;
+            size_t len =
+                run_len - x->run_off < KVX_OP_MAX ? (size_t)(run_len - x->run_off) : KVX_OP_MAX;
 
-            /* a run larger than what is left of the budget waits for the progress engine:
+            /* a piece larger than what is left of the budget waits for the progress engine:
              * the submitting thread never copies more than its budget */
             if (c->reqs >= KVX_MAX_REQS || len > budget)
                 goto flush;
             if (!kvx_conn_busy(c)) /* the stall clock starts with the first outstanding op */
                 c->last_progress_ns = kvx_now_ns();
-            rc = kvx_ucx_rma(c, x->op, t->base + (uint64_t)r->local * t->block_len,
-                             c->remote_base + (uint64_t)r->remote * t->block_len, len);
+            rc = kvx_ucx_rma(c, x->op, t->base + (uint64_t)r->local * t->block_len + x->run_off,
+                             c->remote_base + (uint64_t)r->remote * t->block_len + x->run_off, len);
             if (rc < 0) {
                 kvx_error(t, "posting to %s: %s", c->agent_name, kvx_strerror(rc));
                 kvx_conn_fail(c, rc);
                 return;
             }
-            x->next_run++;
+            x->run_off += len;
+            if (x->run_off == run_len) {
+                x->next_run++;
+                x->run_off = 0;
+            }
             budget -= len;
         }
         kvx_list_del(&x->conn_link);
@@ -325,7 +339,7 @@ void kvx_xfer_check_deadlines(kvx_transport_t *t, uint64_t now)
             kvx_warn(t, "transfer %llu: connection to %s still closing; reporting it failed",
                      (unsigned long long)x->id, x->conn->agent_name);
             kvx_xfer_complete(x, x->conn->err);
-        } else if (x->state == KVX_XS_QUEUED && x->next_run == 0) {
+        } else if (x->state == KVX_XS_QUEUED && !kvx_xfer_started(x)) {
             kvx_xfer_complete(x, -ETIMEDOUT);
         } else if (!kvx_list_linked(&x->conn->fail_link)) {
             kvx_warn(t, "transfer %llu to %s missed its deadline: closing that connection",

@@ -5,7 +5,9 @@
  * (another process: this transport is its passive target) keep completing. The test reports the
  * longest gap between completions of each and fails when one exceeds KT_GAP_MAX_MS: kvx must not
  * hold its lock across a wait on the network (0.1 held it up to 200 ms for wire-up and up to 5 s
- * for a close).
+ * for a close). Then: two adds of one id, a slow one of a stopped peer called first and a quick
+ * one 30 ms later, end with the later one's connection (they take turns, in call order); and
+ * close() from one thread wakes three threads asleep in kvx_transport_wait at once.
  */
 #include "harness.h"
 
@@ -84,6 +86,83 @@ static int outside_writer(int sock, void *arg)
     return 0;
 }
 
+/* A slow add (a stopped peer: it waits 200 ms for the wire-up) called first, a quick add of the
+ * same id called 30 ms later: the later call's connection must be the one left. */
+static kt_target_t *slow_target;
+static int slow_rc;
+
+static void *slow_add(void *arg)
+{
+    (void)arg;
+    slow_rc = kvx_peer_add(t, "x", slow_target->md, slow_target->md_len, NULL);
+    return NULL;
+}
+
+static void same_id_adds(kt_target_t *fresh, kt_target_t *stale)
+{
+    kvx_peer_attr_t pa = {.field_mask = KVX_PEER_ATTR_AGENT_NAME | KVX_PEER_ATTR_STATE};
+    uint32_t li[2] = {5, 6}, ri[2] = {210, 211};
+    kvx_completion_t c;
+    pthread_t th;
+    uint64_t id;
+
+    slow_target = stale;
+    kt_stop(&stale->proc);
+    KT_CHECK(pthread_create(&th, NULL, slow_add, NULL) == 0);
+    usleep(30000);
+    KT_OK(kvx_peer_add(t, "x", fresh->md, fresh->md_len, NULL));
+    pthread_join(th, NULL);
+    KT_OK(slow_rc);
+    KT_OK(kvx_peer_query(t, "x", &pa));
+    kt_log("two adds of one id: the later one's connection (to %s) is left", pa.agent_name);
+    KT_CHECK(strcmp(pa.agent_name, "healthy") == 0);
+    KT_EQ(pa.state, KVX_PEER_CONNECTED);
+    KT_OK(kvx_xfer_write(t, "x", li, ri, 2, NULL, &id));
+    KT_EQ(kt_poll_n(t, "x", &c, 1, 5000), 1);
+    KT_EQ(c.status, 0);
+    KT_EQ(kt_target_verify(fresh, ri, li, 2, 0x31, 0), 0);
+    kt_cont(&stale->proc);
+    KT_EQ(kvx_peer_remove(t, "x"), 1);
+}
+
+/* close() from one thread wakes every thread asleep in kvx_transport_wait, at once: with a
+ * 10 s keepalive, a waiter that missed its wake-up would sleep up to 10 s. */
+static kvx_transport_t *tw;
+static int wait_rc[3];
+
+static void *waiter(void *arg)
+{
+    int *rc = arg;
+    *rc = kvx_transport_wait(tw, NULL, -1);
+    return NULL;
+}
+
+static void close_wakes_waiters(void)
+{
+    kvx_params_t p = {.field_mask = KVX_PARAM_REGION | KVX_PARAM_KEEPALIVE,
+                      .base = r.base,
+                      .num_blocks = NB,
+                      .block_len = BL,
+                      .keepalive_ms = 10000};
+    pthread_t th[3];
+    uint64_t t0;
+
+    KT_OK(kvx_transport_create(&p, &tw));
+    for (int i = 0; i < 3; i++)
+        KT_CHECK(pthread_create(&th[i], NULL, waiter, &wait_rc[i]) == 0);
+    usleep(200000);
+    t0 = kt_now_ns();
+    KT_OK(kvx_transport_close(tw));
+    for (int i = 0; i < 3; i++)
+        pthread_join(th[i], NULL);
+    kt_log("close with 3 threads asleep in kvx_transport_wait: %.1f ms",
+           (double)(kt_now_ns() - t0) / 1e6);
+    KT_CHECK(kt_now_ns() - t0 < 2000000000ull);
+    for (int i = 0; i < 3; i++)
+        KT_ERR(wait_rc[i], -ESHUTDOWN);
+    kvx_transport_destroy(tw);
+}
+
 int main(void)
 {
     kt_proc_t out = kt_spawn(outside_writer, NULL, 60);
@@ -103,7 +182,16 @@ int main(void)
     stuck = kt_target_start(&a);
     r = kt_region_alloc(NB, BL);
     kt_fill_all(&r, 0x31, 0);
-    t = kt_transport(&r, "busy", 1);
+    {
+        /* the stopped peer stays stopped about 2 s: keep the stall limit out of the way */
+        kvx_params_t p = {.field_mask = KVX_PARAM_REGION | KVX_PARAM_AGENT_NAME | KVX_PARAM_STALL,
+                          .base = r.base,
+                          .num_blocks = NB,
+                          .block_len = BL,
+                          .agent_name = "busy",
+                          .stall_ms = 30000};
+        KT_OK(kvx_transport_create(&p, &t));
+    }
     md = kt_metadata(t, &md_len);
     kt_send(out.sock, md, md_len);
     kt_recv(out.sock, &ready, 1);
@@ -174,7 +262,9 @@ int main(void)
         KT_EQ(c.status, 0);
         KT_EQ(kt_target_verify(&stopped, ri, li, 4, 0x31, 0), 0);
     }
+    same_id_adds(&healthy, &stopped);
     kvx_transport_destroy(t);
+    close_wakes_waiters();
     kt_region_free(&r);
     free(md);
     KT_EQ(kt_target_stop(&healthy), 0);

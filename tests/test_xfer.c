@@ -102,6 +102,44 @@ static void run(uint64_t block_len, uint64_t num_blocks, const char *want_tl, ui
     free(ri);
 }
 
+/* One run of 512 MiB (blocks consecutive on both sides) with a stall limit of 100 ms: kvx posts it
+ * in pieces that each complete well within the limit, so a large transfer that keeps moving
+ * never trips it (posted whole, it took 250-350 ms over tcp here and failed). */
+static void large_run(void)
+{
+    const uint64_t bl = 1 << 20, nb = 512;
+    kt_target_args_t ta = {.num_blocks = nb, .block_len = bl, .salt = 0x7b, .threads = 1};
+    kt_target_t tg = kt_target_start(&ta);
+    kt_region_t r = kt_region_alloc(nb, bl);
+    kvx_params_t p = {.field_mask = KVX_PARAM_REGION | KVX_PARAM_STALL | KVX_PARAM_DEADLINE,
+                      .base = r.base,
+                      .num_blocks = nb,
+                      .block_len = bl,
+                      .stall_ms = 100,
+                      .deadline_ms = 0};
+    uint32_t *idx = calloc(nb, 4);
+    kvx_transport_t *t;
+    kvx_completion_t c;
+    uint64_t id, t0;
+
+    kt_fill_all(&r, 0x12, 4);
+    KT_OK(kvx_transport_create(&p, &t));
+    KT_OK(kvx_peer_add(t, "target", tg.md, tg.md_len, NULL));
+    for (uint32_t i = 0; i < nb; i++)
+        idx[i] = i;
+    t0 = kt_now_ns();
+    KT_OK(kvx_xfer_write(t, "target", idx, idx, nb, NULL, &id));
+    KT_EQ(kt_poll_n(t, "target", &c, 1, 60000), 1);
+    kt_log("one 512 MiB run, stall limit 100 ms: %s in %.3f s", kvx_strerror(c.status),
+           (double)(kt_now_ns() - t0) / 1e9);
+    KT_EQ(c.status, 0);
+    KT_EQ(kt_target_verify(&tg, idx, idx, nb, 0x12, 4), 0);
+    kvx_transport_destroy(t);
+    kt_region_free(&r);
+    free(idx);
+    KT_EQ(kt_target_stop(&tg), 0);
+}
+
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "shm";
@@ -121,6 +159,7 @@ int main(int argc, char **argv)
     kvx_log_set(NULL, NULL, KVX_LOG_OFF);
     run(65536, 256, want, 2);
     run(1 << 20, 64, want, 3);
+    large_run();
     kt_log("settings applied:\n%s", applied);
     KT_CHECK(strstr(applied, setting) != NULL);
     KT_CHECK(strstr(applied, "KEEPALIVE_INTERVAL=1000ms") != NULL);

@@ -124,11 +124,15 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
     Threading: every method may be called from any number of threads at once: each call has its
     own buffers, and kvx serializes what must be. A slow peer in add_remote_peer or
     remove_remote_peer holds up no other call. close() may be called while other threads are
-    inside methods: those calls (a wait() or poll() asleep, a write_blocks() in progress) return
-    as if they had been made after close(): RuntimeError("KvxTransport is closed"), or None from
-    write_blocks/read_blocks. A background progress thread (num_threads > 0) lets peers write
-    into and read from this region while this process never calls kvx. num_threads > 1 is
-    accepted and runs one thread: UCX drives one worker per transport.
+    inside methods: those calls (a wait() or poll() asleep, a write_blocks() in progress) end as
+    if they had been made after close(), with RuntimeError("KvxTransport is closed"); a second
+    close() returns once the first has finished. A background progress thread (num_threads > 0)
+    lets peers write into and read from this region while this process never calls kvx.
+    num_threads > 1 is accepted and runs one thread: UCX drives one worker per transport.
+
+    deadline_ms (5000), stall_ms (2000) and keepalive_ms (1000) are kvx_params_t's: a transfer
+    fails at its deadline (0: none), a connection none of whose operations completed for stall_ms
+    fails (0: never), a dead peer is noticed within about 1.5 x keepalive_ms.
 
     Unavailable (UCX could not start, or libkvx is missing; available is False): write_blocks and
     read_blocks return None, poll returns the empty result, every other method raises
@@ -143,6 +147,8 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
         backends: Optional[list] = None,
         num_threads: int = 4,
         deadline_ms: Optional[int] = None,
+        stall_ms: Optional[int] = None,
+        keepalive_ms: Optional[int] = None,
     ) -> None:
         mv = self._check_view(view)
         self._view = mv
@@ -160,12 +166,13 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
         self._tls = threading.local()  # each thread's id and completion buffers
         self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._executor_lock = threading.Lock()
+        self._close_lock = threading.Lock()
         if _Base is not object:
             try:
                 super().__init__(view, config_fields=config_fields)
             except Exception:  # the base's own bookkeeping is optional to kvx
                 pass
-        self._init(deadline_ms)
+        self._init(deadline_ms, stall_ms, keepalive_ms)
 
     @staticmethod
     def _check_view(view) -> memoryview:
@@ -183,7 +190,8 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
             raise ValueError(f"view must hold at least one byte per block, shape {mv.shape}")
         return mv
 
-    def _init(self, deadline_ms: Optional[int]) -> None:
+    def _init(self, deadline_ms: Optional[int], stall_ms: Optional[int],
+              keepalive_ms: Optional[int]) -> None:
         lib = _lib.load()
         if lib is None:
             return  # available stays False, as the NIXL transport does when NIXL is missing
@@ -202,12 +210,15 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
         if self._agent_name is not None:
             p.field_mask |= _lib.PARAM_AGENT_NAME
             p.agent_name = str(self._agent_name).encode()
-        if deadline_ms is not None:
-            if not 0 <= int(deadline_ms) <= _lib.MS_MAX:
-                raise ValueError(f"KvxTransport: deadline_ms must be 0..{_lib.MS_MAX}, "
-                                 f"not {deadline_ms}")
-            p.field_mask |= _lib.PARAM_DEADLINE
-            p.deadline_ms = int(deadline_ms)
+        for name, value, bit in (("deadline_ms", deadline_ms, _lib.PARAM_DEADLINE),
+                                 ("stall_ms", stall_ms, _lib.PARAM_STALL),
+                                 ("keepalive_ms", keepalive_ms, _lib.PARAM_KEEPALIVE)):
+            if value is None:
+                continue
+            if not 0 <= int(value) <= _lib.MS_MAX:
+                raise ValueError(f"KvxTransport: {name} must be 0..{_lib.MS_MAX}, not {value}")
+            p.field_mask |= bit
+            setattr(p, name, int(value))
         h = ctypes.c_void_p()
         rc = lib.kvx_transport_create(ctypes.byref(p), ctypes.byref(h))
         if rc == -errno.EINVAL:
@@ -286,7 +297,9 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
         fingerprint), the metadata is malformed or our own, or disagrees with the arguments;
         PeerUnreachableError (a ConnectionError and a ValueError) when it cannot be reached, for
         instance because its process is gone. On error nothing changes. Waits up to 200 ms for
-        the peer to answer, without holding up other calls."""
+        the peer to answer, without holding up other calls (and, when it replaces a connection of
+        that id, up to 2 s more for the old one to close); adds and removes of one id take effect
+        in the order they were called."""
         h = self._h()
         md = bytes(agent_metadata)
         pp = _lib.PeerParams(_lib.PEER_PARAM_EXPECT_REGION, int(base_addr) & (2**64 - 1),
@@ -304,7 +317,8 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
                               num_blocks: int, block_len: int) -> concurrent.futures.Future:
         """add_remote_peer on a worker thread of this transport: returns a
         concurrent.futures.Future whose result() is None or raises what add_remote_peer would.
-        Other calls, and other adds, go on meanwhile."""
+        Other calls, and adds of other ids, go on meanwhile; adds and removes of one id take
+        effect in call order. After close() the future raises RuntimeError("closed")."""
         if self._handle is None or self._closed:
             f: concurrent.futures.Future = concurrent.futures.Future()
             try:
@@ -386,6 +400,8 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
             idp = self._buffers()[0]
         fn = self._lib.kvx_xfer_write if write else self._lib.kvx_xfer_read
         rc = fn(h, str(peer_id).encode(), loc[0], rem[0], loc[1], params, ctypes.byref(idp))
+        if rc == -errno.ESHUTDOWN:
+            raise _closed_error()  # close() overlapped this call
         return None if rc < 0 else idp.value
 
     def write_blocks(self, peer_id: str, local_idxs, remote_idxs,
@@ -473,19 +489,21 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
         """Fail and release everything, remove all peers, deregister the region. Idempotent.
         Any later call raises RuntimeError; calls other threads are making meanwhile end as
         the class docstring says. When it returns, kvx no longer touches the region."""
-        if self._closed:
-            return
-        self._closed = True
-        with self._executor_lock:
-            if self._executor is not None:
-                self._executor.shutdown(wait=False, cancel_futures=True)
-        if self._handle is not None:
-            # The handle itself is freed only when this object is (__del__): another thread may
-            # still be about to pass it to libkvx, which then answers -ESHUTDOWN.
-            self._lib.kvx_transport_close(self._handle)
-        # drop our hold on the caller's buffer, so that it can be released (an mmap closed)
-        self._region = None
-        self._view = None
+        with self._close_lock:  # a second close() returns once the first has finished
+            if self._closed:
+                return
+            self._closed = True
+            with self._executor_lock:
+                if self._executor is not None:
+                    # adds still queued run and raise "closed"
+                    self._executor.shutdown(wait=False)
+            if self._handle is not None:
+                # The handle itself is freed only when this object is (__del__): another thread
+                # may still be about to pass it to libkvx, which then answers -ESHUTDOWN.
+                self._lib.kvx_transport_close(self._handle)
+            # drop our hold on the caller's buffer, so that it can be released (an mmap closed)
+            self._region = None
+            self._view = None
 
     def __del__(self):
         try:

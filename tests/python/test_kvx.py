@@ -92,6 +92,7 @@ class Local:
     """This process's engine: a transport over an mmap'd region of patterned blocks."""
 
     def __init__(self, name, num_blocks=NB, block_len=BL, config_fields=None, **kw):
+        kw.setdefault("num_threads", 4)
         self.region = mmap.mmap(-1, num_blocks * block_len)
         self.block_len = block_len
         fill(self.region, block_len, num_blocks, SALT, 0)
@@ -527,19 +528,20 @@ class TestThreads(unittest.TestCase):
         loc.close()
 
     def test_close_while_others_wait_and_poll(self):
-        """close() from one thread while another sleeps in wait() and a third polls in a loop:
-        both end with RuntimeError("KvxTransport is closed"), nothing crashes, and later calls
-        raise the same."""
-        loc = Local("mt-closer", 16, self.BL)
+        """close() from one thread while two others sleep in wait() (a 10 s keepalive: a missed
+        wake-up would show) and a third polls and writes in a loop: all end at once with
+        RuntimeError("KvxTransport is closed"), nothing crashes, and later calls raise the
+        same."""
+        loc = Local("mt-closer", 16, self.BL, keepalive_ms=10000)
         t = loc.t
         self.tg.add_to(t, "T")
         outcome = {}
 
-        def waiter():
+        def waiter(k):
             try:
-                outcome["wait"] = t.wait("nobody", None)  # nothing will ever come
+                outcome[k] = t.wait("nobody", None)  # nothing will ever come
             except RuntimeError as e:
-                outcome["wait"] = e
+                outcome[k] = e
 
         def poller():
             try:
@@ -549,15 +551,19 @@ class TestThreads(unittest.TestCase):
             except RuntimeError as e:
                 outcome["poll"] = e
 
-        threads = [threading.Thread(target=waiter), threading.Thread(target=poller)]
+        threads = [threading.Thread(target=waiter, args=("wait",)),
+                   threading.Thread(target=waiter, args=("wait2",)),
+                   threading.Thread(target=poller)]
         for th in threads:
             th.start()
         time.sleep(0.3)
+        t0 = time.time()
         t.close()
         for th in threads:
             th.join(10)
             self.assertFalse(th.is_alive(), "a thread is still inside the closed transport")
-        for k in ("wait", "poll"):
+        self.assertLess(time.time() - t0, 2.0, "a waiter missed its wake-up")
+        for k in ("wait", "wait2", "poll"):
             self.assertIsInstance(outcome[k], RuntimeError, k)
             self.assertIn("closed", str(outcome[k]))
         with self.assertRaisesRegex(RuntimeError, "closed"):
@@ -572,15 +578,27 @@ class TestThreads(unittest.TestCase):
         stopped = Target("mt-stopped", num_blocks=16, block_len=self.BL)
         try:
             stopped.stop()
+            t0 = time.time()
             f1 = t.add_remote_peer_async("S", stopped.md, stopped.base, 16, self.BL)
             self.assertIsInstance(f1, concurrent.futures.Future)
-            t0 = time.time()
+            f1_done = []
+            f1.add_done_callback(lambda f: f1_done.append(time.time()))
             f2 = t.add_remote_peer_async("T", self.tg.md, self.tg.base, self.NB, self.BL)
             self.assertIsNone(f2.result(5))
             tid = t.write_blocks("T", [3], [700])
             self.assertEqual(poll_until(t, 1, "T"), ([tid], []))
-            self.assertLess(time.time() - t0, 5)
+            t_write = time.time()
             self.assertIsNone(f1.result(5))  # a stopped peer is added; it answers later
+            for _ in range(1000):  # done callbacks run just after result() may return
+                if f1_done:
+                    break
+                time.sleep(0.001)
+            # the add of the stopped peer waits up to 200 ms for its answer: everything above
+            # went on meanwhile (a lock held through that wait would have finished f1 first),
+            # unless that add did not wait at all
+            self.assertTrue(t_write < f1_done[0] or f1_done[0] - t0 < 0.05,
+                            f"write done at {t_write - t0:.3f} s, the stopped peer's add at "
+                            f"{f1_done[0] - t0:.3f} s")
             bad = t.add_remote_peer_async("X", b"junk" * 30, 1, 16, self.BL)
             with self.assertRaises(ValueError):
                 bad.result(5)

@@ -38,7 +38,7 @@ struct opts {
     int naddrs;
     int port;
     const char *bind;    /* the server's listening address */
-    uint64_t max_region; /* the server's limit on one region's bytes */
+    uint64_t max_region; /* the server's limit on the bytes of all its regions together */
 };
 extern struct opts o;
 
@@ -74,8 +74,8 @@ typedef struct verify_req {
     /* followed by n pairs {dst, src} */
 } verify_req_t;
 
-/* The largest message either side accepts: a VERIFY of 2^24 blocks. */
-#define MSG_MAX (sizeof(verify_req_t) + 8u * (1u << 24))
+/* The largest message either side accepts: a VERIFY of 2^20 blocks (8 MiB). */
+#define MSG_MAX (sizeof(verify_req_t) + 8u * (1u << 20))
 
 bool io_all(int fd, void *buf, size_t len, bool wr);
 void msg_send(int fd, uint32_t type, const void *buf, uint32_t len);

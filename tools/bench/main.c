@@ -104,7 +104,7 @@ static void usage(void)
            "      --bind ADDR       server: listen on this IPv4 address (default 127.0.0.1;\n"
            "                        0.0.0.0 for every interface: anyone who reaches it can\n"
            "                        make regions and write into them)\n"
-           "      --max-region BYTES  server: refuse regions larger than this (default 4G)\n"
+           "      --max-region BYTES  server: the most its regions may take together (default 4G)\n"
            "      --wait            sleep in kvx_transport_wait instead of spinning on poll\n"
            "                        (for more busy threads than cores)\n"
            "      --json            one JSON object per result line\n"

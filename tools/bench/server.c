@@ -32,6 +32,7 @@ typedef struct srv_region {
 
 static srv_region_t srv_regions[MAX_REGIONS];
 static int srv_nregions;
+static uint64_t srv_bytes; /* of all regions: at most --max-region */
 
 /* One connected client and the message it is in the middle of sending. */
 typedef struct srv_client {
@@ -109,13 +110,15 @@ static srv_region_t *srv_region_get(uint64_t block_len, uint64_t num_blocks, con
         return NULL;
     }
     srv_nregions++;
+    srv_bytes += block_len * num_blocks;
     return r;
 }
 
 static void srv_send(srv_client_t *c, uint32_t type, const void *buf, uint32_t len)
 {
     msg_hdr_t h = {type, len};
-    /* replies are small; a client that does not read them is dropped (SO_SNDTIMEO) */
+    /* replies are small; the socket is non-blocking, so a client that does not read them until
+     * its socket buffer is full is dropped */
     if (!io_all(c->fd, &h, sizeof(h), true) || (len && !io_all(c->fd, (void *)buf, len, true)))
         shutdown(c->fd, SHUT_RDWR);
 }
@@ -303,7 +306,6 @@ int server_run(int lfd, bool once)
                 srv_drop(i);
         if (fds[0].revents & POLLIN) {
             int c = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK), one = 1;
-            struct timeval tv = {.tv_sec = 1};
             if (c < 0)
                 continue;
             if (nclients == MAX_CLIENTS) {
@@ -315,7 +317,6 @@ int server_run(int lfd, bool once)
                 continue;
             }
             setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-            setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
             clients[nclients++] = (srv_client_t){.fd = c};
             served++;
         }
