@@ -23,12 +23,18 @@ extern "C" {
 /*
  * Overview
  * --------
- * A transport (kvx_transport_t) owns one memory region of num_blocks x block_len bytes, registered
- * once with UCX. It exports a small metadata blob (kvx_transport_metadata) that a peer passes to
- * kvx_peer_add under a name of its choosing (the peer id). Transfers move lists of blocks by index:
- * kvx_xfer_write pushes local block local_idxs[i] into the peer's block remote_idxs[i];
- * kvx_xfer_read pulls the other way. Each transfer gets an id and completes exactly once, as a
- * success or a negative errno, reaped with kvx_transport_poll.
+ * A transport (kvx_transport_t) owns one memory region of num_blocks x block_len bytes. It exports
+ * a small metadata blob (kvx_transport_metadata) that a peer passes to kvx_peer_add under a name
+ * of its choosing (the peer id). Transfers move lists of blocks by index: kvx_xfer_write pushes
+ * local block local_idxs[i] into the peer's block remote_idxs[i]; kvx_xfer_read pulls the other
+ * way. Each transfer gets an id and completes exactly once, as a success or a negative errno,
+ * reaped with kvx_transport_poll.
+ *
+ * The receiving side is in charge of its region: every byte a peer sends travels in kvx's own
+ * messages (UCX active messages), and the receiving kvx checks each one before it applies it.
+ * Bytes land only inside the region, only from peers that hold its metadata (a random
+ * capability in it, and the shared secret when one is set), and never after the receiver has
+ * fenced them (kvx_fence). Nothing of the region is exposed to UCX's one-sided operations.
  *
  * Return values: every function returning int returns >= 0 on success (a count where documented)
  * and a negative errno on failure. kvx-specific codes live above KVX_ERRNO_OFFSET.
@@ -55,6 +61,8 @@ typedef struct kvx_transport kvx_transport_t;
 #define KVX_ERRNO_OFFSET 1000
 /** The peer is incompatible: a different block length or a different config fingerprint. */
 #define KVX_EINCOMPAT (KVX_ERRNO_OFFSET + 1)
+/** A write the receiver fenced (kvx_fence): none of its bytes lands after the fence. */
+#define KVX_EFENCED (KVX_ERRNO_OFFSET + 2)
 
 /**
  * Name an error code returned by kvx (negative or positive). Returns a static string; never NULL,
@@ -102,15 +110,19 @@ KVX_API void kvx_log_set(kvx_log_fn fn, void *arg, int level);
 
 /** Bits of kvx_params_t.field_mask: a field whose bit is clear takes its documented default. */
 enum kvx_params_field {
-    KVX_PARAM_REGION = 1u << 0,      /**< base, num_blocks, block_len: required */
-    KVX_PARAM_AGENT_NAME = 1u << 1,  /**< default: "kvx-<host>-<pid>-<random>" */
-    KVX_PARAM_FINGERPRINT = 1u << 2, /**< default: "" (compatible with every peer) */
-    KVX_PARAM_BACKENDS = 1u << 3,    /**< default: {"ucx"} */
-    KVX_PARAM_NUM_THREADS = 1u << 4, /**< default: 1 */
-    KVX_PARAM_DEADLINE = 1u << 5,    /**< default: 5000 ms */
-    KVX_PARAM_KEEPALIVE = 1u << 6,   /**< default: 1000 ms */
-    KVX_PARAM_LOG = 1u << 7,         /**< default: the process-wide sink of kvx_log_set */
-    KVX_PARAM_STALL = 1u << 8        /**< default: 2000 ms */
+    KVX_PARAM_REGION = 1u << 0,       /**< base, num_blocks, block_len: required */
+    KVX_PARAM_AGENT_NAME = 1u << 1,   /**< default: "kvx-<host>-<pid>-<random>" */
+    KVX_PARAM_FINGERPRINT = 1u << 2,  /**< default: "" (compatible with every peer) */
+    KVX_PARAM_BACKENDS = 1u << 3,     /**< default: {"ucx"} */
+    KVX_PARAM_NUM_THREADS = 1u << 4,  /**< default: 1 */
+    KVX_PARAM_DEADLINE = 1u << 5,     /**< default: 5000 ms */
+    KVX_PARAM_KEEPALIVE = 1u << 6,    /**< default: 1000 ms */
+    KVX_PARAM_LOG = 1u << 7,          /**< default: the process-wide sink of kvx_log_set */
+    KVX_PARAM_STALL = 1u << 8,        /**< default: 2000 ms */
+    KVX_PARAM_SECRET = 1u << 9,       /**< default: none */
+    KVX_PARAM_NET_DEVICES = 1u << 10, /**< default: UCX's (every device) */
+    KVX_PARAM_INTEGRITY = 1u << 11,   /**< default: off */
+    KVX_PARAM_NOTICES = 1u << 12      /**< default: 1024 */
 };
 
 /** Largest value accepted for a duration in milliseconds (deadline_ms, keepalive_ms, stall_ms):
@@ -165,12 +177,33 @@ typedef struct kvx_params {
     void *log_arg;
     int log_level;
 
-    /** Stall limit in milliseconds: a connection with UCX operations outstanding none of which
-     *  completed for this long fails, and with it every transfer in flight to that peer
+    /** Stall limit in milliseconds: a connection with messages outstanding that heard nothing
+     *  from its peer for this long fails, and with it every transfer in flight to that peer
      *  (-ETIMEDOUT), whatever their deadlines. So a transfer never hangs even with no deadline
      *  (deadline_ms = 0, for very large transfers): a stopped or unreachable peer is given up
      *  after stall_ms, a slow but moving one never. 0 disables it. At most KVX_MS_MAX. */
     uint64_t stall_ms;
+
+    /** A shared secret (1..1024 bytes; copied). With one, the metadata is signed (HMAC-SHA256)
+     *  and peers' metadata must carry this secret's signature (else kvx_peer_add returns
+     *  -EACCES before any of it reaches UCX), and a peer connecting to this transport must prove
+     *  it holds the secret before anything else happens. See docs/security.md. */
+    const void *secret;
+    size_t secret_len;
+
+    /** The network devices UCX may listen and connect on, as UCX_NET_DEVICES takes them
+     *  ("lo", "eth0,eth1"; copied). Default: every device. Shared memory is not a network
+     *  device: peers on this host still use it. */
+    const char *net_devices;
+
+    /** Integrity: nonzero adds a CRC-32C of every piece of data this transport sends as an
+     *  initiator (its writes, and what its reads bring back): the side that receives checks it
+     *  before the bytes count as landed, and a mismatch fails the transfer with -EBADMSG. */
+    int integrity;
+
+    /** How many arrival notices (kvx_notice_poll) may wait here at once, 1..2^20. A write whose
+     *  notice finds the queue full fails at its sender with -ENOSPC. */
+    size_t notice_queue;
 } kvx_params_t;
 
 /**
@@ -195,6 +228,21 @@ KVX_API int kvx_transport_close(kvx_transport_t *transport);
 /** Close the transport if needed and free the handle. NULL is accepted and ignored. */
 KVX_API void kvx_transport_destroy(kvx_transport_t *transport);
 
+/** What peers did to this transport's region, and what kvx refused them (cumulative). */
+typedef struct kvx_recv_counters {
+    uint64_t bytes_landed;    /**< bytes peers' writes put into the region */
+    uint64_t writes_landed;   /**< write messages applied */
+    uint64_t bytes_served;    /**< bytes peers' reads took from the region */
+    uint64_t notices;         /**< arrival notices queued for kvx_notice_poll */
+    uint64_t drop_malformed;  /**< messages kvx's decoder refused */
+    uint64_t drop_capability; /**< connection requests without the capability (or the secret) */
+    uint64_t drop_unknown;    /**< messages naming no connection of this transport, or forged */
+    uint64_t drop_range;      /**< writes or reads of bytes outside the region */
+    uint64_t drop_fenced;     /**< write messages a fence dropped */
+    uint64_t drop_crc;        /**< data whose checksum did not match */
+    uint64_t drop_other;      /**< rendezvous messages, notices over the queue, overflows */
+} kvx_recv_counters_t;
+
 /** Bits of kvx_transport_attr_t.field_mask. */
 enum kvx_transport_attr_field {
     KVX_TRANSPORT_ATTR_AGENT_NAME = 1u << 0,
@@ -204,7 +252,8 @@ enum kvx_transport_attr_field {
     KVX_TRANSPORT_ATTR_DEADLINE = 1u << 4,
     KVX_TRANSPORT_ATTR_METADATA_LEN = 1u << 5,
     KVX_TRANSPORT_ATTR_NUM_PEERS = 1u << 6,
-    KVX_TRANSPORT_ATTR_STALL = 1u << 7
+    KVX_TRANSPORT_ATTR_STALL = 1u << 7,
+    KVX_TRANSPORT_ATTR_RECV = 1u << 8
 };
 
 /** Transport attributes; only the fields named in field_mask are written. */
@@ -220,6 +269,7 @@ typedef struct kvx_transport_attr {
     size_t metadata_len;
     size_t num_peers;
     uint64_t stall_ms;
+    kvx_recv_counters_t recv; /**< every peer's, this transport's life long */
 } kvx_transport_attr_t;
 
 /** Fill the attributes named in attr->field_mask. Returns 0, -EINVAL or -ESHUTDOWN. */
@@ -312,7 +362,8 @@ enum kvx_peer_attr_field {
     KVX_PEER_ATTR_TRANSPORT = 1u << 1,
     KVX_PEER_ATTR_STATE = 1u << 2,
     KVX_PEER_ATTR_REGION = 1u << 3,
-    KVX_PEER_ATTR_COUNTERS = 1u << 4
+    KVX_PEER_ATTR_COUNTERS = 1u << 4,
+    KVX_PEER_ATTR_RECV = 1u << 5
 };
 
 /** Size of kvx_peer_attr_t.transport. */
@@ -325,8 +376,8 @@ typedef struct kvx_peer_attr {
     /** UCX transport(s) the data actually travels on, e.g. "sysv", "posix", "tcp", "rc_mlx5";
      *  several are joined by ','. Empty once the connection is gone. */
     char transport[KVX_TRANSPORT_NAME_MAX];
-    /** 1 when the data moves by hardware RMA (one-sided), 0 when UCX emulates RMA with active
-     *  messages (the target's worker copies the data: shared memory and tcp on UCX 1.13). */
+    /** 1 when the data moves by one-sided hardware RMA. Always 0 in this version: every byte
+     *  travels in kvx's own messages, and the receiving kvx checks and applies it. */
     int rma_hw;
     int state; /**< kvx_peer_state_t */
     int error; /**< 0, or the negative errno that failed the connection */
@@ -341,6 +392,9 @@ typedef struct kvx_peer_attr {
     uint64_t xfers_inflight;
     uint64_t latency_sum_ns; /**< submit-to-completion, summed over done + failed */
     uint64_t latency_max_ns;
+    /** What the peer's transport (by agent name) did to this transport's region over its
+     *  connections to it, and what kvx refused it; zero if it never connected. */
+    kvx_recv_counters_t recv;
 } kvx_peer_attr_t;
 
 /** Fill the attributes named in attr->field_mask. Returns 0, -ENOENT, -EINVAL or -ESHUTDOWN. */
@@ -353,13 +407,26 @@ KVX_API int kvx_peer_query(kvx_transport_t *transport, const char *peer_id, kvx_
 /** Bits of kvx_xfer_params_t.field_mask. */
 enum kvx_xfer_params_field {
     /** override the transport's deadline; 0 disables it; at most KVX_MS_MAX */
-    KVX_XFER_PARAM_DEADLINE = 1u << 0
+    KVX_XFER_PARAM_DEADLINE = 1u << 0,
+    /** a tag (default 0) the receiver sees in notices and may fence by */
+    KVX_XFER_PARAM_TAG = 1u << 1,
+    /** flags: KVX_XFER_NOTIFY */
+    KVX_XFER_PARAM_FLAGS = 1u << 2
+};
+
+/** kvx_xfer_params_t.flags */
+enum kvx_xfer_flags {
+    /** A write: once all of its blocks landed, the receiver gets an arrival notice
+     *  (kvx_notice_poll), and only then does the write complete here. Not for reads. */
+    KVX_XFER_NOTIFY = 1u << 0
 };
 
 /** Optional per-transfer parameters. */
 typedef struct kvx_xfer_params {
     uint64_t field_mask;
     uint64_t deadline_ms;
+    uint64_t tag;
+    uint32_t flags;
 } kvx_xfer_params_t;
 
 /**
@@ -447,6 +514,47 @@ typedef enum kvx_cancel_mode {
  */
 KVX_API int kvx_xfer_cancel(kvx_transport_t *transport, const uint64_t *ids, size_t count, int mode,
                             uint64_t *pending);
+
+/* ---------------------------------------------------------------------------------------------
+ * The receiving side: fences and arrival notices
+ * ------------------------------------------------------------------------------------------- */
+
+/** Most tags one kvx_fence may name. */
+#define KVX_FENCE_TAGS_MAX 16
+
+/**
+ * Fence writes into this transport's region: when this returns, no byte of any write that the
+ * transport named writer (its agent name; NULL: every writer) submitted before the call lands
+ * in the region any more, on any of its connections to this transport; with tags (ntags > 0),
+ * only writes carrying one of those tags are fenced. Bytes that landed before the call stay.
+ * The writer's fenced transfers fail with -KVX_EFENCED; kvx tells its connections at once, so
+ * that its later writes carry the new epoch and land (one submitted before the writer heard of
+ * the fence fails with -KVX_EFENCED too: it may simply be submitted again). The writer need not
+ * re-add the peer. A connection whose handshake reaches this transport after the call is new:
+ * its writes land. Returns the number of the writer's connections fenced (0: none known, a
+ * no-op), -EINVAL (ntags > KVX_FENCE_TAGS_MAX, tags NULL with ntags, a bad name) or
+ * -ESHUTDOWN. Never waits on the network. tags need only stay valid during the call.
+ */
+KVX_API int kvx_fence(kvx_transport_t *transport, const char *writer, const uint64_t *tags,
+                      size_t ntags);
+
+/** An arrival notice: a peer's write (sent with KVX_XFER_NOTIFY) landed whole in the region. */
+typedef struct kvx_notice {
+    char writer[KVX_NAME_MAX + 1]; /**< the writer's agent name */
+    uint64_t tag;                  /**< the write's tag */
+    uint64_t blocks;               /**< blocks it wrote */
+    uint64_t bytes;                /**< bytes it wrote */
+    int32_t status;                /**< 0 */
+    uint32_t reserved;
+} kvx_notice_t;
+
+/**
+ * Take up to max arrival notices, oldest first, into out (which need only hold max); each comes
+ * out once. A notice is queued only after every block of its write landed, never for a write
+ * that failed or was fenced. Drives progress like kvx_transport_poll. Returns the number taken,
+ * -EINVAL or -ESHUTDOWN. Allocates nothing.
+ */
+KVX_API int kvx_notice_poll(kvx_transport_t *transport, kvx_notice_t *out, size_t max);
 
 #ifdef __cplusplus
 }

@@ -12,6 +12,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <sys/types.h>
 
 /* ---- intrusive circular list ---------------------------------------------------------------- */
 
@@ -51,17 +52,53 @@ static inline void kvx_list_splice_init(kvx_list_t *from, kvx_list_t *to)
 #define kvx_container_of(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
 #define kvx_list_first(h, type, member) kvx_container_of((h)->next, type, member)
 
+/* ---- little-endian fields of what crosses the wire --------------------------------------- */
+
+static inline void kvx_put16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+static inline void kvx_put32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline void kvx_put64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline uint16_t kvx_get16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+static inline uint32_t kvx_get32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static inline uint64_t kvx_get64(const uint8_t *p)
+{
+    return (uint64_t)kvx_get32(p) | (uint64_t)kvx_get32(p + 4) << 32;
+}
+
+/* A piece of memory (the layout of UCX's ucp_dt_iov_t: ucx.c checks it). */
+typedef struct kvx_iov {
+    void *base;
+    size_t len;
+} kvx_iov_t;
+
 /* ---- objects -------------------------------------------------------------------------------- */
 
 typedef struct kvx_peer kvx_peer_t;
 typedef struct kvx_conn kvx_conn_t;
 typedef struct kvx_xfer kvx_xfer_t;
-typedef struct kvx_ucx kvx_ucx_t;           /* backend state of a transport (ucx.c) */
-typedef struct kvx_ucx_conn kvx_ucx_conn_t; /* backend state of a connection (ucx.c) */
+typedef struct kvx_rconn kvx_rconn_t;
+typedef struct kvx_writer kvx_writer_t;
+typedef struct kvx_send kvx_send_t;
+typedef struct kvx_ucx kvx_ucx_t;       /* backend state of a transport (ucx.c) */
+typedef struct kvx_ucx_ep kvx_ucx_ep_t; /* backend state of an endpoint (ucx.c) */
 
 enum kvx_op { KVX_OP_WRITE = 0, KVX_OP_READ = 1 };
 
-/* A run of blocks consecutive on both sides: one UCX operation. */
+/* A run of blocks consecutive on both sides. */
 typedef struct kvx_run {
     uint32_t local;
     uint32_t remote;
@@ -69,31 +106,17 @@ typedef struct kvx_run {
 } kvx_run_t;
 
 /*
- * Life of a transfer:
- *   QUEUED   in conn->queue; runs [0, next_run) and run_off bytes of the next one handed to UCX
- *            (none when kvx_xfer_started is false)
- *   FLUSHING every run posted: in conn->flushing, waiting for the endpoint flush numbered
- *            flush_seq (0: none posted yet) whose completion means its bytes all landed
- *   FAILING  its connection is closing; reported when the close completes: in conn->failing
+ * Life of a transfer (the initiator's side):
+ *   QUEUED   in conn->queue; its byte stream (its runs, in order) is handed to UCX in messages
+ *            from posted = 0 up; a write's WRITE messages, a read's READ_REQ ones
+ *   WAITING  every byte posted: in conn->waiting, until the receiver has acknowledged them all
+ *            (a write; with KVX_XFER_PARAM_NOTIFY, then its notice) or they all arrived (a read)
  *   DONE     finished, waiting in peer->cq for poll
- * UCX never holds a pointer to a transfer: its callbacks name connections and flush tokens, so
- * a transfer can be forgotten (cancel, close) at any time.
+ * UCX never holds a pointer to a transfer: messages in its hands name their connection and the
+ * transfer's id, so a transfer can fail or be forgotten at any time. A reply for a transfer
+ * that is gone is dropped: a failed read's local blocks never change after its failure.
  */
-enum kvx_xfer_state {
-    KVX_XS_FREE = 0,
-    KVX_XS_QUEUED,
-    KVX_XS_FLUSHING,
-    KVX_XS_FAILING,
-    KVX_XS_DONE
-};
-
-/* One endpoint flush in flight; it covers every transfer of its connection with flush_seq <= seq.
- */
-typedef struct kvx_flush {
-    kvx_conn_t *conn;
-    uint64_t seq;
-    struct kvx_flush *next_free;
-} kvx_flush_t;
+enum kvx_xfer_state { KVX_XS_FREE = 0, KVX_XS_QUEUED, KVX_XS_WAITING, KVX_XS_DONE };
 
 struct kvx_xfer {
     kvx_transport_t *t;
@@ -102,16 +125,22 @@ struct kvx_xfer {
     uint8_t op;
     bool canceled;
     bool purged;          /* its peer was removed with KVX_PEER_REMOVE_PURGE: never reported */
+    bool notify;          /* a write whose receiver is told when all of it landed */
+    bool noticed;         /* its notice was sent; NOTICE_ACK completes it */
     uint32_t cancel_call; /* the kvx_xfer_cancel call that last reported it (dedupes ids) */
     kvx_peer_t *peer;
     kvx_conn_t *conn;
-    kvx_list_t conn_link;   /* conn->queue / flushing / failing, or peer->cq when DONE */
+    kvx_list_t conn_link;   /* conn->queue / waiting, or peer->cq when DONE */
     kvx_list_t active_link; /* t->active: every transfer not yet DONE, for deadlines */
     kvx_run_t *runs;
     uint32_t nruns, next_run, runs_cap;
-    uint64_t run_off; /* bytes of runs[next_run] already handed to UCX */
+    uint64_t run_off; /* bytes of runs[next_run] already posted */
+    uint64_t posted;  /* bytes of the stream posted */
+    uint64_t done;    /* bytes acknowledged (write) or arrived (read) */
+    uint32_t sending; /* its messages UCX still holds (their iov points into its local blocks) */
+    uint64_t tag;
+    uint64_t epoch; /* the receiver's fence epoch this transfer was submitted under */
     int status;
-    uint64_t flush_seq;
     uint64_t bytes;
     uint64_t t_submit_ns;
     uint64_t t_done_ns;
@@ -130,41 +159,63 @@ typedef struct kvx_host_id {
     uint32_t pid;
 } kvx_host_id_t;
 
+/* A read request in flight: its part of the stream, and where the next byte of it lands. */
+typedef struct kvx_rreq {
+    uint64_t xfer_id; /* 0: free */
+    uint64_t stream_off;
+    uint64_t len;
+    uint64_t got;
+    uint32_t run; /* the local run, and offset in it, of stream byte stream_off + got */
+    uint64_t run_off;
+} kvx_rreq_t;
+
+/* Operations kvx keeps in UCX's hands per connection at most (back-pressure): messages posted
+ * and not yet sent, and read requests not yet answered. */
+#define KVX_MAX_REQS 16
+
 /*
- * One UCX endpoint to a peer's worker plus the unpacked remote key of its region. It is OPEN from
- * kvx_peer_add on; wire-up (the peer answering) completes in the background (wired). A failure
- * makes it CLOSING (the endpoint closing, forced) then CLOSED. No API call waits for any of this
- * with the transport lock held: they wait on t->cond, which progress signals.
+ * The initiator's side of a peer: one UCX endpoint to the peer's worker. It is OPEN from
+ * kvx_peer_add on; the handshake (HELLO, answered with HELLO_ACK: the receiver's id and token
+ * for this connection) completes in the background (wired). A failure makes it CLOSING (the
+ * endpoint closing, forced) then CLOSED. No API call waits for any of this with the transport
+ * lock held: they wait on t->cond, which progress signals.
  */
 struct kvx_conn {
     kvx_transport_t *t;
     kvx_peer_t *peer; /* NULL until kvx_peer_add installs it, and once detached */
     int state;
-    bool wired;                /* the peer answered the wire-up */
+    bool wired;                /* the receiver answered the handshake */
     int err;                   /* why it failed or closes */
     int pending_err;           /* an error reported by UCX, handled outside UCX callbacks */
     unsigned pins;             /* API calls waiting on this connection: it is not freed meanwhile */
-    uint64_t last_progress_ns; /* last completion of a UCX operation of this connection */
+    uint64_t last_progress_ns; /* last sign of life from the peer on this connection */
     kvx_host_id_t host;        /* the peer's process, when it runs on this host */
     bool watched;              /* same host: kvx checks that process is alive */
     int pidfd;                 /* its pidfd (-1: none, /proc is read instead) */
+    uint32_t id;               /* messages to this connection carry id and token */
+    uint64_t token;
+    uint32_t rconn_id; /* ... and ours to the receiver carry its id and token */
+    uint64_t rconn_token;
+    uint64_t epoch; /* the receiver's fence epoch for us, as last heard */
+    bool crc;       /* integrity: checksums on this connection's data */
+    size_t seg;     /* a message's size on this connection's lane */
     uint64_t remote_base;
     uint64_t remote_num_blocks;
+    uint8_t capability[16];
     char agent_name[KVX_NAME_MAX + 1];
     char transport[KVX_TRANSPORT_NAME_MAX];
     int rma_hw;
-    kvx_list_t queue;    /* QUEUED transfers, in submission order */
-    kvx_list_t flushing; /* FLUSHING transfers */
-    kvx_list_t failing;  /* FAILING transfers */
-    unsigned reqs;       /* UCX operation requests outstanding (back-pressure) */
-    unsigned flushes;    /* endpoint flushes outstanding */
-    uint64_t flush_seq;  /* the last flush posted */
-    kvx_flush_t *free_flushes;
+    kvx_list_t queue;   /* QUEUED transfers, in submission order */
+    kvx_list_t waiting; /* WAITING transfers */
+    unsigned reqs;      /* messages UCX holds and read requests unanswered (back-pressure) */
+    uint64_t unacked;   /* bytes posted and not yet acknowledged or arrived */
+    unsigned notices;   /* notices sent and not yet answered */
+    kvx_rreq_t rreqs[KVX_MAX_REQS];
     unsigned ucx_refs;    /* UCX callbacks still to come that name this connection */
     kvx_list_t work_link; /* t->work: has queued runs to post or an error to handle */
     kvx_list_t all_link;  /* t->conns */
-    kvx_list_t fail_link; /* a local list of connections to fail (deadline scan) */
-    kvx_ucx_conn_t *ucx;
+    kvx_list_t fail_link; /* a local list of connections to fail */
+    kvx_ucx_ep_t *ucx;
 };
 
 struct kvx_peer {
@@ -186,12 +237,69 @@ struct kvx_peer {
     uint64_t last_base, last_num_blocks;
 };
 
+/* ---- the receiving side (recv.c) ------------------------------------------------------------ */
+
+/* A fence of a writer: messages it stamped with an epoch below at_epoch are dropped, if they
+ * carry one of the tags (ntags == 0: any tag). */
+#define KVX_FENCE_TAGS_MAX 16
+#define KVX_FENCES_MAX 32
+typedef struct kvx_fence_rec {
+    uint64_t at_epoch;
+    uint32_t ntags;
+    uint64_t tags[KVX_FENCE_TAGS_MAX];
+} kvx_fence_rec_t;
+
+/* One remote transport (an agent name) that connected to this one to write or read. */
+struct kvx_writer {
+    char name[KVX_NAME_MAX + 1];
+    kvx_writer_t *hnext;
+    uint64_t epoch; /* bumped by each kvx_fence of this writer */
+    kvx_fence_rec_t fences[KVX_FENCES_MAX];
+    uint32_t nfences;  /* the most recent ones; older ones merge into a fence of all */
+    kvx_list_t rconns; /* its connections */
+    kvx_recv_counters_t counters;
+};
+
+/* A connection from a writer: made when its HELLO arrives with our capability. Acknowledgements
+ * go out in messages of KVX_ACK_BATCH entries; at most KVX_ACKS_MAX wait at once. */
+#define KVX_ACK_BATCH 256
+#define KVX_ACKS_MAX 65536
+struct kvx_rconn {
+    kvx_transport_t *t;
+    uint32_t id;
+    uint64_t token;
+    kvx_writer_t *w;
+    uint32_t peer_conn_id; /* our messages to the writer carry its id and token */
+    uint64_t peer_token;
+    int state; /* kvx_conn_state */
+    unsigned ucx_refs;
+    unsigned sending;         /* messages of ours UCX holds (acks, read data) */
+    bool crc_reads;           /* the reader asked for checksums */
+    uint32_t nacks, acks_cap; /* acknowledgements to send: {transfer id, bytes, status} */
+    uint8_t *acks;
+    kvx_list_t serve; /* read requests to answer, oldest first */
+    unsigned nserve;
+    kvx_list_t ctl;       /* small messages to send (HELLO_ACK, FENCE, NOTICE_ACK) */
+    size_t seg;           /* a message's size on its lane */
+    kvx_list_t work_link; /* t->rwork */
+    kvx_list_t w_link;    /* w->rconns */
+    kvx_list_t all_link;  /* t->rconns: until freed */
+    kvx_ucx_ep_t *ucx;
+};
+
 /* Transfer ids in flight or waiting for poll, for cancel: an open-addressing table. */
 typedef struct kvx_idmap {
     kvx_xfer_t **slots;
     size_t cap; /* a power of two, or 0 */
     size_t count;
 } kvx_idmap_t;
+
+/* Connections by the id their messages carry: a table of pointers, ids reused after free. */
+typedef struct kvx_idtab {
+    void **slots;
+    uint32_t cap;
+    uint32_t free_hint;
+} kvx_idtab_t;
 
 struct kvx_transport {
     pthread_mutex_t lock;
@@ -207,10 +315,15 @@ struct kvx_transport {
     uint8_t *base;
     uint64_t num_blocks;
     uint64_t block_len;
+    uint64_t region_len;
     uint64_t deadline_ns;
     uint64_t keepalive_ms;
     uint64_t stall_ns;
     unsigned num_threads;
+    bool integrity;
+    uint8_t *secret; /* NULL: none */
+    size_t secret_len;
+    char *net_devices;
     kvx_host_id_t host;
     uint64_t generation;
     uint8_t capability[16];
@@ -224,7 +337,7 @@ struct kvx_transport {
     uint8_t *metadata;
     size_t metadata_len;
 
-    /* peers by id */
+    /* peers by id, and the initiator's connections */
     kvx_peer_t **ptab;
     size_t ptab_cap;
     size_t npeers;     /* entries in ptab, removed ones included */
@@ -232,6 +345,20 @@ struct kvx_transport {
     kvx_list_t ready;  /* peers with completions */
     kvx_list_t conns;  /* every connection not yet freed */
     kvx_list_t work;   /* connections with runs to post or an error to handle */
+    kvx_idtab_t conn_ids;
+
+    /* the receiving side: writers by name, their connections by id */
+    kvx_writer_t **wtab;
+    size_t wtab_cap, nwriters;
+    kvx_idtab_t rconn_ids;
+    size_t nrconns;    /* open ones */
+    kvx_list_t rconns; /* every one not yet freed */
+    kvx_list_t rwork;  /* rconns with acknowledgements, read data or control to send */
+    kvx_list_t hellos; /* HELLOs with a valid capability, handled after UCX progress */
+    unsigned nhellos;
+    kvx_recv_counters_t rcounters;
+    kvx_notice_t *notices; /* a ring of notice_cap */
+    size_t notice_cap, notice_head, notice_count;
 
     /* transfers: objects are pooled (free_xfers); the pool keeps what recent peaks needed */
     kvx_idmap_t ids;
@@ -241,7 +368,7 @@ struct kvx_transport {
     uint64_t xfer_mallocs;            /* transfer objects allocated over the transport's life */
     uint64_t next_seq;
     uint32_t cancel_calls;
-    kvx_list_t active;             /* transfers not yet DONE (QUEUED, FLUSHING, FAILING) */
+    kvx_list_t active;             /* transfers not yet DONE */
     uint64_t next_deadline_ns;     /* earliest deadline in active, or later; UINT64_MAX = none */
     uint64_t next_housekeeping_ns; /* stall and liveness checks, pool trimming */
     uint64_t next_pool_trim_ns;
@@ -295,6 +422,8 @@ bool kvx_host_alive(const kvx_host_id_t *peer, int pidfd);
 
 #define KVX_MD_MAGIC 0x4d58564bu /* "KVXM" read little-endian */
 #define KVX_MD_VERSION 2u
+#define KVX_MDF_MAC 1u /* a 32-byte HMAC-SHA256 of the blob ends it */
+#define KVX_MAC_LEN 32
 
 typedef struct kvx_md {
     char agent_name[KVX_NAME_MAX + 1];
@@ -305,16 +434,132 @@ typedef struct kvx_md {
     uint64_t generation;
     uint8_t capability[16];
     kvx_host_id_t host;
+    uint32_t flags;
     const uint8_t *worker_addr; /* points into the decoded buffer */
     uint32_t worker_addr_len;
-    const uint8_t *rkey;
-    uint32_t rkey_len;
+    const uint8_t *mac; /* points into the decoded buffer, when flags has KVX_MDF_MAC */
 } kvx_md_t;
 
 size_t kvx_md_encoded_len(const kvx_md_t *md);
-int kvx_md_encode(const kvx_md_t *md, uint8_t *buf, size_t cap);
+/* With a secret, the blob is signed (KVX_MDF_MAC). Returns the length or -ENOSPC. */
+int kvx_md_encode(const kvx_md_t *md, const uint8_t *secret, size_t secret_len, uint8_t *buf,
+                  size_t cap);
 int kvx_md_decode(const void *buf, size_t len, kvx_md_t *md);
+/* 0 when the blob's signature matches the secret; -EACCES otherwise, or when one side has a
+ * secret and the other none. */
+int kvx_md_verify(const void *buf, size_t len, const kvx_md_t *md, const uint8_t *secret,
+                  size_t secret_len);
+
+/* ---- checksums and authentication (checksum.c, auth.c) -------------------------------------- */
+
 uint32_t kvx_crc32(const void *buf, size_t len);
+uint32_t kvx_crc32_parts(const kvx_iov_t *parts, size_t n);
+uint32_t kvx_crc32c(const void *buf, size_t len);
+uint32_t kvx_crc32c_parts(const kvx_iov_t *parts, size_t n);
+void kvx_sha256(const void *data, size_t len, uint8_t out[32]);
+void kvx_hmac_sha256(const void *key, size_t key_len, const kvx_iov_t *parts, size_t n,
+                     uint8_t out[32]);
+bool kvx_equal_ct(const void *a, const void *b, size_t len);
+
+/* ---- wire format (wire.c) -------------------------------------------------------------------- */
+
+#define KVX_WIRE_VERSION 1
+enum kvx_msg_type {
+    KVX_MSG_HELLO = 1,
+    KVX_MSG_HELLO_ACK,
+    KVX_MSG_WRITE,
+    KVX_MSG_ACK,
+    KVX_MSG_READ_REQ,
+    KVX_MSG_READ_DATA,
+    KVX_MSG_FENCE,
+    KVX_MSG_NOTICE,
+    KVX_MSG_NOTICE_ACK,
+    KVX_MSG_BYE
+};
+#define KVX_MSGF_CRC 1u   /* WRITE, READ_REQ, READ_DATA: checksums are set */
+#define KVX_MSGF_PROOF 2u /* HELLO: a proof of the shared secret ends it */
+#define KVX_WIRE_HDR_LEN 16
+#define KVX_WIRE_HELLO_LEN 64
+#define KVX_WIRE_WRITE_LEN 48
+#define KVX_WIRE_ACK_LEN 24
+#define KVX_WIRE_READ_REQ_LEN 40
+#define KVX_WIRE_READ_DATA_LEN 48
+#define KVX_WIRE_RUN_LEN 16
+#define KVX_WIRE_ACK_ENTRY_LEN 16
+#define KVX_WIRE_MAX_RUNS 256  /* runs in one WRITE or READ_REQ */
+#define KVX_WIRE_MAX_ACKS 4096 /* entries in one ACK */
+#define KVX_WIRE_MAX_WADDR 4096
+#define KVX_PROOF_LEN 32
+#define KVX_READ_REQ_MAX ((uint64_t)256 * 1024) /* bytes one READ_REQ asks for */
+
+typedef struct kvx_wire_run {
+    uint64_t offset;
+    uint32_t len;
+    uint32_t crc;
+} kvx_wire_run_t;
+
+/* A decoded message header. Pointers point into the header decoded. */
+typedef struct kvx_msg {
+    uint8_t type;
+    uint16_t flags;
+    uint32_t conn_id;
+    uint64_t token;
+    union {
+        struct {
+            const uint8_t *capability, *waddr, *proof;
+            uint32_t conn_id, waddr_len;
+            uint64_t token, generation;
+            size_t signed_len; /* the bytes the proof covers */
+            char name[KVX_NAME_MAX + 1];
+        } hello;
+        struct {
+            uint32_t rconn_id;
+            int32_t status;
+            uint64_t token, epoch;
+        } hello_ack;
+        struct {
+            uint64_t xfer_id, tag, epoch;
+            uint32_t nruns;
+            const uint8_t *runs;
+        } write;
+        struct {
+            uint32_t n;
+            const uint8_t *entries;
+        } ack;
+        struct {
+            uint64_t xfer_id, stream_off, bytes;
+            uint32_t nruns;
+            const uint8_t *runs;
+        } read_req;
+        struct {
+            uint64_t xfer_id, stream_off;
+            uint32_t len, crc;
+            int32_t status;
+        } read_data;
+        struct {
+            uint64_t epoch;
+        } fence;
+        struct {
+            uint64_t xfer_id, tag, epoch, blocks, bytes;
+        } notice;
+        struct {
+            uint64_t xfer_id;
+            int32_t status;
+        } notice_ack;
+    } u;
+} kvx_msg_t;
+
+/* Decode a message header of hdr_len bytes that came with data_len bytes of payload: 0, or
+ * -EBADMSG for anything malformed. Checks structure only (lengths, counts, reserved fields);
+ * whether connection, token and runs are acceptable is the receiver's business. */
+int kvx_wire_decode(const void *hdr, size_t hdr_len, size_t data_len, kvx_msg_t *m);
+void kvx_wire_put_hdr(uint8_t *p, int type, unsigned flags, uint32_t conn_id, uint64_t token);
+void kvx_wire_run_get(const uint8_t *runs, uint32_t i, kvx_wire_run_t *r);
+void kvx_wire_run_put(uint8_t *runs, uint32_t i, const kvx_wire_run_t *r);
+void kvx_wire_ack_get(const uint8_t *entries, uint32_t i, uint64_t *xfer_id, uint32_t *bytes,
+                      int32_t *status);
+void kvx_wire_ack_put(uint8_t *entries, uint32_t i, uint64_t xfer_id, uint32_t bytes,
+                      int32_t status);
 
 /* ---- peers (peer.c) ------------------------------------------------------------------------- */
 
@@ -332,11 +577,15 @@ void kvx_conn_handle_work(kvx_conn_t *c);
 void kvx_conn_maybe_free(kvx_conn_t *c);
 void kvx_conn_housekeeping(kvx_transport_t *t, uint64_t now);
 bool kvx_conn_busy(const kvx_conn_t *c);
+int kvx_idtab_alloc(kvx_idtab_t *tab, void *obj, uint32_t *id_p);
+void *kvx_idtab_get(const kvx_idtab_t *tab, uint32_t id);
+void kvx_idtab_release(kvx_idtab_t *tab, uint32_t id);
 
 /* ---- transfers (xfer.c, transport.c) -------------------------------------------------------- */
 
 void kvx_xfer_post(kvx_conn_t *c, size_t budget_bytes);
-void kvx_xfer_free_flushes(kvx_conn_t *c);
+void kvx_xfer_forget(kvx_xfer_t *x);
+void kvx_xfer_fail_conn(kvx_conn_t *c, int err);
 void kvx_xfer_complete(kvx_xfer_t *x, int status);
 void kvx_xfer_release(kvx_xfer_t *x);
 void kvx_xfer_check_deadlines(kvx_transport_t *t, uint64_t now);
@@ -345,15 +594,36 @@ void kvx_xfer_free(kvx_transport_t *t, kvx_xfer_t *x);
 kvx_xfer_t *kvx_xfer_lookup(kvx_transport_t *t, uint64_t id);
 void kvx_xfer_free_all(kvx_transport_t *t);
 void kvx_xfer_trim_pool(kvx_transport_t *t);
+/* A message of the initiator's side arrived (ACK, READ_DATA, HELLO_ACK, FENCE, NOTICE_ACK). */
+void kvx_xfer_on_message(kvx_transport_t *t, const kvx_msg_t *m, const uint8_t *data,
+                         size_t data_len);
+/* UCX is done with a message of a connection's (status: how it went). */
+void kvx_xfer_on_sent(kvx_conn_t *c, uint64_t xfer_id, int status);
 
 /* How often stall and liveness checks run while transfers are in flight. */
 #define KVX_HOUSEKEEPING_NS 100000000ull
 
 /* Some of the transfer's bytes were handed to UCX. */
-static inline bool kvx_xfer_started(const kvx_xfer_t *x)
-{
-    return x->next_run > 0 || x->run_off > 0;
-}
+static inline bool kvx_xfer_started(const kvx_xfer_t *x) { return x->posted > 0; }
+
+/* ---- the receiving side (recv.c) ------------------------------------------------------------ */
+
+/* A message for the receiving side arrived (HELLO, WRITE, READ_REQ, NOTICE, BYE). Runs inside
+ * UCX progress: it applies writes at once, and defers what needs to send to kvx_recv_work. */
+void kvx_recv_on_message(kvx_transport_t *t, const kvx_msg_t *m, const void *hdr, size_t hdr_len,
+                         const uint8_t *data, size_t data_len);
+/* After UCX progress: handshakes, acknowledgements, read data, control. Returns work done. */
+unsigned kvx_recv_work(kvx_transport_t *t);
+void kvx_recv_on_sent(kvx_rconn_t *rc, int status);
+void kvx_recv_on_error(kvx_rconn_t *rc, int status);
+void kvx_recv_on_closed(kvx_rconn_t *rc);
+bool kvx_recv_busy(const kvx_transport_t *t);
+void kvx_recv_close_all(kvx_transport_t *t);
+void kvx_recv_free_all(kvx_transport_t *t);
+kvx_writer_t *kvx_writer_lookup(const kvx_transport_t *t, const char *name);
+/* Count a message dropped before it could be tied to a connection. */
+void kvx_recv_count_drop(kvx_transport_t *t, int why);
+enum { KVX_DROP_MALFORMED, KVX_DROP_CAPABILITY, KVX_DROP_UNKNOWN, KVX_DROP_RNDV };
 
 /* ---- progress (progress.c) ------------------------------------------------------------------ */
 
@@ -366,22 +636,42 @@ void kvx_progress_kick(kvx_transport_t *t, uint64_t when_ns);
 
 /* ---- UCX backend (ucx.c) -------------------------------------------------------------------- */
 
+/* A message being sent: kvx builds its header and payload iov here, and UCX keeps pointing at
+ * both until it is done (a message it could not send at once waits in its queue). */
+#define KVX_SEND_HDR_MAX (KVX_WIRE_HELLO_LEN + KVX_NAME_MAX + KVX_WIRE_MAX_WADDR + KVX_PROOF_LEN)
+struct kvx_send {
+    kvx_ucx_ep_t *ep;
+    kvx_send_t *next_free;
+    uint64_t xfer_id; /* the transfer whose local blocks the payload is (0: none) */
+    uint8_t hdr[KVX_SEND_HDR_MAX];
+    kvx_iov_t iov[KVX_WIRE_MAX_RUNS];
+};
+
 int kvx_ucx_init(kvx_transport_t *t);
 void kvx_ucx_fini(kvx_transport_t *t);
-int kvx_ucx_local_info(kvx_transport_t *t, const void **waddr, size_t *waddr_len, const void **rkey,
-                       size_t *rkey_len);
-int kvx_ucx_conn_open(kvx_conn_t *c, const kvx_md_t *md);
-int kvx_ucx_conn_close(kvx_conn_t *c);
-void kvx_ucx_conn_free(kvx_conn_t *c);
-int kvx_ucx_rma(kvx_conn_t *c, int op, void *local, uint64_t remote, size_t len);
-int kvx_ucx_flush(kvx_conn_t *c, kvx_flush_t *f);
+void kvx_ucx_local_address(kvx_transport_t *t, const void **waddr, size_t *waddr_len);
+/* An endpoint to a worker address, whose errors and sends report to owner (a connection of the
+ * initiator's side when rconn is false, else a receiver's connection). */
+int kvx_ucx_ep_open(kvx_transport_t *t, const void *waddr, const char *name, void *owner,
+                    bool rconn, kvx_ucx_ep_t **ep_p);
+/* Close (forced). Returns 0 when closed on return, 1 when the owner's on_closed follows. */
+int kvx_ucx_ep_close(kvx_ucx_ep_t *ep, unsigned *refs);
+void kvx_ucx_ep_free(kvx_ucx_ep_t *ep);
+/* Which transport the endpoint's data travels on, and its message size. */
+void kvx_ucx_ep_describe(kvx_ucx_ep_t *ep, char *transport, size_t len, int *rma_hw, size_t *seg);
+/* A message to fill (s->hdr, s->iov, s->xfer_id), then hand to kvx_ucx_send; NULL: no memory. */
+kvx_send_t *kvx_ucx_send_get(kvx_ucx_ep_t *ep);
+/* Send s: hdr_len bytes of s->hdr and the payload s->iov[0..iovcnt) (memory of the region). Returns
+ * 0 (UCX is done with it already: s is free again), 1 (UCX holds it: the owner's on_sent follows,
+ * and *refs counts it meanwhile), or a negative errno (s is free again). */
+int kvx_ucx_send(kvx_send_t *s, size_t hdr_len, size_t iovcnt, unsigned *refs);
+/* Wrap a header already built into a message with no payload and send it. */
+int kvx_ucx_send_ctl(kvx_ucx_ep_t *ep, const void *hdr, size_t hdr_len, unsigned *refs);
 unsigned kvx_ucx_progress(kvx_transport_t *t);
 int kvx_ucx_arm(kvx_transport_t *t);
 int kvx_ucx_event_fd(kvx_transport_t *t);
 
 /* Called by ucx.c from inside UCX progress, with the transport lock held. */
-void kvx_on_flush_done(kvx_flush_t *f, int status);
-void kvx_on_op_done(kvx_conn_t *c, int status);
 void kvx_on_conn_error(kvx_conn_t *c, int status);
 void kvx_on_conn_closed(kvx_conn_t *c);
 

@@ -10,10 +10,14 @@
  *   48  u8[16] capability (random; reserved for peers that hold this blob)
  *   64  u8[16] host (the kernel's boot id; zero when unknown)
  *   80  u64 pid namespace       88  u64 process start time (clock ticks after boot)
- *   96  u32 pid                100  u32 flags (none defined: 0)
+ *   96  u32 pid                100  u32 flags (KVX_MDF_MAC, or 0)
  *  104  u8  agent name length  105  u8  fingerprint length  106 u16 reserved (0)
- *  108  u32 worker address length  112 u32 remote key length  116 u32 reserved (0)
- *  120  agent name, fingerprint, worker address, remote key (no terminators, no padding)
+ *  108  u32 worker address length  112 u32 reserved (0)  116 u32 reserved (0)
+ *  120  agent name, fingerprint, worker address (no terminators, no padding)
+ *       [with KVX_MDF_MAC: HMAC-SHA256 of all that precedes, keyed with the shared secret, the
+ *       crc field zeroed]
+ * The capability is what a peer must present before the transport applies any of its data: only
+ * those who hold the blob can write into (or read) the region.
  */
 #include "kvx_int.h"
 
@@ -23,49 +27,6 @@
 #define KVX_MD_HDR_LEN 120u
 /* UCX addresses are a few hundred bytes: refuse absurd sizes. */
 #define KVX_MD_MAX_BLOB (1u << 20)
-
-static void put16(uint8_t *p, uint16_t v)
-{
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-}
-static void put32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
-static uint32_t get32(const uint8_t *p)
-{
-    uint32_t v = 0;
-    for (int i = 3; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
-static uint64_t get64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
-
-static uint32_t kvx_crc32_update(uint32_t crc, const uint8_t *p, size_t len)
-{
-    while (len--) {
-        crc ^= *p++;
-        for (int k = 0; k < 8; k++)
-            crc = (crc >> 1) ^ (0xedb88320u & (0u - (crc & 1u)));
-    }
-    return crc;
-}
-
-uint32_t kvx_crc32(const void *buf, size_t len) { return ~kvx_crc32_update(~0u, buf, len); }
 
 /* Agent names and fingerprints: printable ASCII without spaces. */
 static bool kvx_md_text_ok(const uint8_t *s, size_t len)
@@ -79,83 +40,109 @@ static bool kvx_md_text_ok(const uint8_t *s, size_t len)
 size_t kvx_md_encoded_len(const kvx_md_t *md)
 {
     return KVX_MD_HDR_LEN + strlen(md->agent_name) + strlen(md->fingerprint) + md->worker_addr_len +
-           md->rkey_len;
+           ((md->flags & KVX_MDF_MAC) ? KVX_MAC_LEN : 0);
 }
 
-int kvx_md_encode(const kvx_md_t *md, uint8_t *buf, size_t cap)
+/* The MAC of a blob of len bytes (its trailer excluded), the crc field taken as zero. */
+static void kvx_md_mac(const uint8_t *buf, size_t len, const uint8_t *secret, size_t secret_len,
+                       uint8_t out[KVX_MAC_LEN])
 {
-    size_t name_len = strlen(md->agent_name), fp_len = strlen(md->fingerprint);
-    size_t len = kvx_md_encoded_len(md);
+    static const uint8_t zero[4];
+    kvx_iov_t parts[3] = {{(void *)buf, 12}, {(void *)zero, 4}, {(void *)(buf + 16), len - 16}};
+    kvx_hmac_sha256(secret, secret_len, parts, 3, out);
+}
+
+int kvx_md_encode(const kvx_md_t *in, const uint8_t *secret, size_t secret_len, uint8_t *buf,
+                  size_t cap)
+{
+    kvx_md_t md = *in;
+    size_t name_len = strlen(md.agent_name), fp_len = strlen(md.fingerprint), len;
     uint8_t *p = buf + KVX_MD_HDR_LEN;
 
+    md.flags = secret != NULL ? KVX_MDF_MAC : 0;
+    len = kvx_md_encoded_len(&md);
     if (len > cap || len > KVX_MD_MAX_BLOB || name_len > KVX_NAME_MAX ||
         fp_len > KVX_FINGERPRINT_MAX)
         return -ENOSPC;
     memset(buf, 0, KVX_MD_HDR_LEN);
-    put32(buf, KVX_MD_MAGIC);
-    put16(buf + 4, KVX_MD_VERSION);
-    put16(buf + 6, KVX_MD_HDR_LEN);
-    put32(buf + 8, (uint32_t)len);
-    put64(buf + 16, md->base);
-    put64(buf + 24, md->num_blocks);
-    put64(buf + 32, md->block_len);
-    put64(buf + 40, md->generation);
-    memcpy(buf + 48, md->capability, 16);
-    memcpy(buf + 64, md->host.boot_id, 16);
-    put64(buf + 80, md->host.pid_ns);
-    put64(buf + 88, md->host.start_time);
-    put32(buf + 96, md->host.pid);
-    put32(buf + 100, 0);
+    kvx_put32(buf, KVX_MD_MAGIC);
+    kvx_put16(buf + 4, KVX_MD_VERSION);
+    kvx_put16(buf + 6, KVX_MD_HDR_LEN);
+    kvx_put32(buf + 8, (uint32_t)len);
+    kvx_put64(buf + 16, md.base);
+    kvx_put64(buf + 24, md.num_blocks);
+    kvx_put64(buf + 32, md.block_len);
+    kvx_put64(buf + 40, md.generation);
+    memcpy(buf + 48, md.capability, 16);
+    memcpy(buf + 64, md.host.boot_id, 16);
+    kvx_put64(buf + 80, md.host.pid_ns);
+    kvx_put64(buf + 88, md.host.start_time);
+    kvx_put32(buf + 96, md.host.pid);
+    kvx_put32(buf + 100, md.flags);
     buf[104] = (uint8_t)name_len;
     buf[105] = (uint8_t)fp_len;
-    put32(buf + 108, md->worker_addr_len);
-    put32(buf + 112, md->rkey_len);
-    memcpy(p, md->agent_name, name_len);
+    kvx_put32(buf + 108, md.worker_addr_len);
+    memcpy(p, md.agent_name, name_len);
     p += name_len;
-    memcpy(p, md->fingerprint, fp_len);
+    memcpy(p, md.fingerprint, fp_len);
     p += fp_len;
-    memcpy(p, md->worker_addr, md->worker_addr_len);
-    p += md->worker_addr_len;
-    memcpy(p, md->rkey, md->rkey_len);
-    put32(buf + 12, kvx_crc32(buf, len));
+    memcpy(p, md.worker_addr, md.worker_addr_len);
+    if (md.flags & KVX_MDF_MAC)
+        kvx_md_mac(buf, len - KVX_MAC_LEN, secret, secret_len, buf + len - KVX_MAC_LEN);
+    kvx_put32(buf + 12, kvx_crc32(buf, len));
     return (int)len;
+}
+
+int kvx_md_verify(const void *data, size_t len, const kvx_md_t *md, const uint8_t *secret,
+                  size_t secret_len)
+{
+    uint8_t mac[KVX_MAC_LEN];
+
+    if (secret == NULL)
+        return (md->flags & KVX_MDF_MAC) ? -EACCES : 0; /* the peer wants a secret we lack */
+    if (!(md->flags & KVX_MDF_MAC) || len < KVX_MD_HDR_LEN + KVX_MAC_LEN)
+        return -EACCES;
+    kvx_md_mac(data, len - KVX_MAC_LEN, secret, secret_len, mac);
+    return kvx_equal_ct(mac, md->mac, KVX_MAC_LEN) ? 0 : -EACCES;
 }
 
 int kvx_md_decode(const void *data, size_t len, kvx_md_t *md)
 {
     const uint8_t *buf = data;
-    uint8_t hdr[KVX_MD_HDR_LEN];
+    static const uint8_t zero[4];
     size_t name_len, fp_len, need;
-    uint32_t waddr_len, rkey_len, crc;
+    uint32_t waddr_len, flags, crc;
     uint64_t base, num_blocks, block_len;
 
-    if (buf == NULL || len < 8 || get32(buf) != KVX_MD_MAGIC)
+    if (buf == NULL || len < 8 || kvx_get32(buf) != KVX_MD_MAGIC)
         return -EBADMSG;
-    if (get16(buf + 4) != KVX_MD_VERSION)
+    if (kvx_get16(buf + 4) != KVX_MD_VERSION)
         return -EPROTONOSUPPORT;
-    if (len < KVX_MD_HDR_LEN || get16(buf + 6) != KVX_MD_HDR_LEN || get32(buf + 8) != len ||
+    if (len < KVX_MD_HDR_LEN || kvx_get16(buf + 6) != KVX_MD_HDR_LEN || kvx_get32(buf + 8) != len ||
         len > KVX_MD_MAX_BLOB)
         return -EBADMSG;
 
     /* The crc covers the whole blob with its own field zeroed. */
-    memcpy(hdr, buf, KVX_MD_HDR_LEN);
-    put32(hdr + 12, 0);
-    crc = ~kvx_crc32_update(kvx_crc32_update(~0u, hdr, KVX_MD_HDR_LEN), buf + KVX_MD_HDR_LEN,
-                            len - KVX_MD_HDR_LEN);
-    if (crc != get32(buf + 12))
+    {
+        kvx_iov_t parts[3] = {{(void *)buf, 12}, {(void *)zero, 4}, {(void *)(buf + 16), len - 16}};
+        crc = kvx_crc32_parts(parts, 3);
+    }
+    if (crc != kvx_get32(buf + 12))
         return -EBADMSG;
 
-    base = get64(buf + 16);
-    num_blocks = get64(buf + 24);
-    block_len = get64(buf + 32);
+    base = kvx_get64(buf + 16);
+    num_blocks = kvx_get64(buf + 24);
+    block_len = kvx_get64(buf + 32);
     name_len = buf[104];
     fp_len = buf[105];
-    waddr_len = get32(buf + 108);
-    rkey_len = get32(buf + 112);
-    if (get32(buf + 100) != 0 || get16(buf + 106) != 0 || get32(buf + 116) != 0 || name_len == 0 ||
-        name_len > KVX_NAME_MAX || fp_len > KVX_FINGERPRINT_MAX || waddr_len == 0 || rkey_len == 0)
+    waddr_len = kvx_get32(buf + 108);
+    flags = kvx_get32(buf + 100);
+    if ((flags & ~KVX_MDF_MAC) != 0 || kvx_get16(buf + 106) != 0 || kvx_get32(buf + 112) != 0 ||
+        kvx_get32(buf + 116) != 0 || name_len == 0 || name_len > KVX_NAME_MAX ||
+        fp_len > KVX_FINGERPRINT_MAX || waddr_len == 0)
         return -EBADMSG;
-    need = (size_t)KVX_MD_HDR_LEN + name_len + fp_len + (size_t)waddr_len + (size_t)rkey_len;
+    need = (size_t)KVX_MD_HDR_LEN + name_len + fp_len + (size_t)waddr_len +
+           ((flags & KVX_MDF_MAC) ? KVX_MAC_LEN : 0);
     if (need != len)
         return -EBADMSG;
     /* block indices are 32-bit: a larger region cannot be addressed (nor made by kvx) */
@@ -177,16 +164,16 @@ int kvx_md_decode(const void *data, size_t len, kvx_md_t *md)
     md->worker_addr = p;
     md->worker_addr_len = waddr_len;
     p += waddr_len;
-    md->rkey = p;
-    md->rkey_len = rkey_len;
+    md->flags = flags;
+    md->mac = (flags & KVX_MDF_MAC) ? p : NULL;
     md->base = base;
     md->num_blocks = num_blocks;
     md->block_len = block_len;
-    md->generation = get64(buf + 40);
+    md->generation = kvx_get64(buf + 40);
     memcpy(md->capability, buf + 48, 16);
     memcpy(md->host.boot_id, buf + 64, 16);
-    md->host.pid_ns = get64(buf + 80);
-    md->host.start_time = get64(buf + 88);
-    md->host.pid = get32(buf + 96);
+    md->host.pid_ns = kvx_get64(buf + 80);
+    md->host.start_time = kvx_get64(buf + 88);
+    md->host.pid = kvx_get32(buf + 96);
     return 0;
 }

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 /* How long kvx_peer_add waits for the wire-up before letting it finish in the background. */
@@ -133,8 +134,8 @@ void kvx_conn_maybe_free(kvx_conn_t *c)
 {
     if (c->state != KVX_CONN_CLOSED || c->ucx_refs != 0)
         return;
-    kvx_ucx_conn_free(c);
-    kvx_xfer_free_flushes(c);
+    kvx_ucx_ep_free(c->ucx);
+    c->ucx = NULL;
     if (c->pidfd >= 0) {
         close(c->pidfd);
         c->pidfd = -1;
@@ -146,20 +147,25 @@ void kvx_conn_maybe_free(kvx_conn_t *c)
     free(c);
 }
 
-void kvx_on_conn_closed(kvx_conn_t *c)
+static void kvx_conn_closed(kvx_conn_t *c)
 {
     c->state = KVX_CONN_CLOSED;
     c->t->conn_event = true;
-    /* UCX has let go of every operation of this endpoint: now the failures may be reported. */
-    while (!kvx_list_empty(&c->failing))
-        kvx_xfer_complete(kvx_list_first(&c->failing, kvx_xfer_t, conn_link), c->err);
     kvx_conn_maybe_free(c);
 }
 
+/* The forced close completed (its callback). */
+void kvx_on_conn_closed(kvx_conn_t *c)
+{
+    c->ucx_refs--;
+    kvx_conn_closed(c);
+}
+
 /*
- * Fail a connection: transfers that never reached UCX fail now; those UCX holds fail when the
- * forced close of the endpoint completes, so that a reported failure never has bytes still
- * moving. May free c (when it is detached from its peer).
+ * Fail a connection: every transfer in flight on it fails at once (replies for them are dropped
+ * from now on), the receiver is told goodbye when the handshake was done, and the endpoint is
+ * closed, forced. Its id is released: a message naming it is unknown from now on. May free c
+ * (when it is detached from its peer).
  */
 void kvx_conn_fail(kvx_conn_t *c, int err)
 {
@@ -167,26 +173,19 @@ void kvx_conn_fail(kvx_conn_t *c, int err)
         return;
     c->state = KVX_CONN_CLOSING;
     c->err = err;
+    c->t->conn_event = true;
     kvx_list_del(&c->work_link);
+    kvx_idtab_release(&c->t->conn_ids, c->id);
     kvx_info(c->t, "connection to %s closing: %s", c->agent_name, kvx_strerror(err));
-    while (!kvx_list_empty(&c->queue)) {
-        kvx_xfer_t *x = kvx_list_first(&c->queue, kvx_xfer_t, conn_link);
-        if (!kvx_xfer_started(x)) {
-            kvx_xfer_complete(x, err);
-        } else {
-            kvx_list_del(&x->conn_link);
-            x->state = KVX_XS_FAILING;
-            kvx_list_add_tail(&c->failing, &x->conn_link);
-        }
+    kvx_xfer_fail_conn(c, err);
+    if (c->wired) { /* best effort: a message the close purges is not missed */
+        uint8_t bye[KVX_WIRE_HDR_LEN];
+        kvx_wire_put_hdr(bye, KVX_MSG_BYE, 0, c->rconn_id, c->rconn_token);
+        if (kvx_ucx_send_ctl(c->ucx, bye, sizeof(bye), &c->ucx_refs) == 1)
+            c->reqs++;
     }
-    while (!kvx_list_empty(&c->flushing)) {
-        kvx_xfer_t *x = kvx_list_first(&c->flushing, kvx_xfer_t, conn_link);
-        kvx_list_del(&x->conn_link);
-        x->state = KVX_XS_FAILING;
-        kvx_list_add_tail(&c->failing, &x->conn_link);
-    }
-    if (kvx_ucx_conn_close(c) == 0)
-        kvx_on_conn_closed(c);
+    if (kvx_ucx_ep_close(c->ucx, &c->ucx_refs) == 0)
+        kvx_conn_closed(c);
 }
 
 /* Detach a connection from its peer and make sure it goes away. May free c. */
@@ -223,10 +222,52 @@ void kvx_conn_handle_work(kvx_conn_t *c)
         kvx_xfer_post(c, SIZE_MAX);
 }
 
-/* UCX operations of this connection are outstanding: the wire-up, posted runs, flushes. */
+/* This connection waits for its peer: the handshake, replies to what it posted, messages UCX
+ * has not sent yet. */
 bool kvx_conn_busy(const kvx_conn_t *c)
 {
-    return c->state == KVX_CONN_OPEN && (!c->wired || c->reqs > 0 || c->flushes > 0);
+    return c->state == KVX_CONN_OPEN &&
+           (!c->wired || c->unacked > 0 || c->notices > 0 || c->reqs > 0);
+}
+
+/* ---- ids of connections: what their messages carry --------------------------------------- */
+
+int kvx_idtab_alloc(kvx_idtab_t *tab, void *obj, uint32_t *id_p)
+{
+    uint32_t i;
+
+    for (i = tab->free_hint; i < tab->cap && tab->slots[i] != NULL; i++)
+        ;
+    if (i == tab->cap) {
+        uint32_t cap = tab->cap ? tab->cap * 2 : 64;
+        void **slots = realloc(tab->slots, cap * sizeof(*slots));
+        if (slots == NULL)
+            return -ENOMEM;
+        memset(slots + tab->cap, 0, (cap - tab->cap) * sizeof(*slots));
+        i = tab->cap;
+        tab->slots = slots;
+        tab->cap = cap;
+    }
+    if (i == 0) /* id 0 is never given: an unset field names nothing */
+        i = 1;
+    tab->slots[i] = obj;
+    tab->free_hint = i + 1;
+    *id_p = i;
+    return 0;
+}
+
+void *kvx_idtab_get(const kvx_idtab_t *tab, uint32_t id)
+{
+    return id != 0 && id < tab->cap ? tab->slots[id] : NULL;
+}
+
+void kvx_idtab_release(kvx_idtab_t *tab, uint32_t id)
+{
+    if (id == 0 || id >= tab->cap)
+        return;
+    tab->slots[id] = NULL;
+    if (id < tab->free_hint)
+        tab->free_hint = id;
 }
 
 /*
@@ -337,19 +378,64 @@ static kvx_conn_t *kvx_conn_new(kvx_transport_t *t, const kvx_md_t *md)
 
     if (c == NULL)
         return NULL;
+    if (getrandom(&c->token, sizeof(c->token), 0) != sizeof(c->token)) {
+        free(c);
+        return NULL;
+    }
     c->t = t;
     c->pidfd = -1;
+    c->crc = t->integrity;
     c->remote_base = md->base;
     c->remote_num_blocks = md->num_blocks;
     c->host = md->host;
+    memcpy(c->capability, md->capability, sizeof(c->capability));
     memcpy(c->agent_name, md->agent_name, sizeof(c->agent_name));
     kvx_list_init(&c->queue);
-    kvx_list_init(&c->flushing);
-    kvx_list_init(&c->failing);
+    kvx_list_init(&c->waiting);
     kvx_list_init(&c->work_link);
     kvx_list_init(&c->all_link);
     kvx_list_init(&c->fail_link);
     return c;
+}
+
+/* The handshake: present the capability from the receiver's metadata, this connection's id and
+ * token (for the receiver's replies), where to reach this transport, and, with a secret, a
+ * proof of it over all of that. The receiver answers HELLO_ACK, or nothing when it refuses. */
+static int kvx_conn_hello(kvx_conn_t *c)
+{
+    kvx_transport_t *t = c->t;
+    kvx_send_t *s = kvx_ucx_send_get(c->ucx);
+    const void *waddr;
+    size_t waddr_len, name_len = strlen(t->name), len;
+    int rc;
+
+    if (s == NULL)
+        return -ENOMEM;
+    kvx_ucx_local_address(t, &waddr, &waddr_len);
+    len = KVX_WIRE_HELLO_LEN + name_len + waddr_len;
+    if (waddr_len > KVX_WIRE_MAX_WADDR) {
+        kvx_error(t, "ucx: this worker's address is %zu bytes", waddr_len);
+        return -EINVAL;
+    }
+    memset(s->hdr, 0, KVX_WIRE_HELLO_LEN);
+    kvx_wire_put_hdr(s->hdr, KVX_MSG_HELLO, t->secret ? KVX_MSGF_PROOF : 0, 0, 0);
+    memcpy(s->hdr + 16, c->capability, 16);
+    kvx_put32(s->hdr + 32, c->id);
+    kvx_put64(s->hdr + 40, c->token);
+    kvx_put64(s->hdr + 48, t->generation);
+    s->hdr[56] = (uint8_t)name_len;
+    kvx_put32(s->hdr + 60, (uint32_t)waddr_len);
+    memcpy(s->hdr + KVX_WIRE_HELLO_LEN, t->name, name_len);
+    memcpy(s->hdr + KVX_WIRE_HELLO_LEN + name_len, waddr, waddr_len);
+    if (t->secret != NULL) {
+        kvx_iov_t part = {s->hdr, len};
+        kvx_hmac_sha256(t->secret, t->secret_len, &part, 1, s->hdr + len);
+        len += KVX_PROOF_LEN;
+    }
+    rc = kvx_ucx_send(s, len, 0, &c->ucx_refs);
+    if (rc == 1)
+        c->reqs++;
+    return rc < 0 ? rc : 0;
 }
 
 /* Detach a connection from its peer, fail it, and wait (lock released) for it to close, so that
@@ -384,6 +470,14 @@ int kvx_peer_add(kvx_transport_t *t, const char *peer_id, const void *metadata, 
         rc = -ESHUTDOWN;
         goto out;
     }
+    /* with a secret, nothing of the blob reaches UCX's parsers unless it was signed with it */
+    rc = kvx_md_verify(metadata, metadata_len, &md, t->secret, t->secret_len);
+    if (rc < 0) {
+        kvx_error(t, "peer %s (%s) rejected: %s", peer_id, md.agent_name,
+                  t->secret ? "metadata not signed with this transport's secret"
+                            : "the peer requires a shared secret and this transport has none");
+        goto out;
+    }
     rc = kvx_peer_check(t, &md, params, &why);
     if (rc < 0) {
         kvx_error(t, "peer %s (%s) rejected: %s", peer_id, md.agent_name, why);
@@ -413,17 +507,29 @@ int kvx_peer_add(kvx_transport_t *t, const char *peer_id, const void *metadata, 
         goto out_turn;
     }
     c->watched = watch == 1;
-    rc = kvx_ucx_conn_open(c, &md);
+    rc = kvx_idtab_alloc(&t->conn_ids, c, &c->id);
+    if (rc == 0) {
+        rc = kvx_ucx_ep_open(t, md.worker_addr, md.agent_name, c, false, &c->ucx);
+        if (rc < 0)
+            kvx_idtab_release(&t->conn_ids, c->id);
+    }
     if (rc < 0) {
         if (c->pidfd >= 0)
             close(c->pidfd);
         free(c);
         goto out_turn;
     }
+    kvx_ucx_ep_describe(c->ucx, c->transport, sizeof(c->transport), &c->rma_hw, &c->seg);
     /* The new connection is not the peer's until it has answered (or 200 ms passed): until
      * then an existing connection of that id keeps working, and stays if this one fails. */
     kvx_list_add_tail(&t->conns, &c->all_link);
     c->last_progress_ns = kvx_now_ns();
+    rc = kvx_conn_hello(c);
+    if (rc < 0) {
+        kvx_error(t, "peer %s (%s): handshake: %s", peer_id, md.agent_name, kvx_strerror(rc));
+        kvx_conn_fail(c, rc);
+        goto out_turn;
+    }
     c->pins++;
     kvx_conn_wait(c, true, kvx_now_ns() + KVX_CONNECT_WAIT_NS);
     c->pins--;
@@ -453,8 +559,8 @@ int kvx_peer_add(kvx_transport_t *t, const char *peer_id, const void *metadata, 
     memcpy(p->last_agent, c->agent_name, sizeof(p->last_agent));
     p->last_base = c->remote_base;
     p->last_num_blocks = c->remote_num_blocks;
-    kvx_info(t, "peer %s: connected to %s over %s (%s RMA)%s", peer_id, c->agent_name, c->transport,
-             c->rma_hw ? "hardware" : "emulated", c->watched ? ", watching its process" : "");
+    kvx_info(t, "peer %s: connected to %s over %s (messages of %zu bytes)%s", peer_id,
+             c->agent_name, c->transport, c->seg, c->watched ? ", watching its process" : "");
     if (old != NULL) {
         kvx_info(t, "peer %s: replaced its connection to %s", peer_id, old->agent_name);
         kvx_conn_retire(old, -ECONNABORTED);
@@ -499,10 +605,10 @@ static int kvx_peer_remove_impl(kvx_transport_t *t, const char *peer_id, unsigne
     if (flags & KVX_PEER_REMOVE_PURGE) {
         /* forget what finished and was not polled yet (p keeps its connection meanwhile, so
          * releasing cannot free it), and mark what is in flight to be forgotten as it ends */
-        kvx_list_t *lists[] = {&c->queue, &c->flushing, &c->failing};
+        kvx_list_t *lists[] = {&c->queue, &c->waiting};
         while (!kvx_list_empty(&p->cq))
             kvx_xfer_release(kvx_list_first(&p->cq, kvx_xfer_t, conn_link));
-        for (size_t i = 0; i < 3; i++)
+        for (size_t i = 0; i < 2; i++)
             for (kvx_list_t *n = lists[i]->next; n != lists[i]; n = n->next)
                 kvx_container_of(n, kvx_xfer_t, conn_link)->purged = true;
     }
@@ -567,6 +673,12 @@ int kvx_peer_query(kvx_transport_t *t, const char *peer_id, kvx_peer_attr_t *att
         attr->remote_base = p->last_base;
         attr->remote_num_blocks = p->last_num_blocks;
         attr->block_len = t->block_len;
+    }
+    if (m & KVX_PEER_ATTR_RECV) {
+        kvx_writer_t *w = kvx_writer_lookup(t, p->last_agent);
+        memset(&attr->recv, 0, sizeof(attr->recv));
+        if (w != NULL)
+            attr->recv = w->counters;
     }
     if (m & KVX_PEER_ATTR_COUNTERS) {
         attr->bytes_written = p->bytes_written;

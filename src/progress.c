@@ -55,6 +55,9 @@ unsigned kvx_progress_step(kvx_transport_t *t)
         kvx_conn_handle_work(kvx_list_first(&todo, kvx_conn_t, work_link));
         n++;
     }
+    /* the receiving side: handshakes, acknowledgements, read data */
+    if (!kvx_list_empty(&t->rwork) || !kvx_list_empty(&t->hellos))
+        n += kvx_recv_work(t);
     now = kvx_now_ns();
     kvx_xfer_check_deadlines(t, now);
     if (now >= t->next_housekeeping_ns)
@@ -90,7 +93,7 @@ void kvx_progress_wait_event(kvx_transport_t *t, uint64_t until_ns)
 /* Work that only polling can advance: UCX does not signal free space in a shared-memory FIFO. */
 static bool kvx_progress_busy(kvx_transport_t *t)
 {
-    if (!kvx_list_empty(&t->work))
+    if (!kvx_list_empty(&t->work) || kvx_recv_busy(t))
         return true;
     for (kvx_list_t *n = t->conns.next; n != &t->conns; n = n->next) {
         kvx_conn_t *c = kvx_container_of(n, kvx_conn_t, all_link);

@@ -17,6 +17,9 @@
 #define KVX_DEFAULT_DEADLINE_MS 5000
 #define KVX_DEFAULT_KEEPALIVE_MS 1000
 #define KVX_DEFAULT_STALL_MS 2000
+#define KVX_DEFAULT_NOTICES 1024
+#define KVX_NOTICES_MAX (1u << 20)
+#define KVX_SECRET_MAX 1024
 /* Transfers in flight or unpolled at once, at most. */
 #define KVX_MAX_XFERS (1u << 20)
 /* The pool keeps this many idle transfer objects at least, and at most what the busier of the
@@ -97,17 +100,26 @@ static int kvx_params_check(const kvx_params_t *p)
         ((p->field_mask & KVX_PARAM_KEEPALIVE) && p->keepalive_ms > KVX_MS_MAX) ||
         ((p->field_mask & KVX_PARAM_STALL) && p->stall_ms > KVX_MS_MAX))
         return -EINVAL;
+    if ((p->field_mask & KVX_PARAM_SECRET) &&
+        (p->secret == NULL || p->secret_len == 0 || p->secret_len > KVX_SECRET_MAX))
+        return -EINVAL;
+    if ((p->field_mask & KVX_PARAM_NET_DEVICES) &&
+        (p->net_devices == NULL || !kvx_text_ok(p->net_devices, 1, 255)))
+        return -EINVAL;
+    if ((p->field_mask & KVX_PARAM_NOTICES) &&
+        (p->notice_queue == 0 || p->notice_queue > KVX_NOTICES_MAX))
+        return -EINVAL;
     return 0;
 }
 
 static int kvx_metadata_build(kvx_transport_t *t)
 {
     kvx_md_t md = {0};
-    const void *waddr, *rkey;
-    size_t waddr_len, rkey_len;
+    const void *waddr;
+    size_t waddr_len;
     int rc;
 
-    kvx_ucx_local_info(t, &waddr, &waddr_len, &rkey, &rkey_len);
+    kvx_ucx_local_address(t, &waddr, &waddr_len);
     snprintf(md.agent_name, sizeof(md.agent_name), "%s", t->name);
     snprintf(md.fingerprint, sizeof(md.fingerprint), "%s", t->fingerprint);
     md.base = (uintptr_t)t->base;
@@ -118,14 +130,26 @@ static int kvx_metadata_build(kvx_transport_t *t)
     md.host = t->host;
     md.worker_addr = waddr;
     md.worker_addr_len = (uint32_t)waddr_len;
-    md.rkey = rkey;
-    md.rkey_len = (uint32_t)rkey_len;
+    md.flags = t->secret != NULL ? KVX_MDF_MAC : 0;
     t->metadata_len = kvx_md_encoded_len(&md);
     t->metadata = malloc(t->metadata_len);
     if (t->metadata == NULL)
         return -ENOMEM;
-    rc = kvx_md_encode(&md, t->metadata, t->metadata_len);
+    rc = kvx_md_encode(&md, t->secret, t->secret_len, t->metadata, t->metadata_len);
     return rc < 0 ? rc : 0;
+}
+
+/* What create copied from the parameters. */
+static void kvx_transport_free_params(kvx_transport_t *t)
+{
+    if (t->secret != NULL)
+        memset(t->secret, 0, t->secret_len);
+    free(t->secret);
+    free(t->net_devices);
+    free(t->notices);
+    t->secret = NULL;
+    t->net_devices = NULL;
+    t->notices = NULL;
 }
 
 int kvx_transport_create(const kvx_params_t *params, kvx_transport_t **transport_p)
@@ -155,6 +179,9 @@ int kvx_transport_create(const kvx_params_t *params, kvx_transport_t **transport
     kvx_list_init(&t->conns);
     kvx_list_init(&t->work);
     kvx_list_init(&t->active);
+    kvx_list_init(&t->rwork);
+    kvx_list_init(&t->hellos);
+    kvx_list_init(&t->rconns);
     t->next_deadline_ns = UINT64_MAX;
     t->next_seq = 1;
     t->wake_fd = -1;
@@ -169,6 +196,29 @@ int kvx_transport_create(const kvx_params_t *params, kvx_transport_t **transport
     t->base = params->base;
     t->num_blocks = params->num_blocks;
     t->block_len = params->block_len;
+    t->region_len = params->num_blocks * params->block_len;
+    t->integrity = (params->field_mask & KVX_PARAM_INTEGRITY) && params->integrity != 0;
+    t->notice_cap =
+        (params->field_mask & KVX_PARAM_NOTICES) ? params->notice_queue : KVX_DEFAULT_NOTICES;
+    t->notices = calloc(t->notice_cap, sizeof(*t->notices));
+    if (t->notices == NULL) {
+        rc = -ENOMEM;
+        goto err_free;
+    }
+    if (params->field_mask & KVX_PARAM_SECRET) {
+        t->secret = malloc(params->secret_len);
+        if (t->secret == NULL) {
+            rc = -ENOMEM;
+            goto err_free;
+        }
+        memcpy(t->secret, params->secret, params->secret_len);
+        t->secret_len = params->secret_len;
+    }
+    if ((params->field_mask & KVX_PARAM_NET_DEVICES) &&
+        (t->net_devices = strdup(params->net_devices)) == NULL) {
+        rc = -ENOMEM;
+        goto err_free;
+    }
     if (params->field_mask & KVX_PARAM_AGENT_NAME)
         snprintf(t->name, sizeof(t->name), "%s", params->agent_name);
     else
@@ -228,6 +278,7 @@ err_free:
     close(t->cq_fd);
     pthread_cond_destroy(&t->cond);
     pthread_mutex_destroy(&t->lock);
+    kvx_transport_free_params(t);
     free(t);
     return rc;
 }
@@ -271,12 +322,16 @@ int kvx_transport_close(kvx_transport_t *t)
             kvx_conn_release(c, -ECONNABORTED);
         }
     }
+    kvx_recv_close_all(t);
     /* Drive UCX until the forced closes complete (they need no answer from the peers). */
     end = kvx_now_ns() + KVX_CLOSE_DRAIN_NS;
     for (;;) {
         bool closing = false;
         for (kvx_list_t *n = t->conns.next; n != &t->conns; n = n->next)
             if (kvx_container_of(n, kvx_conn_t, all_link)->state == KVX_CONN_CLOSING)
+                closing = true;
+        for (kvx_list_t *n = t->rconns.next; n != &t->rconns; n = n->next)
+            if (kvx_container_of(n, kvx_rconn_t, all_link)->state == KVX_CONN_CLOSING)
                 closing = true;
         if (!closing)
             break;
@@ -294,14 +349,16 @@ int kvx_transport_close(kvx_transport_t *t)
         kvx_list_del(&c->all_link);
         if (c->state != KVX_CONN_CLOSED)
             kvx_warn(t, "connection to %s did not close in time", c->agent_name);
-        free(c->ucx); /* the worker is gone: nothing left to release in UCX */
-        kvx_xfer_free_flushes(c);
+        kvx_ucx_ep_free(c->ucx); /* the worker is gone: nothing left to release in UCX */
         if (c->pidfd >= 0)
             close(c->pidfd);
         free(c);
     }
+    kvx_recv_free_all(t);
     kvx_xfer_free_all(t);
     kvx_peer_free_all(t);
+    free(t->conn_ids.slots);
+    memset(&t->conn_ids, 0, sizeof(t->conn_ids));
     free(t->metadata);
     t->metadata = NULL;
     close(t->cq_fd);
@@ -320,6 +377,7 @@ void kvx_transport_destroy(kvx_transport_t *t)
     kvx_transport_close(t);
     pthread_cond_destroy(&t->cond);
     pthread_mutex_destroy(&t->lock);
+    kvx_transport_free_params(t);
     free(t);
 }
 
@@ -351,6 +409,8 @@ int kvx_transport_query(kvx_transport_t *t, kvx_transport_attr_t *attr)
         attr->num_peers = t->nconnected;
     if (attr->field_mask & KVX_TRANSPORT_ATTR_STALL)
         attr->stall_ms = t->stall_ns / 1000000ull;
+    if (attr->field_mask & KVX_TRANSPORT_ATTR_RECV)
+        attr->recv = t->rcounters;
     kvx_unlock(t);
     return 0;
 }
@@ -482,9 +542,13 @@ int kvx_xfer_alloc(kvx_transport_t *t, kvx_xfer_t **x_p)
         t->live_peak = t->nlive;
     x->canceled = false;
     x->purged = false;
+    x->notify = false;
+    x->noticed = false;
     x->status = 0;
     x->nruns = x->next_run = 0;
     x->run_off = 0;
+    x->posted = x->done = 0;
+    x->sending = 0;
     x->conn = NULL;
     x->peer = NULL;
     kvx_list_init(&x->conn_link);
@@ -691,37 +755,25 @@ int kvx_xfer_cancel(kvx_transport_t *t, const uint64_t *ids, size_t count, int m
     call = ++t->cancel_calls;
     for (size_t i = 0; i < count; i++) {
         kvx_xfer_t *x = kvx_xfer_lookup(t, ids[i]);
-        bool untouched;
 
         if (x == NULL || x->purged) /* a purged transfer is forgotten already */
             continue;
-        /* Nothing handed to UCX yet, or already finished: forget it at once. */
-        untouched = x->state == KVX_XS_QUEUED && !kvx_xfer_started(x);
-        if (x->state == KVX_XS_DONE || untouched) {
-            if (untouched)
-                x->peer->inflight--;
-            kvx_xfer_release(x);
+        /*
+         * Forgotten at once: a finished one; one that UCX holds nothing of (not started, a
+         * read: its replies are dropped from now on, or a write whose messages all left); and
+         * any with immediate, whose caller accepts that UCX may still read a write's blocks.
+         */
+        if (x->state == KVX_XS_DONE || mode == KVX_CANCEL_IMMEDIATE || x->sending == 0) {
+            kvx_xfer_forget(x);
             continue;
         }
-        if (mode == KVX_CANCEL_IMMEDIATE) {
-            /* UCX may still move its bytes; the caller accepted that. */
-            x->peer->inflight--;
-            kvx_xfer_release(x);
-            continue;
-        }
-        /* Wait: stop posting its remaining runs; it completes (as -ECANCELED) once UCX is done
-         * with what was posted. An id given twice in one call is reported once. */
+        /* Wait: a write with messages UCX still holds (they read its local blocks). It posts
+         * nothing more, and completes (-ECANCELED) when the last of them has left. An id given
+         * twice in one call is reported once. */
         if (x->canceled && x->cancel_call == call)
             continue;
         x->canceled = true;
         x->cancel_call = call;
-        /* a run partly posted is posted to its end: what was handed to UCX stays consistent */
-        if (x->state == KVX_XS_QUEUED && x->nruns > x->next_run + (x->run_off > 0)) {
-            x->nruns = x->next_run + (x->run_off > 0);
-            if (!kvx_list_linked(&x->conn->work_link))
-                kvx_list_add_tail(&t->work, &x->conn->work_link);
-            kvx_progress_kick(t, 0);
-        }
         if (pending != NULL)
             pending[np] = x->id;
         np++;

@@ -1,6 +1,9 @@
 /*
- * The UCX backend: every UCP call kvx makes lives here (context, worker, region registration,
- * endpoints, RMA operations, flushes, progress, wake-up). The rest of kvx sees plain errnos.
+ * The UCX backend: every UCP call kvx makes lives here (context, worker, endpoints, kvx's active
+ * messages in and out, progress, wake-up). The rest of kvx sees plain errnos. UCP's RMA feature
+ * is never enabled: UCX's own put and get handlers, which write and read any address a message
+ * names, do not exist in kvx's workers. Every byte a peer sends arrives through kvx_ucx_am_cb and
+ * is checked by kvx before it goes anywhere.
  */
 #include "kvx_int.h"
 
@@ -11,21 +14,29 @@
 #include <ucp/api/ucp.h>
 #include <ucs/debug/log_def.h>
 
+/* The active-message id of every kvx message (the type is in kvx's own header). */
+#define KVX_AM_ID 0x4b
+
 struct kvx_ucx {
     ucp_context_h ctx;
     ucp_worker_h worker;
-    ucp_mem_h memh;
-    void *rkey_buf;
-    size_t rkey_len;
     ucp_address_t *waddr;
     size_t waddr_len;
     int efd;
 };
 
-struct kvx_ucx_conn {
+struct kvx_ucx_ep {
+    kvx_transport_t *t;
     ucp_ep_h ep;
-    ucp_rkey_h rkey;
+    void *owner;      /* kvx_conn_t * or kvx_rconn_t * */
+    bool rconn;       /* owner is a receiver's connection */
+    kvx_send_t *free; /* messages to reuse */
 };
+
+_Static_assert(sizeof(kvx_iov_t) == sizeof(ucp_dt_iov_t) &&
+                   offsetof(kvx_iov_t, base) == offsetof(ucp_dt_iov_t, buffer) &&
+                   offsetof(kvx_iov_t, len) == offsetof(ucp_dt_iov_t, length),
+               "kvx_iov_t must be laid out as ucp_dt_iov_t");
 
 static int kvx_ucx_errno(ucs_status_t s)
 {
@@ -98,6 +109,9 @@ static bool kvx_ucx_tls_uses_tcp(void)
     static const char *const tcp[] = {"tcp"};
     return kvx_ucx_tls_uses(tcp, 1, NULL, 0);
 }
+
+static ucs_status_t kvx_ucx_am_cb(void *arg, const void *header, size_t header_length, void *data,
+                                  size_t length, const ucp_am_recv_param_t *param);
 
 /* One setting kvx makes in UCX's configuration; the forms UCX versions accept for it. */
 typedef struct kvx_ucx_setting {
@@ -237,11 +251,19 @@ static int kvx_ucx_start(kvx_transport_t *t, kvx_ucx_t *u, kvx_ucx_setting_t *se
     }
     for (size_t i = 0; i < nset; i++)
         kvx_ucx_apply(t, cfg, &set[i]);
+    if (t->net_devices != NULL) { /* the application's choice: it overrides UCX_NET_DEVICES */
+        s = ucp_config_modify(cfg, "NET_DEVICES", t->net_devices);
+        if (s != UCS_OK) {
+            kvx_error(t, "ucx: NET_DEVICES=%s: %s", t->net_devices, ucs_status_string(s));
+            ucp_config_release(cfg);
+            return -EINVAL;
+        }
+    }
 
     ucp_params_t params = {
         .field_mask =
             UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED | UCP_PARAM_FIELD_NAME,
-        .features = UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP,
+        .features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP,
         .mt_workers_shared = 0,
         .name = t->name,
     };
@@ -358,31 +380,25 @@ int kvx_ucx_init(kvx_transport_t *t)
             kvx_debug(t, "ucx %u.%u.%u: %s=%s", major, minor, release, set[i].key[set[i].form],
                       set[i].val);
 
-    ucp_mem_map_params_t mparams = {
-        .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
-                      UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE,
-        .address = t->base,
-        .length = t->num_blocks * t->block_len,
-        .memory_type = UCS_MEMORY_TYPE_HOST,
+    ucp_am_handler_param_t hp = {
+        .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
+                      UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG,
+        .id = KVX_AM_ID,
+        .flags = UCP_AM_FLAG_WHOLE_MSG,
+        .cb = kvx_ucx_am_cb,
+        .arg = t,
     };
-    s = ucp_mem_map(u->ctx, &mparams, &u->memh);
+    s = ucp_worker_set_am_recv_handler(u->worker, &hp);
     if (s != UCS_OK) {
-        kvx_error(t, "ucx: ucp_mem_map of %llu bytes: %s", (unsigned long long)mparams.length,
-                  ucs_status_string(s));
+        kvx_error(t, "ucx: ucp_worker_set_am_recv_handler: %s", ucs_status_string(s));
         rc = kvx_ucx_errno(s);
         goto err_stop;
-    }
-    s = ucp_rkey_pack(u->ctx, u->memh, &u->rkey_buf, &u->rkey_len);
-    if (s != UCS_OK) {
-        kvx_error(t, "ucx: ucp_rkey_pack: %s", ucs_status_string(s));
-        rc = kvx_ucx_errno(s);
-        goto err_unmap;
     }
     s = ucp_worker_get_address(u->worker, &u->waddr, &u->waddr_len);
     if (s != UCS_OK) {
         kvx_error(t, "ucx: ucp_worker_get_address: %s", ucs_status_string(s));
         rc = kvx_ucx_errno(s);
-        goto err_rkey;
+        goto err_stop;
     }
     s = ucp_worker_get_efd(u->worker, &u->efd);
     if (s != UCS_OK) {
@@ -395,10 +411,6 @@ int kvx_ucx_init(kvx_transport_t *t)
 
 err_addr:
     ucp_worker_release_address(u->worker, u->waddr);
-err_rkey:
-    ucp_rkey_buffer_release(u->rkey_buf);
-err_unmap:
-    ucp_mem_unmap(u->ctx, u->memh);
 err_stop:
     kvx_ucx_stop(u);
 err_free:
@@ -413,30 +425,94 @@ void kvx_ucx_fini(kvx_transport_t *t)
     if (u == NULL)
         return;
     ucp_worker_release_address(u->worker, u->waddr);
-    ucp_rkey_buffer_release(u->rkey_buf);
-    ucp_mem_unmap(u->ctx, u->memh);
     ucp_worker_destroy(u->worker);
     ucp_cleanup(u->ctx);
     free(u);
     t->ucx = NULL;
 }
 
-int kvx_ucx_local_info(kvx_transport_t *t, const void **waddr, size_t *waddr_len, const void **rkey,
-                       size_t *rkey_len)
+void kvx_ucx_local_address(kvx_transport_t *t, const void **waddr, size_t *waddr_len)
 {
     *waddr = t->ucx->waddr;
     *waddr_len = t->ucx->waddr_len;
-    *rkey = t->ucx->rkey_buf;
-    *rkey_len = t->ucx->rkey_len;
-    return 0;
 }
 
-/* ---- connections ---------------------------------------------------------------------------- */
+/* ---- messages in ------------------------------------------------------------------------------
+ */
+
+/* Every kvx message arrives here, inside UCX progress with the transport lock held. Its header is
+ * decoded strictly before anything else looks at it. */
+static ucs_status_t kvx_ucx_am_cb(void *arg, const void *header, size_t header_length, void *data,
+                                  size_t length, const ucp_am_recv_param_t *param)
+{
+    kvx_transport_t *t = arg;
+    kvx_msg_t m;
+
+    if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+        /* kvx sends only eager messages: a rendezvous is not kvx's; returning without
+         * receiving it drops it */
+        kvx_recv_count_drop(t, KVX_DROP_RNDV);
+        return UCS_OK;
+    }
+    if (kvx_wire_decode(header, header_length, length, &m) < 0) {
+        kvx_recv_count_drop(t, KVX_DROP_MALFORMED);
+        return UCS_OK;
+    }
+    switch (m.type) {
+    case KVX_MSG_HELLO:
+    case KVX_MSG_WRITE:
+    case KVX_MSG_READ_REQ:
+    case KVX_MSG_NOTICE:
+    case KVX_MSG_BYE:
+        kvx_recv_on_message(t, &m, header, header_length, data, length);
+        break;
+    default:
+        kvx_xfer_on_message(t, &m, data, length);
+        break;
+    }
+    return UCS_OK;
+}
+
+/* ---- endpoints ---------------------------------------------------------------------------- */
 
 static void kvx_ucx_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
 {
+    kvx_ucx_ep_t *e = arg;
+
     (void)ep;
-    kvx_on_conn_error(arg, kvx_ucx_errno(status));
+    if (e->rconn)
+        kvx_recv_on_error(e->owner, kvx_ucx_errno(status));
+    else
+        kvx_on_conn_error(e->owner, kvx_ucx_errno(status));
+}
+
+int kvx_ucx_ep_open(kvx_transport_t *t, const void *waddr, const char *name, void *owner,
+                    bool rconn, kvx_ucx_ep_t **ep_p)
+{
+    kvx_ucx_ep_t *e = calloc(1, sizeof(*e));
+    ucs_status_t s;
+
+    if (e == NULL)
+        return -ENOMEM;
+    e->t = t;
+    e->owner = owner;
+    e->rconn = rconn;
+    ucp_ep_params_t ep_params = {
+        .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER | UCP_EP_PARAM_FIELD_NAME,
+        .address = (const ucp_address_t *)waddr,
+        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+        .err_handler = {.cb = kvx_ucx_err_cb, .arg = e},
+        .name = name,
+    };
+    s = ucp_ep_create(t->ucx->worker, &ep_params, &e->ep);
+    if (s != UCS_OK) {
+        kvx_error(t, "ucx: ucp_ep_create to %s: %s", name, ucs_status_string(s));
+        free(e);
+        return kvx_ucx_errno(s);
+    }
+    *ep_p = e;
+    return 0;
 }
 
 /* Append name to a ','-joined list unless it is already there. */
@@ -457,29 +533,56 @@ static void kvx_ucx_list_add(char *list, size_t cap, const char *name)
     memcpy(list + len, name, n + 1);
 }
 
+/* A size from the environment ("32k"), or dflt. */
+static size_t kvx_ucx_env_size(const char *const *names, size_t dflt)
+{
+    for (; *names != NULL; names++) {
+        const char *v = getenv(*names);
+        char *end;
+        unsigned long long n;
+        if (v == NULL)
+            continue;
+        n = strtoull(v, &end, 10);
+        if (*end == 'k' || *end == 'K')
+            n <<= 10;
+        else if (*end == 'm' || *end == 'M')
+            n <<= 20;
+        if (n >= 1024)
+            return (size_t)n;
+    }
+    return dflt;
+}
+
 /*
  * Which transport carries the data. ucp_ep_print_info lists each lane as
  *   "lane[0]:  3:sysv/memory.0 md[2] -> md[2]/sysv/sysdev[255] am am_bw#0 keepalive"  (1.13)
  *   "lane[0]:  3:sysv/memory.0 md[2] -> md[2]/sysv/sysdev[255] seg 4294967295 am keepalive"
- * (1.19, whose protocols v2 tag only the am lane). Lanes tagged rma_bw do one-sided RMA on
- * registered memory (RDMA, rkey reachable). Without them UCX emulates RMA with active messages
- * on the am_bw lanes, or the am lane when none is tagged am_bw (shared memory and tcp).
+ * (1.19, whose protocols v2 tag only the am lane). kvx's messages travel on the am_bw lanes, or
+ * the am lane when none is tagged am_bw. The size of one message on that lane: a shared-memory
+ * FIFO element (MM_SEG_SIZE, kvx's 32k unless set otherwise) or a tcp segment (TCP_TX_SEG_SIZE,
+ * kvx's 60k); a message larger than that is split by UCX and reassembled by copying.
  */
-static void kvx_ucx_describe(kvx_conn_t *c)
+void kvx_ucx_ep_describe(kvx_ucx_ep_t *e, char *transport, size_t len, int *rma_hw, size_t *seg)
 {
+    static const char *const mm[] = {"UCX_SYSV_SEG_SIZE", "UCX_POSIX_SEG_SIZE", "UCX_MM_SEG_SIZE",
+                                     NULL};
+    static const char *const tcp[] = {"UCX_TCP_TX_SEG_SIZE", "UCX_TX_SEG_SIZE", NULL};
     char *text = NULL, *line, *save = NULL;
     size_t size = 0;
-    char rma[KVX_TRANSPORT_NAME_MAX] = "", am_bw[KVX_TRANSPORT_NAME_MAX] = "",
-         am[KVX_TRANSPORT_NAME_MAX] = "";
+    char am_bw[KVX_TRANSPORT_NAME_MAX] = "", am[KVX_TRANSPORT_NAME_MAX] = "";
     FILE *f = open_memstream(&text, &size);
 
+    *rma_hw = 0;
+    *seg = 8192;
+    transport[0] = '\0';
     if (f == NULL)
         return;
-    ucp_ep_print_info(c->ucx->ep, f);
+    ucp_ep_print_info(e->ep, f);
     fclose(f);
     for (line = strtok_r(text, "\n", &save); line != NULL; line = strtok_r(NULL, "\n", &save)) {
         char tl[32];
         const char *p = strstr(line, "lane[");
+        size_t ll = strlen(line);
 
         if (p == NULL || (p = strchr(p, ':')) == NULL)
             continue;
@@ -490,223 +593,147 @@ static void kvx_ucx_describe(kvx_conn_t *c)
             p++;
         if (*p != ':' || sscanf(p + 1, "%31[^/ ]", tl) != 1)
             continue;
-        if (strstr(line, "rma_bw") != NULL)
-            kvx_ucx_list_add(rma, sizeof(rma), tl);
         if (strstr(line, " am_bw") != NULL)
             kvx_ucx_list_add(am_bw, sizeof(am_bw), tl);
-        if (strstr(line, " am ") != NULL ||
-            (strlen(line) > 3 && !strcmp(line + strlen(line) - 3, " am")))
+        if (strstr(line, " am ") != NULL || (ll > 3 && strcmp(line + ll - 3, " am") == 0))
             kvx_ucx_list_add(am, sizeof(am), tl);
     }
     free(text);
-    c->rma_hw = rma[0] != '\0';
-    snprintf(c->transport, sizeof(c->transport), "%s",
-             c->rma_hw          ? rma
-             : am_bw[0] != '\0' ? am_bw
-                                : am);
-}
-
-static void kvx_ucx_discard_cb(void *req, ucs_status_t status, void *arg)
-{
-    (void)status;
-    (void)arg;
-    ucp_request_free(req);
-}
-
-/* Close an endpoint no connection owns (a failed open): forced, without waiting; the worker's
- * progress completes it, or its destruction at the latest. */
-static void kvx_ucx_ep_discard(ucp_ep_h ep)
-{
-    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK,
-                             .flags = UCP_EP_CLOSE_FLAG_FORCE,
-                             .cb.send = kvx_ucx_discard_cb};
-    void *req = ucp_ep_close_nbx(ep, &p);
-
-    (void)req; /* a request frees itself in the callback; NULL or an error needs nothing */
-}
-
-/* The wire-up flush: completes once the endpoint's lanes are connected to the peer. */
-static void kvx_ucx_wire_cb(void *req, ucs_status_t status, void *arg)
-{
-    kvx_conn_t *c = arg;
-
-    ucp_request_free(req);
-    c->ucx_refs--;
-    c->wired = true;
-    c->last_progress_ns = kvx_now_ns();
-    c->t->conn_event = true;
-    if (status != UCS_OK)
-        kvx_on_conn_error(c, kvx_ucx_errno(status));
-    kvx_conn_maybe_free(c);
-}
-
-/*
- * Create the endpoint and start wiring it up at once, so that the first transfer does not pay
- * for it; nothing here waits for the peer. The wire-up completes in kvx_ucx_wire_cb (c->wired),
- * or fails through the endpoint's error handler; transfers queue behind it meanwhile.
- */
-int kvx_ucx_conn_open(kvx_conn_t *c, const kvx_md_t *md)
-{
-    kvx_transport_t *t = c->t;
-    kvx_ucx_conn_t *uc;
-    ucs_status_t s;
-    void *req;
-    int rc;
-
-    uc = calloc(1, sizeof(*uc));
-    if (uc == NULL)
-        return -ENOMEM;
-
-    ucp_ep_params_t ep_params = {
-        .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                      UCP_EP_PARAM_FIELD_ERR_HANDLER | UCP_EP_PARAM_FIELD_NAME,
-        .address = (const ucp_address_t *)md->worker_addr,
-        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
-        .err_handler = {.cb = kvx_ucx_err_cb, .arg = c},
-        .name = md->agent_name,
-    };
-    s = ucp_ep_create(t->ucx->worker, &ep_params, &uc->ep);
-    if (s != UCS_OK) {
-        kvx_error(t, "ucx: ucp_ep_create to %s: %s", md->agent_name, ucs_status_string(s));
-        rc = kvx_ucx_errno(s);
-        goto err_free;
-    }
-    s = ucp_ep_rkey_unpack(uc->ep, md->rkey, &uc->rkey);
-    if (s != UCS_OK) {
-        kvx_error(t, "ucx: ucp_ep_rkey_unpack from %s: %s", md->agent_name, ucs_status_string(s));
-        rc = s == UCS_ERR_UNREACHABLE ? -EHOSTUNREACH : -EBADMSG;
-        goto err_close;
-    }
-
-    ucp_request_param_t fp = {
-        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
-        .cb.send = kvx_ucx_wire_cb,
-        .user_data = c,
-    };
-    req = ucp_ep_flush_nbx(uc->ep, &fp);
-    if (UCS_PTR_IS_ERR(req)) {
-        rc = kvx_ucx_errno(UCS_PTR_STATUS(req));
-        kvx_error(t, "ucx: connecting to %s: %s", md->agent_name, kvx_strerror(rc));
-        goto err_rkey;
-    }
-    c->ucx = uc;
-    if (req == NULL)
-        c->wired = true;
-    else
-        c->ucx_refs++;
-    kvx_ucx_describe(c);
-    return 0;
-
-err_rkey:
-    ucp_rkey_destroy(uc->rkey);
-err_close:
-    kvx_ucx_ep_discard(uc->ep);
-err_free:
-    free(uc);
-    return rc;
+    snprintf(transport, len, "%s", am_bw[0] != '\0' ? am_bw : am);
+    if (strncmp(transport, "sysv", 4) == 0 || strncmp(transport, "posix", 5) == 0)
+        *seg = kvx_ucx_env_size(mm, 32768);
+    else if (strncmp(transport, "tcp", 3) == 0)
+        *seg = kvx_ucx_env_size(tcp, 61440);
 }
 
 static void kvx_ucx_close_cb(void *req, ucs_status_t status, void *arg)
 {
-    kvx_conn_t *c = arg;
+    kvx_ucx_ep_t *e = arg;
 
     (void)status;
     ucp_request_free(req);
-    c->ucx_refs--;
-    kvx_on_conn_closed(c);
+    if (e->rconn)
+        kvx_recv_on_closed(e->owner);
+    else
+        kvx_on_conn_closed(e->owner);
 }
 
-/* Returns 0 when the endpoint is closed on return, 1 when kvx_on_conn_closed will follow. */
-int kvx_ucx_conn_close(kvx_conn_t *c)
+int kvx_ucx_ep_close(kvx_ucx_ep_t *e, unsigned *refs)
 {
     ucp_request_param_t p = {
         .op_attr_mask =
             UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
         .flags = UCP_EP_CLOSE_FLAG_FORCE,
         .cb.send = kvx_ucx_close_cb,
-        .user_data = c,
+        .user_data = e,
     };
     void *req;
 
-    if (c->ucx == NULL || c->ucx->ep == NULL)
+    if (e == NULL || e->ep == NULL)
         return 0;
-    req = ucp_ep_close_nbx(c->ucx->ep, &p);
-    c->ucx->ep = NULL;
+    req = ucp_ep_close_nbx(e->ep, &p);
+    e->ep = NULL;
     if (UCS_PTR_IS_ERR(req)) {
-        kvx_warn(c->t, "ucx: closing endpoint to %s: %s", c->agent_name,
-                 ucs_status_string(UCS_PTR_STATUS(req)));
+        kvx_warn(e->t, "ucx: closing an endpoint: %s", ucs_status_string(UCS_PTR_STATUS(req)));
         return 0;
     }
     if (req == NULL)
         return 0;
-    c->ucx_refs++;
+    (*refs)++;
     return 1;
 }
 
-void kvx_ucx_conn_free(kvx_conn_t *c)
+void kvx_ucx_ep_free(kvx_ucx_ep_t *e)
 {
-    if (c->ucx == NULL)
+    if (e == NULL)
         return;
-    if (c->ucx->rkey != NULL)
-        ucp_rkey_destroy(c->ucx->rkey);
-    free(c->ucx);
-    c->ucx = NULL;
+    while (e->free != NULL) {
+        kvx_send_t *s = e->free;
+        e->free = s->next_free;
+        free(s);
+    }
+    free(e);
 }
 
-/* ---- operations ----------------------------------------------------------------------------- */
+/* ---- messages out --------------------------------------------------------------------------- */
 
-static void kvx_ucx_op_cb(void *req, ucs_status_t status, void *arg)
+kvx_send_t *kvx_ucx_send_get(kvx_ucx_ep_t *e)
 {
+    kvx_send_t *s = e->free;
+
+    if (s != NULL)
+        e->free = s->next_free;
+    else if ((s = malloc(sizeof(*s))) == NULL)
+        return NULL;
+    s->ep = e;
+    s->next_free = NULL;
+    s->xfer_id = 0;
+    return s;
+}
+
+static void kvx_ucx_send_put(kvx_send_t *s)
+{
+    kvx_ucx_ep_t *e = s->ep;
+    s->next_free = e->free;
+    e->free = s;
+}
+
+static void kvx_ucx_send_cb(void *req, ucs_status_t status, void *arg)
+{
+    kvx_send_t *s = arg;
+    kvx_ucx_ep_t *e = s->ep;
+    uint64_t xfer_id = s->xfer_id;
+
     ucp_request_free(req);
-    kvx_on_op_done(arg, kvx_ucx_errno(status));
+    kvx_ucx_send_put(s);
+    if (e->rconn)
+        kvx_recv_on_sent(e->owner, kvx_ucx_errno(status));
+    else
+        kvx_xfer_on_sent(e->owner, xfer_id, kvx_ucx_errno(status));
 }
 
-/* Returns 0 when UCX finished with the local buffer at once, 1 when kvx_on_op_done follows. */
-int kvx_ucx_rma(kvx_conn_t *c, int op, void *local, uint64_t remote, size_t len)
+int kvx_ucx_send(kvx_send_t *s, size_t hdr_len, size_t iovcnt, unsigned *refs)
 {
+    kvx_ucx_ep_t *e = s->ep;
     ucp_request_param_t p = {
-        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
-        .cb.send = kvx_ucx_op_cb,
-        .user_data = c,
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                        UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_DATATYPE,
+        .flags = UCP_AM_SEND_FLAG_EAGER,
+        .cb.send = kvx_ucx_send_cb,
+        .user_data = s,
+        .datatype = iovcnt > 0 ? ucp_dt_make_iov() : ucp_dt_make_contig(1),
     };
     void *req;
 
-    if (op == KVX_OP_WRITE)
-        req = ucp_put_nbx(c->ucx->ep, local, len, remote, c->ucx->rkey, &p);
-    else
-        req = ucp_get_nbx(c->ucx->ep, local, len, remote, c->ucx->rkey, &p);
-    if (req == NULL)
+    if (e->ep == NULL) {
+        kvx_ucx_send_put(s);
+        return -ENOTCONN;
+    }
+    req = ucp_am_send_nbx(e->ep, KVX_AM_ID, s->hdr, hdr_len, iovcnt > 0 ? (void *)s->iov : NULL,
+                          iovcnt, &p);
+    if (req == NULL) {
+        kvx_ucx_send_put(s);
         return 0;
-    if (UCS_PTR_IS_ERR(req))
+    }
+    if (UCS_PTR_IS_ERR(req)) {
+        kvx_ucx_send_put(s);
         return kvx_ucx_errno(UCS_PTR_STATUS(req));
-    c->reqs++;
-    c->ucx_refs++;
+    }
+    (*refs)++;
     return 1;
 }
 
-static void kvx_ucx_flush_cb(void *req, ucs_status_t status, void *arg)
+int kvx_ucx_send_ctl(kvx_ucx_ep_t *e, const void *hdr, size_t hdr_len, unsigned *refs)
 {
-    ucp_request_free(req);
-    kvx_on_flush_done(arg, kvx_ucx_errno(status));
-}
+    kvx_send_t *s;
 
-/* Returns 0 when every operation posted before it has completed remotely, 1 when
- * kvx_on_flush_done(f) follows. */
-int kvx_ucx_flush(kvx_conn_t *c, kvx_flush_t *f)
-{
-    ucp_request_param_t p = {
-        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
-        .cb.send = kvx_ucx_flush_cb,
-        .user_data = f,
-    };
-    void *req = ucp_ep_flush_nbx(c->ucx->ep, &p);
-
-    if (req == NULL)
-        return 0;
-    if (UCS_PTR_IS_ERR(req))
-        return kvx_ucx_errno(UCS_PTR_STATUS(req));
-    c->ucx_refs++;
-    return 1;
+    if (hdr_len > KVX_SEND_HDR_MAX)
+        return -EINVAL;
+    s = kvx_ucx_send_get(e);
+    if (s == NULL)
+        return -ENOMEM;
+    memcpy(s->hdr, hdr, hdr_len);
+    return kvx_ucx_send(s, hdr_len, 0, refs);
 }
 
 unsigned kvx_ucx_progress(kvx_transport_t *t) { return ucp_worker_progress(t->ucx->worker); }

@@ -1,25 +1,20 @@
 /*
- * Where a transfer is born and travels: index checks, coalescing into runs, posting the runs to
- * UCX with back-pressure, the closing flush, and per-transfer deadlines.
+ * Where a transfer is born and travels on the initiator's side: index checks, coalescing into
+ * runs, cutting its byte stream into kvx's messages (WRITE carries the blocks, READ_REQ asks for
+ * them) with back-pressure, what the receiver answers (ACK, READ_DATA, NOTICE_ACK, and
+ * HELLO_ACK and FENCE for the connection), and deadlines. The receiving side is recv.c.
  */
 #include "kvx_int.h"
 
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 
-/* Operation requests UCX may hold per connection before kvx stops posting (UCX queues what its
- * transport cannot take at once; kvx keeps the rest in its own queue, where it can still be
- * canceled cheaply). */
-#define KVX_MAX_REQS 16
 /* Bytes the submitting thread posts itself before leaving the rest to the progress engine: small
  * transfers go out at once, large ones do not hold the caller for the whole copy. */
 #define KVX_INLINE_BUDGET ((size_t)256 * 1024)
-/* The largest UCX operation kvx posts: a run of blocks consecutive on both sides is posted in
- * pieces of at most this, so that an operation completes well within the stall limit even on a
- * slow link (1 MiB at 100 MB/s: 10 ms), and a large run does not hold UCX for seconds. */
-#define KVX_OP_MAX ((size_t)1 << 20)
-/* How long a closing connection may take before its transfers are reported anyway. */
-#define KVX_CLOSE_GRACE_NS (2ull * 1000000000ull)
+/* Room a message leaves for UCX's own headers on its lane. */
+#define KVX_MSG_SLACK 128
 
 /* Check every index and fold runs consecutive on both sides. O(count), no allocation once the
  * transfer slot has seen a transfer this large. */
@@ -60,11 +55,25 @@ static int kvx_xfer_build_runs(kvx_transport_t *t, kvx_xfer_t *x, uint64_t remot
     return 0;
 }
 
+/* The local address of the stream's byte at run i, offset off in it. */
+static uint8_t *kvx_xfer_local(const kvx_transport_t *t, const kvx_xfer_t *x, uint32_t i,
+                               uint64_t off)
+{
+    return t->base + (uint64_t)x->runs[i].local * t->block_len + off;
+}
+
+static uint64_t kvx_xfer_remote(const kvx_transport_t *t, const kvx_xfer_t *x, uint32_t i,
+                                uint64_t off)
+{
+    return (uint64_t)x->runs[i].remote * t->block_len + off;
+}
+
 static int kvx_xfer_submit(kvx_transport_t *t, int op, const char *peer_id, const uint32_t *local,
                            const uint32_t *remote, size_t count, const kvx_xfer_params_t *params,
                            uint64_t *id_p)
 {
-    uint64_t deadline_ms, now;
+    uint64_t deadline_ms, now, fm = params != NULL ? params->field_mask : 0;
+    uint32_t flags = (fm & KVX_XFER_PARAM_FLAGS) ? params->flags : 0;
     kvx_peer_t *p;
     kvx_conn_t *c;
     kvx_xfer_t *x;
@@ -73,8 +82,8 @@ static int kvx_xfer_submit(kvx_transport_t *t, int op, const char *peer_id, cons
 
     if (t == NULL || peer_id == NULL || id_p == NULL || (count != 0 && (!local || !remote)) ||
         count > UINT32_MAX || count > UINT64_MAX / t->block_len ||
-        (params != NULL && (params->field_mask & KVX_XFER_PARAM_DEADLINE) &&
-         params->deadline_ms > KVX_MS_MAX))
+        ((fm & KVX_XFER_PARAM_DEADLINE) && params->deadline_ms > KVX_MS_MAX) ||
+        (flags & ~(uint32_t)KVX_XFER_NOTIFY) || ((flags & KVX_XFER_NOTIFY) && op != KVX_OP_WRITE))
         return -EINVAL;
     kvx_lock(t);
     if (t->closed) {
@@ -82,7 +91,7 @@ static int kvx_xfer_submit(kvx_transport_t *t, int op, const char *peer_id, cons
         goto out;
     }
     deadline_ms = t->deadline_ns / 1000000ull;
-    if (params != NULL && (params->field_mask & KVX_XFER_PARAM_DEADLINE))
+    if (fm & KVX_XFER_PARAM_DEADLINE)
         deadline_ms = params->deadline_ms; /* at most KVX_MS_MAX: no overflow below */
 
     p = kvx_peer_lookup(t, peer_id);
@@ -109,11 +118,23 @@ static int kvx_xfer_submit(kvx_transport_t *t, int op, const char *peer_id, cons
     x->peer = p;
     x->conn = c;
     x->bytes = (uint64_t)count * t->block_len;
+    x->tag = (fm & KVX_XFER_PARAM_TAG) ? params->tag : 0;
+    x->notify = (flags & KVX_XFER_NOTIFY) != 0;
+    /* stamped with the fence epoch the receiver gave us; before the handshake, with the one its
+     * HELLO_ACK brings (kvx_xfer_on_message) */
+    x->epoch = c->wired ? c->epoch : UINT64_MAX;
     x->t_submit_ns = now;
     x->deadline_ns = deadline_ms ? now + deadline_ms * 1000000ull : 0;
     x->state = KVX_XS_QUEUED;
     p->nxfers++;
     p->inflight++;
+    *id_p = x->id;
+    if (x->bytes == 0) { /* nothing to move: done at once */
+        kvx_list_add_tail(&t->active, &x->active_link);
+        kvx_xfer_complete(x, 0);
+        rc = 0;
+        goto out;
+    }
     /* leaving idle: a progress thread asleep for a long tick looks again soon (stall and
      * liveness checks run every KVX_HOUSEKEEPING_NS while transfers are in flight) */
     if (kvx_list_empty(&t->active))
@@ -125,10 +146,10 @@ static int kvx_xfer_submit(kvx_transport_t *t, int op, const char *peer_id, cons
     }
     was_idle = kvx_list_empty(&c->queue);
     kvx_list_add_tail(&c->queue, &x->conn_link);
-    *id_p = x->id;
     if (was_idle)
         kvx_xfer_post(c, KVX_INLINE_BUDGET);
-    if (c->state == KVX_CONN_OPEN && !kvx_list_empty(&c->queue) && c->reqs < KVX_MAX_REQS) {
+    if (c->state == KVX_CONN_OPEN && c->wired && !kvx_list_empty(&c->queue) &&
+        c->reqs < KVX_MAX_REQS) {
         if (!kvx_list_linked(&c->work_link))
             kvx_list_add_tail(&t->work, &c->work_link);
         kvx_progress_kick(t, 0);
@@ -153,151 +174,394 @@ int kvx_xfer_read(kvx_transport_t *t, const char *peer_id, const uint32_t *local
     return kvx_xfer_submit(t, KVX_OP_READ, peer_id, local_idxs, remote_idxs, count, params, id_p);
 }
 
-/* Complete, in posting order, the transfers that the flush numbered seq covers. */
-static void kvx_xfer_flushed(kvx_conn_t *c, uint64_t seq)
+/* ---- the connection's accounting of a transfer --------------------------------------------- */
+
+/* The transfer leaves its connection's accounting: what it had posted and not heard back of, its
+ * read requests, its notice. Replies that still come for it find nothing and are dropped. */
+static void kvx_xfer_detach(kvx_xfer_t *x)
 {
-    while (!kvx_list_empty(&c->flushing)) {
-        kvx_xfer_t *x = kvx_list_first(&c->flushing, kvx_xfer_t, conn_link);
-        if (x->flush_seq == 0 || x->flush_seq > seq)
-            break;
-        kvx_xfer_complete(x, 0);
+    kvx_conn_t *c = x->conn;
+
+    if (c == NULL)
+        return;
+    c->unacked -= x->posted - x->done;
+    x->done = x->posted;
+    if (x->noticed) {
+        c->notices--;
+        x->noticed = false;
     }
+    if (x->op == KVX_OP_READ)
+        for (unsigned i = 0; i < KVX_MAX_REQS; i++)
+            if (c->rreqs[i].xfer_id == x->id)
+                c->rreqs[i].xfer_id = 0;
+    kvx_list_del(&x->conn_link);
+    if (c->state == KVX_CONN_OPEN && !kvx_list_empty(&c->queue) && !kvx_list_linked(&c->work_link))
+        kvx_list_add_tail(&c->t->work, &c->work_link);
 }
 
-/*
- * One endpoint flush for every transfer whose runs are all posted and that no flush covers yet.
- * With a flush already in flight this waits for it: on tcp each flush is a message and a
- * system call, so under load one flush covers many transfers, and a lone one still gets its
- * flush at once.
- */
-static void kvx_xfer_flush(kvx_conn_t *c)
+/* Finish a transfer (kvx_xfer_complete queues it for poll). */
+static void kvx_xfer_finish(kvx_xfer_t *x, int status)
 {
-    kvx_flush_t *f;
-    uint64_t seq;
+    kvx_xfer_detach(x);
+    kvx_xfer_complete(x, status);
+}
+
+/* Forget a transfer (cancel): it leaves every list and is never reported. */
+void kvx_xfer_forget(kvx_xfer_t *x)
+{
+    if (x->state != KVX_XS_DONE) {
+        kvx_xfer_detach(x);
+        x->peer->inflight--;
+    }
+    kvx_xfer_release(x);
+}
+
+/* Every transfer of a failed connection fails at once: its replies are dropped from now on, and
+ * what UCX still holds of its messages only reads its local blocks (before the endpoint's forced
+ * close purges them). */
+void kvx_xfer_fail_conn(kvx_conn_t *c, int err)
+{
+    kvx_list_t *lists[] = {&c->queue, &c->waiting};
+
+    for (size_t i = 0; i < 2; i++)
+        while (!kvx_list_empty(lists[i]))
+            kvx_xfer_finish(kvx_list_first(lists[i], kvx_xfer_t, conn_link), err);
+    memset(c->rreqs, 0, sizeof(c->rreqs));
+}
+
+/* ---- posting ----------------------------------------------------------------------------------
+ */
+
+/* One WRITE: as many of the stream's bytes as a message holds, from posted on. Returns the bytes
+ * posted (0: none, out of message buffers), or a negative errno (the connection fails). */
+static ssize_t kvx_xfer_post_write(kvx_conn_t *c, kvx_xfer_t *x)
+{
+    kvx_transport_t *t = c->t;
+    kvx_send_t *s = kvx_ucx_send_get(c->ucx);
+    size_t avail = c->seg > 2 * KVX_MSG_SLACK ? c->seg - KVX_MSG_SLACK : KVX_MSG_SLACK;
+    size_t len = 0, hdr_len = KVX_WIRE_WRITE_LEN;
+    uint32_t n = 0;
     int rc;
 
-    if (c->state != KVX_CONN_OPEN || c->flushes > 0 || kvx_list_empty(&c->flushing) ||
-        kvx_container_of(c->flushing.prev, kvx_xfer_t, conn_link)->flush_seq != 0)
-        return;
-    f = c->free_flushes;
-    if (f != NULL) {
-        c->free_flushes = f->next_free;
-    } else if ((f = malloc(sizeof(*f))) == NULL) {
-        kvx_conn_fail(c, -ENOMEM);
-        return;
+    if (s == NULL)
+        return 0;
+    while (x->next_run < x->nruns && n < KVX_WIRE_MAX_RUNS &&
+           hdr_len + KVX_WIRE_RUN_LEN + len < avail) {
+        uint64_t run_len = (uint64_t)x->runs[x->next_run].count * t->block_len;
+        uint64_t left = run_len - x->run_off;
+        size_t room = avail - hdr_len - KVX_WIRE_RUN_LEN - len;
+        size_t piece = left < room ? (size_t)left : room;
+        kvx_wire_run_t r = {kvx_xfer_remote(t, x, x->next_run, x->run_off), (uint32_t)piece, 0};
+
+        s->iov[n].base = kvx_xfer_local(t, x, x->next_run, x->run_off);
+        s->iov[n].len = piece;
+        if (c->crc)
+            r.crc = kvx_crc32c(s->iov[n].base, piece);
+        kvx_wire_run_put(s->hdr + KVX_WIRE_WRITE_LEN, n, &r);
+        n++;
+        len += piece;
+        hdr_len += KVX_WIRE_RUN_LEN;
+        x->run_off += piece;
+        if (x->run_off == run_len) {
+            x->next_run++;
+            x->run_off = 0;
+        }
     }
-    seq = ++c->flush_seq;
-    for (kvx_list_t *n = c->flushing.prev; n != &c->flushing; n = n->prev) {
-        kvx_xfer_t *x = kvx_container_of(n, kvx_xfer_t, conn_link);
-        if (x->flush_seq != 0)
-            break;
-        x->flush_seq = seq;
-    }
-    f->conn = c;
-    f->seq = seq;
-    if (!kvx_conn_busy(c))
-        c->last_progress_ns = kvx_now_ns();
-    rc = kvx_ucx_flush(c, f);
+    kvx_wire_put_hdr(s->hdr, KVX_MSG_WRITE, c->crc ? KVX_MSGF_CRC : 0, c->rconn_id, c->rconn_token);
+    kvx_put64(s->hdr + 16, x->id);
+    kvx_put64(s->hdr + 24, x->tag);
+    kvx_put64(s->hdr + 32, x->epoch);
+    kvx_put32(s->hdr + 40, n);
+    kvx_put32(s->hdr + 44, 0);
+    s->xfer_id = x->id;
+    rc = kvx_ucx_send(s, hdr_len, n, &c->ucx_refs);
+    if (rc < 0)
+        return rc;
     if (rc == 1) {
-        c->flushes++;
-        return;
+        c->reqs++;
+        x->sending++;
+    } else {
+        /* UCX took it at once: the lane had room, so the peer is draining it - that is
+         * progress, even while its acknowledgements wait behind a long stretch of its work */
+        c->last_progress_ns = kvx_now_ns();
     }
-    f->next_free = c->free_flushes;
-    c->free_flushes = f;
-    if (rc == 0) {
-        kvx_xfer_flushed(c, seq);
-        return;
-    }
-    kvx_error(c->t, "flushing to %s: %s", c->agent_name, kvx_strerror(rc));
-    kvx_conn_fail(c, rc);
+    x->posted += len;
+    c->unacked += len;
+    return (ssize_t)len;
 }
 
-void kvx_xfer_free_flushes(kvx_conn_t *c)
+/* One READ_REQ: up to KVX_READ_REQ_MAX bytes of the stream, from posted on. Returns the bytes
+ * asked for (0: no request slot free), or a negative errno. */
+static ssize_t kvx_xfer_post_read(kvx_conn_t *c, kvx_xfer_t *x)
 {
-    while (c->free_flushes != NULL) {
-        kvx_flush_t *f = c->free_flushes;
-        c->free_flushes = f->next_free;
-        free(f);
+    kvx_transport_t *t = c->t;
+    kvx_rreq_t *q = NULL;
+    uint8_t hdr[KVX_WIRE_READ_REQ_LEN + KVX_WIRE_MAX_RUNS * KVX_WIRE_RUN_LEN];
+    uint64_t len = 0;
+    uint32_t n = 0;
+    int rc;
+
+    for (unsigned i = 0; i < KVX_MAX_REQS && q == NULL; i++)
+        if (c->rreqs[i].xfer_id == 0)
+            q = &c->rreqs[i];
+    if (q == NULL)
+        return 0;
+    q->stream_off = x->posted;
+    q->run = x->next_run;
+    q->run_off = x->run_off;
+    while (x->next_run < x->nruns && n < KVX_WIRE_MAX_RUNS && len < KVX_READ_REQ_MAX) {
+        uint64_t run_len = (uint64_t)x->runs[x->next_run].count * t->block_len;
+        uint64_t left = run_len - x->run_off, room = KVX_READ_REQ_MAX - len;
+        uint64_t piece = left < room ? left : room;
+        kvx_wire_run_t r = {kvx_xfer_remote(t, x, x->next_run, x->run_off), (uint32_t)piece, 0};
+
+        kvx_wire_run_put(hdr + KVX_WIRE_READ_REQ_LEN, n++, &r);
+        len += piece;
+        x->run_off += piece;
+        if (x->run_off == run_len) {
+            x->next_run++;
+            x->run_off = 0;
+        }
     }
+    kvx_wire_put_hdr(hdr, KVX_MSG_READ_REQ, c->crc ? KVX_MSGF_CRC : 0, c->rconn_id, c->rconn_token);
+    kvx_put64(hdr + 16, x->id);
+    kvx_put64(hdr + 24, q->stream_off);
+    kvx_put32(hdr + 32, n);
+    kvx_put32(hdr + 36, 0);
+    rc = kvx_ucx_send_ctl(c->ucx, hdr, KVX_WIRE_READ_REQ_LEN + (size_t)n * KVX_WIRE_RUN_LEN,
+                          &c->ucx_refs);
+    if (rc < 0)
+        return rc;
+    if (rc == 1)
+        c->reqs++;
+    q->xfer_id = x->id;
+    q->len = len;
+    q->got = 0;
+    x->posted += len;
+    c->unacked += len;
+    return (ssize_t)len;
 }
 
 /*
- * Hand queued runs to UCX, oldest transfer first, until the queue is empty, UCX holds
- * KVX_MAX_REQS requests (kvx_on_op_done resumes), or the next run would exceed budget bytes.
- * Transfers whose runs are all posted then get a flush: its completion means their bytes all landed
- * remotely.
+ * Hand queued transfers' messages to UCX, oldest transfer first, until the queue is empty, UCX
+ * holds KVX_MAX_REQS messages or every read request slot is taken (replies resume posting), or
+ * budget bytes went out. A transfer whose stream is all posted waits for its replies.
  */
 void kvx_xfer_post(kvx_conn_t *c, size_t budget)
 {
-    kvx_transport_t *t = c->t;
-    int rc;
-
-    while (c->state == KVX_CONN_OPEN && !kvx_list_empty(&c->queue)) {
+    while (c->state == KVX_CONN_OPEN && c->wired && !kvx_list_empty(&c->queue)) {
         kvx_xfer_t *x = kvx_list_first(&c->queue, kvx_xfer_t, conn_link);
 
-        while (x->next_run < x->nruns) {
-            const kvx_run_t *r = &x->runs[x->next_run];
-            uint64_t run_len = (uint64_t)r->count * t->block_len;
-            size_t len =
-                run_len - x->run_off < KVX_OP_MAX ? (size_t)(run_len - x->run_off) : KVX_OP_MAX;
-
-            /* a piece larger than what is left of the budget waits for the progress engine:
-             * the submitting thread never copies more than its budget */
-            if (c->reqs >= KVX_MAX_REQS || len > budget)
-                goto flush;
+        while (x->posted < x->bytes && !x->canceled) {
+            ssize_t n;
+            if (c->reqs >= KVX_MAX_REQS || budget == 0)
+                return;
             if (!kvx_conn_busy(c)) /* the stall clock starts with the first outstanding op */
                 c->last_progress_ns = kvx_now_ns();
-            rc = kvx_ucx_rma(c, x->op, t->base + (uint64_t)r->local * t->block_len + x->run_off,
-                             c->remote_base + (uint64_t)r->remote * t->block_len + x->run_off, len);
-            if (rc < 0) {
-                kvx_error(t, "posting to %s: %s", c->agent_name, kvx_strerror(rc));
-                kvx_conn_fail(c, rc);
+            n = x->op == KVX_OP_WRITE ? kvx_xfer_post_write(c, x) : kvx_xfer_post_read(c, x);
+            if (n < 0) {
+                kvx_error(c->t, "posting to %s: %s", c->agent_name, kvx_strerror((int)n));
+                kvx_conn_fail(c, (int)n);
                 return;
             }
-            x->run_off += len;
-            if (x->run_off == run_len) {
-                x->next_run++;
-                x->run_off = 0;
-            }
-            budget -= len;
+            if (n == 0)
+                return; /* no message buffer or read slot: a reply or send resumes */
+            budget = (size_t)n < budget ? budget - (size_t)n : 0;
         }
         kvx_list_del(&x->conn_link);
-        x->state = KVX_XS_FLUSHING;
-        x->flush_seq = 0;
-        kvx_list_add_tail(&c->flushing, &x->conn_link);
+        x->state = KVX_XS_WAITING;
+        kvx_list_add_tail(&c->waiting, &x->conn_link);
+        if (x->canceled && x->sending == 0) /* canceled: nothing more of it will move */
+            kvx_xfer_finish(x, -ECANCELED);
     }
-flush:
-    kvx_xfer_flush(c);
 }
 
-void kvx_on_flush_done(kvx_flush_t *f, int status)
-{
-    kvx_conn_t *c = f->conn;
-    uint64_t seq = f->seq;
+/* ---- replies -----------------------------------------------------------------------------------
+ */
 
-    f->next_free = c->free_flushes;
-    c->free_flushes = f;
-    c->flushes--;
-    c->ucx_refs--;
-    c->last_progress_ns = kvx_now_ns();
-    if (c->state == KVX_CONN_OPEN) {
-        if (status != 0) {
-            kvx_on_conn_error(c, status); /* the transfers fail with their connection */
-        } else {
-            kvx_xfer_flushed(c, seq);
-            /* transfers posted meanwhile wait for the next flush: post it outside UCX */
-            if (!kvx_list_empty(&c->flushing) && !kvx_list_linked(&c->work_link))
-                kvx_list_add_tail(&c->t->work, &c->work_link);
+/* All of a write's bytes were acknowledged: done, or first the receiver's notice. */
+static void kvx_xfer_write_landed(kvx_conn_t *c, kvx_xfer_t *x)
+{
+    uint8_t hdr[56];
+    uint64_t blocks = x->bytes / c->t->block_len;
+    int rc;
+
+    if (!x->notify) {
+        kvx_xfer_finish(x, 0);
+        return;
+    }
+    kvx_wire_put_hdr(hdr, KVX_MSG_NOTICE, 0, c->rconn_id, c->rconn_token);
+    kvx_put64(hdr + 16, x->id);
+    kvx_put64(hdr + 24, x->tag);
+    kvx_put64(hdr + 32, x->epoch);
+    kvx_put64(hdr + 40, blocks);
+    kvx_put64(hdr + 48, x->bytes);
+    rc = kvx_ucx_send_ctl(c->ucx, hdr, sizeof(hdr), &c->ucx_refs);
+    if (rc < 0) {
+        kvx_xfer_finish(x, rc);
+        return;
+    }
+    if (rc == 1)
+        c->reqs++;
+    x->noticed = true;
+    c->notices++;
+}
+
+static void kvx_xfer_on_ack(kvx_conn_t *c, const kvx_msg_t *m)
+{
+    kvx_transport_t *t = c->t;
+
+    for (uint32_t i = 0; i < m->u.ack.n; i++) {
+        uint64_t id;
+        uint32_t bytes;
+        int32_t status;
+        kvx_xfer_t *x;
+
+        kvx_wire_ack_get(m->u.ack.entries, i, &id, &bytes, &status);
+        x = kvx_xfer_lookup(t, id);
+        /* a reply for a transfer that is gone (failed, canceled) or not this connection's */
+        if (x == NULL || x->conn != c || x->op != KVX_OP_WRITE || x->state == KVX_XS_DONE ||
+            bytes > x->posted - x->done || status > 0)
+            continue;
+        if (status < 0) {
+            kvx_debug(t, "transfer %llu: refused by %s: %s", (unsigned long long)id, c->agent_name,
+                      kvx_strerror(status));
+            kvx_xfer_finish(x, status);
+            continue;
+        }
+        x->done += bytes;
+        c->unacked -= bytes;
+        if (x->done == x->bytes && !x->noticed)
+            kvx_xfer_write_landed(c, x);
+    }
+}
+
+static void kvx_xfer_on_read_data(kvx_conn_t *c, const kvx_msg_t *m, const uint8_t *data,
+                                  size_t len)
+{
+    kvx_transport_t *t = c->t;
+    kvx_rreq_t *q = NULL;
+    kvx_xfer_t *x;
+
+    for (unsigned i = 0; i < KVX_MAX_REQS && q == NULL; i++)
+        if (c->rreqs[i].xfer_id == m->u.read_data.xfer_id &&
+            c->rreqs[i].stream_off + c->rreqs[i].got == m->u.read_data.stream_off)
+            q = &c->rreqs[i];
+    x = q != NULL ? kvx_xfer_lookup(t, q->xfer_id) : NULL;
+    /* a reply for a read that failed or was canceled, or out of order: dropped, so that a read
+     * reported failed never has a byte land in its local blocks afterwards */
+    if (x == NULL || x->conn != c || x->state == KVX_XS_DONE)
+        return;
+    if (m->u.read_data.status < 0) {
+        kvx_xfer_finish(x, m->u.read_data.status);
+        return;
+    }
+    if (len > q->len - q->got) {
+        kvx_xfer_finish(x, -EPROTO);
+        return;
+    }
+    if ((m->flags & KVX_MSGF_CRC) != c->crc * KVX_MSGF_CRC ||
+        (c->crc && kvx_crc32c(data, len) != m->u.read_data.crc)) {
+        t->rcounters.drop_crc++;
+        kvx_xfer_finish(x, -EBADMSG);
+        return;
+    }
+    for (size_t off = 0; off < len;) {
+        uint64_t run_len = (uint64_t)x->runs[q->run].count * t->block_len;
+        size_t piece =
+            run_len - q->run_off < len - off ? (size_t)(run_len - q->run_off) : len - off;
+        memcpy(kvx_xfer_local(t, x, q->run, q->run_off), data + off, piece);
+        off += piece;
+        q->run_off += piece;
+        if (q->run_off == run_len) {
+            q->run++;
+            q->run_off = 0;
         }
     }
-    kvx_conn_maybe_free(c);
+    q->got += len;
+    x->done += len;
+    c->unacked -= len;
+    if (q->got == q->len) {
+        q->xfer_id = 0; /* the slot is free: more can be asked */
+        if (!kvx_list_empty(&c->queue) && !kvx_list_linked(&c->work_link))
+            kvx_list_add_tail(&t->work, &c->work_link);
+    }
+    if (x->done == x->bytes && x->posted == x->bytes)
+        kvx_xfer_finish(x, 0);
 }
 
-void kvx_on_op_done(kvx_conn_t *c, int status)
+void kvx_xfer_on_message(kvx_transport_t *t, const kvx_msg_t *m, const uint8_t *data,
+                         size_t data_len)
+{
+    kvx_conn_t *c = kvx_idtab_get(&t->conn_ids, m->conn_id);
+    uint8_t a[8], b[8];
+
+    if (c != NULL) {
+        kvx_put64(a, c->token);
+        kvx_put64(b, m->token);
+    }
+    if (c == NULL || c->state != KVX_CONN_OPEN || !kvx_equal_ct(a, b, 8)) {
+        kvx_recv_count_drop(t, KVX_DROP_UNKNOWN);
+        return;
+    }
+    c->last_progress_ns = kvx_now_ns();
+    switch (m->type) {
+    case KVX_MSG_HELLO_ACK:
+        if (c->wired)
+            break;
+        if (m->u.hello_ack.status < 0) {
+            kvx_on_conn_error(c, m->u.hello_ack.status);
+            break;
+        }
+        c->rconn_id = m->u.hello_ack.rconn_id;
+        c->rconn_token = m->u.hello_ack.token;
+        c->epoch = m->u.hello_ack.epoch;
+        c->wired = true;
+        t->conn_event = true;
+        for (kvx_list_t *n = c->queue.next; n != &c->queue; n = n->next) {
+            kvx_xfer_t *x = kvx_container_of(n, kvx_xfer_t, conn_link);
+            if (x->epoch == UINT64_MAX)
+                x->epoch = c->epoch;
+        }
+        if (!kvx_list_empty(&c->queue) && !kvx_list_linked(&c->work_link))
+            kvx_list_add_tail(&t->work, &c->work_link);
+        break;
+    case KVX_MSG_FENCE:
+        /* later writes carry the new epoch; those submitted before are judged by the receiver */
+        if (m->u.fence.epoch > c->epoch)
+            c->epoch = m->u.fence.epoch;
+        break;
+    case KVX_MSG_ACK:
+        kvx_xfer_on_ack(c, m);
+        break;
+    case KVX_MSG_READ_DATA:
+        kvx_xfer_on_read_data(c, m, data, data_len);
+        break;
+    case KVX_MSG_NOTICE_ACK: {
+        kvx_xfer_t *x = kvx_xfer_lookup(t, m->u.notice_ack.xfer_id);
+        if (x != NULL && x->conn == c && x->noticed)
+            kvx_xfer_finish(x, m->u.notice_ack.status);
+        break;
+    }
+    default:
+        break;
+    }
+}
+
+void kvx_xfer_on_sent(kvx_conn_t *c, uint64_t xfer_id, int status)
 {
     c->reqs--;
     c->ucx_refs--;
     c->last_progress_ns = kvx_now_ns();
+    if (xfer_id != 0) {
+        kvx_xfer_t *x = kvx_xfer_lookup(c->t, xfer_id);
+        if (x != NULL && x->conn == c && x->sending > 0) {
+            x->sending--;
+            /* canceled: its last message left, it touches no memory any more */
+            if (x->canceled && x->sending == 0 && x->state != KVX_XS_DONE)
+                kvx_xfer_finish(x, -ECANCELED);
+        }
+    }
     if (c->state == KVX_CONN_OPEN) {
         if (status != 0)
             kvx_on_conn_error(c, status);
@@ -307,52 +571,34 @@ void kvx_on_op_done(kvx_conn_t *c, int status)
     kvx_conn_maybe_free(c);
 }
 
+/* ---- deadlines ------------------------------------------------------------------------------ */
+
 /*
- * Fail transfers past their deadline. One whose bytes never reached UCX fails alone. For one
- * already posted, closing its connection is the only way to stop UCX from touching its blocks,
- * so the whole connection fails; those connections are collected first and failed after the
- * walk (failing one completes transfers, which leave the list being walked). Runs only when the
- * earliest known deadline has passed.
+ * Fail transfers past their deadline, each alone: its connection stays, replies for it are
+ * dropped from now on (a read's local blocks never change again), and messages of it that UCX
+ * still holds only read its local blocks. Runs only when the earliest known deadline has passed.
  */
 void kvx_xfer_check_deadlines(kvx_transport_t *t, uint64_t now)
 {
-    kvx_list_t *n, *next, doomed;
+    kvx_list_t *n, *next;
     uint64_t earliest = UINT64_MAX;
 
     if (now < t->next_deadline_ns)
         return;
-    kvx_list_init(&doomed);
     for (n = t->active.next; n != &t->active; n = next) {
         kvx_xfer_t *x = kvx_container_of(n, kvx_xfer_t, active_link);
-        uint64_t due;
 
         next = n->next;
         if (x->deadline_ns == 0)
             continue;
-        due = x->deadline_ns + (x->state == KVX_XS_FAILING ? KVX_CLOSE_GRACE_NS : 0);
-        if (now < due) {
-            if (due < earliest)
-                earliest = due;
+        if (now < x->deadline_ns) {
+            if (x->deadline_ns < earliest)
+                earliest = x->deadline_ns;
             continue;
         }
-        if (x->state == KVX_XS_FAILING) {
-            kvx_warn(t, "transfer %llu: connection to %s still closing; reporting it failed",
-                     (unsigned long long)x->id, x->conn->agent_name);
-            kvx_xfer_complete(x, x->conn->err);
-        } else if (x->state == KVX_XS_QUEUED && !kvx_xfer_started(x)) {
-            kvx_xfer_complete(x, -ETIMEDOUT);
-        } else if (!kvx_list_linked(&x->conn->fail_link)) {
-            kvx_warn(t, "transfer %llu to %s missed its deadline: closing that connection",
-                     (unsigned long long)x->id, x->conn->agent_name);
-            kvx_list_add_tail(&doomed, &x->conn->fail_link);
-        }
+        kvx_debug(t, "transfer %llu to %s missed its deadline", (unsigned long long)x->id,
+                  x->conn ? x->conn->agent_name : "?");
+        kvx_xfer_finish(x, -ETIMEDOUT);
     }
     t->next_deadline_ns = earliest;
-    while (!kvx_list_empty(&doomed)) {
-        kvx_conn_t *c = kvx_list_first(&doomed, kvx_conn_t, fail_link);
-        kvx_list_del(&c->fail_link);
-        kvx_conn_fail(c, -ETIMEDOUT);
-        /* its transfers are FAILING now, due again after their grace: one more walk finds when */
-        t->next_deadline_ns = now;
-    }
 }

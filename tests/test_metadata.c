@@ -10,7 +10,7 @@
 
 static void codec(void)
 {
-    uint8_t waddr[200], rkey[12], buf[512], copy[512];
+    uint8_t waddr[200], buf[512], copy[512];
     kvx_md_t in = {
         .agent_name = "engine-a",
         .fingerprint = "0123456789abcdef",
@@ -19,8 +19,6 @@ static void codec(void)
         .block_len = 65536,
         .worker_addr = waddr,
         .worker_addr_len = sizeof(waddr),
-        .rkey = rkey,
-        .rkey_len = sizeof(rkey),
         .generation = 0x1234567890abcdefull,
         .capability = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16},
         .host = {.boot_id = {0xb0, 0x07}, .pid_ns = 4026531836ull, .start_time = 777, .pid = 4242}};
@@ -29,10 +27,9 @@ static void codec(void)
 
     for (size_t i = 0; i < sizeof(waddr); i++)
         waddr[i] = (uint8_t)(i * 7);
-    memset(rkey, 0xab, sizeof(rkey));
-    len = kvx_md_encode(&in, buf, sizeof(buf));
+    len = kvx_md_encode(&in, NULL, 0, buf, sizeof(buf));
     KT_EQ(len, (int)kvx_md_encoded_len(&in));
-    KT_ERR(kvx_md_encode(&in, buf, (size_t)len - 1), -ENOSPC);
+    KT_ERR(kvx_md_encode(&in, NULL, 0, buf, (size_t)len - 1), -ENOSPC);
 
     KT_OK(kvx_md_decode(buf, (size_t)len, &out));
     KT_CHECK(strcmp(out.agent_name, "engine-a") == 0);
@@ -42,8 +39,8 @@ static void codec(void)
     KT_EQ(out.block_len, 65536);
     KT_EQ(out.worker_addr_len, sizeof(waddr));
     KT_CHECK(memcmp(out.worker_addr, waddr, sizeof(waddr)) == 0);
-    KT_EQ(out.rkey_len, sizeof(rkey));
-    KT_CHECK(memcmp(out.rkey, rkey, sizeof(rkey)) == 0);
+    KT_EQ(out.flags, 0);
+    KT_CHECK(out.mac == NULL);
     KT_EQ(out.generation, in.generation);
     KT_CHECK(memcmp(out.capability, in.capability, 16) == 0);
     KT_CHECK(memcmp(out.host.boot_id, in.host.boot_id, 16) == 0);
@@ -84,21 +81,60 @@ static void codec(void)
     /* fields that decode but make no sense are refused even with a valid checksum */
     kvx_md_t bad = in;
     bad.num_blocks = 0;
-    len = kvx_md_encode(&bad, buf, sizeof(buf));
+    len = kvx_md_encode(&bad, NULL, 0, buf, sizeof(buf));
     KT_ERR(kvx_md_decode(buf, (size_t)len, &out), -EBADMSG);
     bad = in;
     bad.num_blocks = UINT64_MAX / 2;
-    len = kvx_md_encode(&bad, buf, sizeof(buf));
+    len = kvx_md_encode(&bad, NULL, 0, buf, sizeof(buf));
     KT_ERR(kvx_md_decode(buf, (size_t)len, &out), -EBADMSG);
     bad = in;
     bad.num_blocks = (1ull << 32) + 5; /* beyond 32-bit block indices */
     bad.block_len = 64;
-    len = kvx_md_encode(&bad, buf, sizeof(buf));
+    len = kvx_md_encode(&bad, NULL, 0, buf, sizeof(buf));
     KT_ERR(kvx_md_decode(buf, (size_t)len, &out), -EBADMSG);
     bad = in;
     strcpy(bad.agent_name, "has space");
-    len = kvx_md_encode(&bad, buf, sizeof(buf));
+    len = kvx_md_encode(&bad, NULL, 0, buf, sizeof(buf));
     KT_ERR(kvx_md_decode(buf, (size_t)len, &out), -EBADMSG);
+}
+
+/* Signed with a shared secret: verified with it, refused with another or with none, and an
+ * unsigned blob is refused where a secret is required. */
+static void signature(void)
+{
+    static const uint8_t secret[] = "correct horse battery staple", other[] = "incorrect";
+    uint8_t waddr[64], buf[512];
+    kvx_md_t in = {.agent_name = "signer",
+                   .base = 4096,
+                   .num_blocks = 8,
+                   .block_len = 4096,
+                   .worker_addr = waddr,
+                   .worker_addr_len = sizeof(waddr)},
+             out;
+    int len;
+
+    memset(waddr, 0x5a, sizeof(waddr));
+    len = kvx_md_encode(&in, secret, sizeof(secret), buf, sizeof(buf));
+    KT_CHECK(len > 0);
+    KT_OK(kvx_md_decode(buf, (size_t)len, &out));
+    KT_EQ(out.flags, KVX_MDF_MAC);
+    KT_OK(kvx_md_verify(buf, (size_t)len, &out, secret, sizeof(secret)));
+    KT_ERR(kvx_md_verify(buf, (size_t)len, &out, other, sizeof(other)), -EACCES);
+    KT_ERR(kvx_md_verify(buf, (size_t)len, &out, NULL, 0), -EACCES);
+    /* a forged field with the crc recomputed still fails the signature */
+    buf[24] ^= 1;
+    memset(buf + 12, 0, 4);
+    {
+        uint32_t crc = kvx_crc32(buf, (size_t)len);
+        for (int i = 0; i < 4; i++)
+            buf[12 + i] = (uint8_t)(crc >> (8 * i));
+    }
+    KT_OK(kvx_md_decode(buf, (size_t)len, &out));
+    KT_ERR(kvx_md_verify(buf, (size_t)len, &out, secret, sizeof(secret)), -EACCES);
+    len = kvx_md_encode(&in, NULL, 0, buf, sizeof(buf));
+    KT_OK(kvx_md_decode(buf, (size_t)len, &out));
+    KT_ERR(kvx_md_verify(buf, (size_t)len, &out, secret, sizeof(secret)), -EACCES);
+    KT_OK(kvx_md_verify(buf, (size_t)len, &out, NULL, 0));
 }
 
 /* The blob of a 16-block region and of a 1,048,576-block region have the same size. */
@@ -129,6 +165,7 @@ static void size_independent_of_blocks(void)
 int main(void)
 {
     codec();
+    signature();
     size_independent_of_blocks();
     return 0;
 }

@@ -200,19 +200,23 @@ static void cancel(kt_target_t *ta)
         KT_EQ(pa.xfers_inflight, 5);
         KT_EQ(kvx_xfer_cancel(t, ids + 5, 1, KVX_CANCEL_WAIT, pending), 0);
     }
-    {
-        /* the same id twice in one call is reported once; a later call reports it again,
-         * since it may still touch memory */
-        uint64_t twice[2] = {ids[0], ids[0]}, out[2];
-        KT_EQ(kvx_xfer_cancel(t, twice, 2, KVX_CANCEL_WAIT, out), 1);
-        KT_EQ(out[0], ids[0]);
-    }
+    /* Wait reports what UCX still holds messages of: with A stopped, its FIFO (4 MiB) fills and
+     * the transfer being posted then has messages UCX keeps; those before it were copied into
+     * the FIFO and are forgotten, those after it never started. */
+    usleep(100000); /* the progress thread posts until the FIFO is full */
     np = kvx_xfer_cancel(t, ids, 5, KVX_CANCEL_WAIT, pending);
     KT_OK(np);
     kt_log("cancel wait: %d of 5 transfers may still touch memory", np);
-    KT_CHECK(np >= 1 && pending[0] == ids[0]);
+    KT_CHECK(np >= 1);
     for (int i = 0; i < np; i++)
         KT_CHECK(in(ids, 5, pending[i]));
+    {
+        /* the same id twice in one call is reported once; a later call reports it again,
+         * since it may still touch memory */
+        uint64_t twice[2] = {pending[0], pending[0]}, out[2];
+        KT_EQ(kvx_xfer_cancel(t, twice, 2, KVX_CANCEL_WAIT, out), 1);
+        KT_EQ(out[0], pending[0]);
+    }
     usleep(100000);
     KT_EQ(kvx_transport_poll(t, "A", c, 8), 0); /* nothing can finish while A is stopped */
     kt_cont(&ta->proc);

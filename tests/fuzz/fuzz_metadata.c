@@ -24,15 +24,28 @@ static void check(const uint8_t *data, size_t size)
     rc = kvx_md_decode(data, size, &md);
     if (rc < 0)
         return;
+    static const uint8_t secret[] = "fuzz-secret";
     /* what the decoder hands on stays inside the input and is well formed */
     if (md.worker_addr < data || md.worker_addr + md.worker_addr_len > data + size ||
-        md.rkey < data || md.rkey + md.rkey_len > data + size || md.agent_name[0] == '\0' ||
-        strlen(md.agent_name) > KVX_NAME_MAX || strlen(md.fingerprint) > KVX_FINGERPRINT_MAX ||
-        md.num_blocks == 0 || md.num_blocks > UINT32_MAX || md.block_len == 0)
+        md.agent_name[0] == '\0' || strlen(md.agent_name) > KVX_NAME_MAX ||
+        strlen(md.fingerprint) > KVX_FINGERPRINT_MAX || md.num_blocks == 0 ||
+        md.num_blocks > UINT32_MAX || md.block_len == 0 ||
+        ((md.flags & KVX_MDF_MAC) && (md.mac < data || md.mac + KVX_MAC_LEN != data + size)))
         abort();
-    if (kvx_md_encoded_len(&md) != size || size > sizeof(again) ||
-        kvx_md_encode(&md, again, sizeof(again)) != (int)size || memcmp(again, data, size) != 0)
+    /* canonical: encoding what was decoded gives the same bytes (signed with the fuzzer's own
+     * secret when the input carries a signature that secret verifies) */
+    if (kvx_md_encoded_len(&md) != size || size > sizeof(again))
         abort();
+    if (!(md.flags & KVX_MDF_MAC)) {
+        if (kvx_md_encode(&md, NULL, 0, again, sizeof(again)) != (int)size ||
+            memcmp(again, data, size) != 0 || kvx_md_verify(data, size, &md, NULL, 0) != 0 ||
+            kvx_md_verify(data, size, &md, secret, sizeof(secret)) != -EACCES)
+            abort();
+    } else if (kvx_md_verify(data, size, &md, secret, sizeof(secret)) == 0 &&
+               (kvx_md_encode(&md, secret, sizeof(secret), again, sizeof(again)) != (int)size ||
+                memcmp(again, data, size) != 0)) {
+        abort();
+    }
     (void)kvx_peer_check(&self, &md, NULL, &why);
     expect.base_addr = md.base;
     expect.num_blocks = md.num_blocks;

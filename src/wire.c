@@ -1,0 +1,257 @@
+/*
+ * What crosses the wire between two kvx transports: the headers of kvx's active messages, their
+ * encoders, and a strict decoder (a fuzz target, like the metadata codec). A peer's bytes are
+ * hostile input: the decoder checks every length, count and reserved field before anything is
+ * used, and recv.c then checks what the decoder cannot know (connection, token, region bounds).
+ *
+ * Every message starts with a common header, little-endian:
+ *    0 u8 version (1)   1 u8 type   2 u16 flags   4 u32 connection id   8 u64 token
+ * (the id and token the receiving side gave that connection; zero in HELLO). Then, by type:
+ *   HELLO      16 capability[16] 32 u32 conn id 36 u32 0 40 u64 token 48 u64 generation
+ *              56 u8 name length 57 u8[3] 0 60 u32 worker address length 64 name, address
+ *              [, proof[32] with KVX_MSGF_PROOF]
+ *   HELLO_ACK  16 u32 receiver's connection id 20 i32 status 24 u64 its token 32 u64 epoch
+ *   WRITE      16 u64 transfer id 24 u64 tag 32 u64 epoch 40 u32 runs 44 u32 0 48 runs;
+ *              the payload is the runs' bytes, in order
+ *   ACK        16 u32 entries 20 u32 0 24 entries {u64 transfer id, u32 bytes, i32 status}
+ *   READ_REQ   16 u64 transfer id 24 u64 stream offset 32 u32 runs 36 u32 0 40 runs
+ *   READ_DATA  16 u64 transfer id 24 u64 stream offset 32 u32 length 36 u32 crc32c
+ *              40 i32 status 44 u32 0; the payload is length bytes (none when status < 0)
+ *   FENCE      16 u64 epoch
+ *   NOTICE     16 u64 transfer id 24 u64 tag 32 u64 epoch 40 u64 blocks 48 u64 bytes
+ *   NOTICE_ACK 16 u64 transfer id 24 i32 status 28 u32 0
+ *   BYE        (nothing more)
+ * A run is {u64 offset into the receiver's region, u32 length, u32 crc32c (KVX_MSGF_CRC)}.
+ */
+#include "kvx_int.h"
+
+#include <errno.h>
+#include <string.h>
+
+static const uint8_t kvx_zero[8];
+
+static size_t kvx_wire_fixed_len(int type)
+{
+    switch (type) {
+    case KVX_MSG_HELLO:
+        return KVX_WIRE_HELLO_LEN;
+    case KVX_MSG_HELLO_ACK:
+        return 40;
+    case KVX_MSG_WRITE:
+        return KVX_WIRE_WRITE_LEN;
+    case KVX_MSG_ACK:
+        return KVX_WIRE_ACK_LEN;
+    case KVX_MSG_READ_REQ:
+        return KVX_WIRE_READ_REQ_LEN;
+    case KVX_MSG_READ_DATA:
+        return 48;
+    case KVX_MSG_FENCE:
+        return 24;
+    case KVX_MSG_NOTICE:
+        return 56;
+    case KVX_MSG_NOTICE_ACK:
+        return 32;
+    case KVX_MSG_BYE:
+        return KVX_WIRE_HDR_LEN;
+    default:
+        return 0;
+    }
+}
+
+void kvx_wire_put_hdr(uint8_t *p, int type, unsigned flags, uint32_t conn_id, uint64_t token)
+{
+    p[0] = KVX_WIRE_VERSION;
+    p[1] = (uint8_t)type;
+    kvx_put16(p + 2, (uint16_t)flags);
+    kvx_put32(p + 4, conn_id);
+    kvx_put64(p + 8, token);
+}
+
+void kvx_wire_run_get(const uint8_t *runs, uint32_t i, kvx_wire_run_t *r)
+{
+    const uint8_t *p = runs + (size_t)i * KVX_WIRE_RUN_LEN;
+    r->offset = kvx_get64(p);
+    r->len = kvx_get32(p + 8);
+    r->crc = kvx_get32(p + 12);
+}
+
+void kvx_wire_run_put(uint8_t *runs, uint32_t i, const kvx_wire_run_t *r)
+{
+    uint8_t *p = runs + (size_t)i * KVX_WIRE_RUN_LEN;
+    kvx_put64(p, r->offset);
+    kvx_put32(p + 8, r->len);
+    kvx_put32(p + 12, r->crc);
+}
+
+/* Runs: a count within bounds, exactly that many, each non-empty; their total in *total. */
+static int kvx_wire_runs(const uint8_t *runs, uint32_t n, size_t avail, uint64_t *total)
+{
+    uint64_t sum = 0;
+
+    if (n == 0 || n > KVX_WIRE_MAX_RUNS || avail != (size_t)n * KVX_WIRE_RUN_LEN)
+        return -EBADMSG;
+    for (uint32_t i = 0; i < n; i++) {
+        kvx_wire_run_t r;
+        kvx_wire_run_get(runs, i, &r);
+        if (r.len == 0)
+            return -EBADMSG;
+        sum += r.len; /* at most 2^12 runs of < 2^32 bytes: no overflow */
+    }
+    *total = sum;
+    return 0;
+}
+
+static bool kvx_wire_text_ok(const uint8_t *s, size_t len)
+{
+    for (size_t i = 0; i < len; i++)
+        if (s[i] < 0x21 || s[i] > 0x7e)
+            return false;
+    return true;
+}
+
+int kvx_wire_decode(const void *hdr, size_t hdr_len, size_t data_len, kvx_msg_t *m)
+{
+    const uint8_t *p = hdr;
+    size_t fixed;
+    uint64_t total;
+
+    if (p == NULL || hdr_len < KVX_WIRE_HDR_LEN || p[0] != KVX_WIRE_VERSION)
+        return -EBADMSG;
+    memset(m, 0, sizeof(*m));
+    m->type = p[1];
+    m->flags = kvx_get16(p + 2);
+    m->conn_id = kvx_get32(p + 4);
+    m->token = kvx_get64(p + 8);
+    fixed = kvx_wire_fixed_len(m->type);
+    if (fixed == 0 || hdr_len < fixed)
+        return -EBADMSG;
+    /* flags each type may carry */
+    if ((m->type == KVX_MSG_HELLO && (m->flags & ~KVX_MSGF_PROOF)) ||
+        ((m->type == KVX_MSG_WRITE || m->type == KVX_MSG_READ_REQ) && (m->flags & ~KVX_MSGF_CRC)) ||
+        (m->type == KVX_MSG_READ_DATA && (m->flags & ~KVX_MSGF_CRC)) ||
+        (m->type != KVX_MSG_HELLO && m->type != KVX_MSG_WRITE && m->type != KVX_MSG_READ_REQ &&
+         m->type != KVX_MSG_READ_DATA && m->flags != 0))
+        return -EBADMSG;
+    /* only WRITE and READ_DATA carry a payload */
+    if (data_len != 0 && m->type != KVX_MSG_WRITE && m->type != KVX_MSG_READ_DATA)
+        return -EBADMSG;
+
+    switch (m->type) {
+    case KVX_MSG_HELLO: {
+        size_t name_len = p[56], waddr_len = kvx_get32(p + 60);
+        size_t proof = (m->flags & KVX_MSGF_PROOF) ? KVX_PROOF_LEN : 0;
+        if (m->conn_id != 0 || m->token != 0 || kvx_get32(p + 36) != 0 ||
+            memcmp(p + 57, kvx_zero, 3) != 0 || name_len == 0 || name_len > KVX_NAME_MAX ||
+            waddr_len == 0 || waddr_len > KVX_WIRE_MAX_WADDR ||
+            hdr_len != fixed + name_len + waddr_len + proof || !kvx_wire_text_ok(p + 64, name_len))
+            return -EBADMSG;
+        m->u.hello.capability = p + 16;
+        m->u.hello.conn_id = kvx_get32(p + 32);
+        m->u.hello.token = kvx_get64(p + 40);
+        m->u.hello.generation = kvx_get64(p + 48);
+        memcpy(m->u.hello.name, p + 64, name_len);
+        m->u.hello.name[name_len] = '\0';
+        m->u.hello.waddr = p + 64 + name_len;
+        m->u.hello.waddr_len = (uint32_t)waddr_len;
+        m->u.hello.proof = proof ? p + 64 + name_len + waddr_len : NULL;
+        m->u.hello.signed_len = fixed + name_len + waddr_len;
+        return 0;
+    }
+    case KVX_MSG_HELLO_ACK:
+        if (hdr_len != fixed)
+            return -EBADMSG;
+        m->u.hello_ack.rconn_id = kvx_get32(p + 16);
+        m->u.hello_ack.status = (int32_t)kvx_get32(p + 20);
+        m->u.hello_ack.token = kvx_get64(p + 24);
+        m->u.hello_ack.epoch = kvx_get64(p + 32);
+        if (m->u.hello_ack.status > 0)
+            return -EBADMSG;
+        return 0;
+    case KVX_MSG_WRITE:
+        m->u.write.xfer_id = kvx_get64(p + 16);
+        m->u.write.tag = kvx_get64(p + 24);
+        m->u.write.epoch = kvx_get64(p + 32);
+        m->u.write.nruns = kvx_get32(p + 40);
+        m->u.write.runs = p + fixed;
+        if (kvx_get32(p + 44) != 0 ||
+            kvx_wire_runs(p + fixed, m->u.write.nruns, hdr_len - fixed, &total) < 0 ||
+            total != data_len)
+            return -EBADMSG;
+        return 0;
+    case KVX_MSG_ACK:
+        m->u.ack.n = kvx_get32(p + 16);
+        m->u.ack.entries = p + fixed;
+        if (kvx_get32(p + 20) != 0 || m->u.ack.n == 0 || m->u.ack.n > KVX_WIRE_MAX_ACKS ||
+            hdr_len != fixed + (size_t)m->u.ack.n * KVX_WIRE_ACK_ENTRY_LEN)
+            return -EBADMSG;
+        return 0;
+    case KVX_MSG_READ_REQ:
+        m->u.read_req.xfer_id = kvx_get64(p + 16);
+        m->u.read_req.stream_off = kvx_get64(p + 24);
+        m->u.read_req.nruns = kvx_get32(p + 32);
+        m->u.read_req.runs = p + fixed;
+        if (kvx_get32(p + 36) != 0 ||
+            kvx_wire_runs(p + fixed, m->u.read_req.nruns, hdr_len - fixed, &total) < 0 ||
+            total > KVX_READ_REQ_MAX)
+            return -EBADMSG;
+        m->u.read_req.bytes = total;
+        return 0;
+    case KVX_MSG_READ_DATA:
+        if (hdr_len != fixed || kvx_get32(p + 44) != 0)
+            return -EBADMSG;
+        m->u.read_data.xfer_id = kvx_get64(p + 16);
+        m->u.read_data.stream_off = kvx_get64(p + 24);
+        m->u.read_data.len = kvx_get32(p + 32);
+        m->u.read_data.crc = kvx_get32(p + 36);
+        m->u.read_data.status = (int32_t)kvx_get32(p + 40);
+        if (m->u.read_data.status > 0 ||
+            (m->u.read_data.status == 0 ? m->u.read_data.len != data_len || data_len == 0
+                                        : m->u.read_data.len != 0 || data_len != 0))
+            return -EBADMSG;
+        return 0;
+    case KVX_MSG_FENCE:
+        if (hdr_len != fixed)
+            return -EBADMSG;
+        m->u.fence.epoch = kvx_get64(p + 16);
+        return 0;
+    case KVX_MSG_NOTICE:
+        if (hdr_len != fixed)
+            return -EBADMSG;
+        m->u.notice.xfer_id = kvx_get64(p + 16);
+        m->u.notice.tag = kvx_get64(p + 24);
+        m->u.notice.epoch = kvx_get64(p + 32);
+        m->u.notice.blocks = kvx_get64(p + 40);
+        m->u.notice.bytes = kvx_get64(p + 48);
+        return 0;
+    case KVX_MSG_NOTICE_ACK:
+        if (hdr_len != fixed || kvx_get32(p + 28) != 0)
+            return -EBADMSG;
+        m->u.notice_ack.xfer_id = kvx_get64(p + 16);
+        m->u.notice_ack.status = (int32_t)kvx_get32(p + 24);
+        if (m->u.notice_ack.status > 0)
+            return -EBADMSG;
+        return 0;
+    case KVX_MSG_BYE:
+        return hdr_len == fixed ? 0 : -EBADMSG;
+    default:
+        return -EBADMSG;
+    }
+}
+
+void kvx_wire_ack_get(const uint8_t *entries, uint32_t i, uint64_t *xfer_id, uint32_t *bytes,
+                      int32_t *status)
+{
+    const uint8_t *p = entries + (size_t)i * KVX_WIRE_ACK_ENTRY_LEN;
+    *xfer_id = kvx_get64(p);
+    *bytes = kvx_get32(p + 8);
+    *status = (int32_t)kvx_get32(p + 12);
+}
+
+void kvx_wire_ack_put(uint8_t *entries, uint32_t i, uint64_t xfer_id, uint32_t bytes,
+                      int32_t status)
+{
+    uint8_t *p = entries + (size_t)i * KVX_WIRE_ACK_ENTRY_LEN;
+    kvx_put64(p, xfer_id);
+    kvx_put32(p + 8, bytes);
+    kvx_put32(p + 12, (uint32_t)status);
+}
