@@ -14,6 +14,12 @@ const char *kvx_strerror(int err)
         return "success";
     case KVX_EINCOMPAT:
         return "peer incompatible (block length or config fingerprint)";
+    case KVX_EFENCED:
+        return "write fenced by the receiver";
+    case EACCES:
+        return "not authenticated (shared secret missing or different)";
+    case EPROTO:
+        return "protocol error (the peer sent more or other than asked)";
     case EINVAL:
         return "invalid argument";
     case ENOENT:

@@ -179,10 +179,28 @@ static void kvx_rconn_want_work(kvx_rconn_t *rc)
         kvx_list_add_tail(&rc->t->rwork, &rc->work_link);
 }
 
+/* What a connection has queued to send: it will not be sent any more. */
+static void kvx_rconn_drop_queued(kvx_rconn_t *rc)
+{
+    while (!kvx_list_empty(&rc->serve)) {
+        kvx_serve_t *s = kvx_list_first(&rc->serve, kvx_serve_t, link);
+        kvx_list_del(&s->link);
+        free(s);
+    }
+    while (!kvx_list_empty(&rc->ctl)) {
+        kvx_ctl_t *c = kvx_list_first(&rc->ctl, kvx_ctl_t, link);
+        kvx_list_del(&c->link);
+        free(c);
+    }
+    rc->nserve = 0;
+    rc->nacks = 0;
+}
+
 static void kvx_rconn_maybe_free(kvx_rconn_t *rc)
 {
     if (rc->state != KVX_CONN_CLOSED || rc->ucx_refs != 0)
         return;
+    kvx_rconn_drop_queued(rc);
     kvx_list_del(&rc->work_link);
     kvx_list_del(&rc->all_link);
     kvx_ucx_ep_free(rc->ucx);
@@ -203,18 +221,7 @@ static void kvx_rconn_close(kvx_rconn_t *rc)
     t->nrconns--;
     kvx_list_del(&rc->w_link);
     kvx_list_del(&rc->work_link);
-    while (!kvx_list_empty(&rc->serve)) {
-        kvx_serve_t *s = kvx_list_first(&rc->serve, kvx_serve_t, link);
-        kvx_list_del(&s->link);
-        free(s);
-    }
-    while (!kvx_list_empty(&rc->ctl)) {
-        kvx_ctl_t *c = kvx_list_first(&rc->ctl, kvx_ctl_t, link);
-        kvx_list_del(&c->link);
-        free(c);
-    }
-    rc->nserve = 0;
-    rc->nacks = 0;
+    kvx_rconn_drop_queued(rc);
     kvx_info(t, "writer %s: connection %u closed", rc->w->name, rc->id);
     if (kvx_ucx_ep_close(rc->ucx, &rc->ucx_refs) == 0) {
         rc->state = KVX_CONN_CLOSED;

@@ -291,7 +291,21 @@ uint8_t *kt_recv_alloc(int fd, size_t *len)
 
 /* ---- the standard target -------------------------------------------------------------------- */
 
-enum { KT_CMD_VERIFY = 1, KT_CMD_REFILL, KT_CMD_QUIT };
+enum {
+    KT_CMD_VERIFY = 1,
+    KT_CMD_REFILL,
+    KT_CMD_QUIT,
+    KT_CMD_FENCE,
+    KT_CMD_NOTICES,
+    KT_CMD_COUNTERS,
+    KT_CMD_CANARIES,
+    KT_CMD_INFO,
+    KT_CMD_PROGRESS
+};
+
+/* Bytes of canary around a target's region: memory of the target that is not the region. */
+#define KT_CANARY (64 * 1024)
+#define KT_CANARY_BYTE 0xc5
 
 typedef struct kt_cmd {
     uint32_t op;
@@ -300,15 +314,30 @@ typedef struct kt_cmd {
     uint64_t round;
 } kt_cmd_t;
 
+/* The target's region, with KT_CANARY bytes of canary on each side in the same mapping. */
+static kt_region_t kt_target_region(const kt_target_args_t *a, uint8_t **map, size_t *map_len)
+{
+    kt_region_t r = {.num_blocks = a->num_blocks, .block_len = a->block_len};
+
+    *map_len = a->num_blocks * a->block_len + 2 * KT_CANARY;
+    *map = mmap(NULL, *map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (*map == MAP_FAILED)
+        KT_FAIL("mmap: %s", strerror(errno));
+    memset(*map, KT_CANARY_BYTE, KT_CANARY);
+    memset(*map + *map_len - KT_CANARY, KT_CANARY_BYTE, KT_CANARY);
+    r.base = *map + KT_CANARY;
+    return r;
+}
+
 int kt_target_main(int sock, void *arg)
 {
     const kt_target_args_t *a = arg;
     kt_region_t r;
     kvx_transport_t *t;
-    uint8_t *md;
-    size_t md_len, len;
+    uint8_t *md, *map;
+    size_t md_len, len, map_len;
 
-    r = kt_region_alloc(a->num_blocks, a->block_len);
+    r = kt_target_region(a, &map, &map_len);
     kt_fill_all(&r, a->salt, 0);
     t = kt_transport_ex(&r, a->name, a->threads, a->fingerprint, 0);
     md = kt_metadata(t, &md_len);
@@ -337,12 +366,51 @@ int kt_target_main(int sock, void *arg)
             }
         } else if (cmd.op == KT_CMD_REFILL) {
             kt_fill_all(&r, a->salt, cmd.round);
+        } else if (cmd.op == KT_CMD_FENCE) {
+            /* a writer's name (or "" for every writer) follows, then n tags */
+            const char *name = (const char *)(msg + sizeof(cmd));
+            size_t nlen = strnlen(name, len - sizeof(cmd));
+            const uint64_t *tags = (const uint64_t *)(msg + sizeof(cmd) + 64);
+            KT_EQ(len, sizeof(cmd) + 64 + 8ull * cmd.n);
+            bad = (uint64_t)kvx_fence(t, nlen ? name : NULL, cmd.n ? tags : NULL, cmd.n);
+        } else if (cmd.op == KT_CMD_NOTICES) {
+            /* the notices waiting, each with whether its blocks hold (salt, src, round): the
+             * test's writes put block src into block src + cmd.salt, round cmd.round */
+            kvx_notice_t nt[256];
+            int n = kvx_notice_poll(t, nt, 256);
+            KT_OK(n);
+            kt_send(sock, nt, (size_t)n * sizeof(nt[0]));
+            free(msg);
+            continue;
+        } else if (cmd.op == KT_CMD_COUNTERS) {
+            kvx_transport_attr_t ta = {.field_mask = KVX_TRANSPORT_ATTR_RECV};
+            KT_OK(kvx_transport_query(t, &ta));
+            kt_send(sock, &ta.recv, sizeof(ta.recv));
+            free(msg);
+            continue;
+        } else if (cmd.op == KT_CMD_CANARIES) {
+            for (size_t i = 0; i < KT_CANARY; i++)
+                bad +=
+                    (map[i] != KT_CANARY_BYTE) + (map[map_len - KT_CANARY + i] != KT_CANARY_BYTE);
+        } else if (cmd.op == KT_CMD_PROGRESS) {
+            /* drive progress for cmd.round ms (a target without a progress thread) */
+            uint64_t end = kt_now_ns() + cmd.round * 1000000ull;
+            while (kt_now_ns() < end) {
+                kvx_completion_t c[4];
+                KT_OK(kvx_transport_poll(t, NULL, c, 4));
+                usleep(100);
+            }
+        } else if (cmd.op == KT_CMD_INFO) {
+            uint64_t info[2] = {(uintptr_t)r.base, KT_CANARY};
+            kt_send(sock, info, sizeof(info));
+            free(msg);
+            continue;
         }
         kt_send(sock, &bad, sizeof(bad));
         free(msg);
     }
     kvx_transport_destroy(t);
-    kt_region_free(&r);
+    munmap(map, map_len);
     return 0;
 }
 
@@ -422,6 +490,68 @@ void kt_target_refill(kt_target_t *tg, uint64_t round)
 {
     kt_cmd_t cmd = {.op = KT_CMD_REFILL, .round = round};
     kt_target_cmd(tg, &cmd, NULL, NULL);
+}
+
+int kt_target_fence(kt_target_t *tg, const char *writer, const uint64_t *tags, uint32_t ntags)
+{
+    kt_cmd_t cmd = {.op = KT_CMD_FENCE, .n = ntags};
+    size_t len = sizeof(cmd) + 64 + 8ull * ntags;
+    uint8_t *msg = calloc(1, len);
+    uint64_t r;
+
+    KT_CHECK(msg != NULL);
+    memcpy(msg, &cmd, sizeof(cmd));
+    if (writer != NULL)
+        snprintf((char *)msg + sizeof(cmd), 64, "%s", writer);
+    if (ntags)
+        memcpy(msg + sizeof(cmd) + 64, tags, 8ull * ntags);
+    kt_send(tg->proc.sock, msg, len);
+    free(msg);
+    kt_recv(tg->proc.sock, &r, sizeof(r));
+    return (int)r;
+}
+
+int kt_target_notices(kt_target_t *tg, kvx_notice_t *out, size_t max)
+{
+    kt_cmd_t cmd = {.op = KT_CMD_NOTICES};
+    size_t len;
+    uint8_t *buf;
+
+    kt_send(tg->proc.sock, &cmd, sizeof(cmd));
+    buf = kt_recv_alloc(tg->proc.sock, &len);
+    KT_CHECK(len % sizeof(kvx_notice_t) == 0 && len / sizeof(kvx_notice_t) <= max);
+    memcpy(out, buf, len);
+    free(buf);
+    return (int)(len / sizeof(kvx_notice_t));
+}
+
+void kt_target_progress(kt_target_t *tg, uint64_t ms)
+{
+    kt_cmd_t cmd = {.op = KT_CMD_PROGRESS, .round = ms};
+    kt_target_cmd(tg, &cmd, NULL, NULL);
+}
+
+void kt_target_counters(kt_target_t *tg, kvx_recv_counters_t *out)
+{
+    kt_cmd_t cmd = {.op = KT_CMD_COUNTERS};
+    kt_send(tg->proc.sock, &cmd, sizeof(cmd));
+    kt_recv(tg->proc.sock, out, sizeof(*out));
+}
+
+uint64_t kt_target_canaries(kt_target_t *tg)
+{
+    kt_cmd_t cmd = {.op = KT_CMD_CANARIES};
+    return kt_target_cmd(tg, &cmd, NULL, NULL);
+}
+
+void kt_target_info(kt_target_t *tg, uint64_t *base, uint64_t *canary)
+{
+    kt_cmd_t cmd = {.op = KT_CMD_INFO};
+    uint64_t info[2];
+    kt_send(tg->proc.sock, &cmd, sizeof(cmd));
+    kt_recv(tg->proc.sock, info, sizeof(info));
+    *base = info[0];
+    *canary = info[1];
 }
 
 int kt_target_stop(kt_target_t *tg)

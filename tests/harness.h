@@ -144,6 +144,18 @@ uint64_t kt_target_verify(kt_target_t *tg, const uint32_t *dst, const uint32_t *
                           uint64_t salt, uint64_t round);
 /* Ask the target to refill every block with (its salt, i, round). */
 void kt_target_refill(kt_target_t *tg, uint64_t round);
+/* Ask the target to fence writer (NULL: every writer), with tags; returns kvx_fence's result. */
+int kt_target_fence(kt_target_t *tg, const char *writer, const uint64_t *tags, uint32_t ntags);
+/* The target's arrival notices waiting (kvx_notice_poll); returns how many (at most max). */
+int kt_target_notices(kt_target_t *tg, kvx_notice_t *out, size_t max);
+void kt_target_counters(kt_target_t *tg, kvx_recv_counters_t *out);
+/* Ask a target without a progress thread to drive progress for ms milliseconds. */
+void kt_target_progress(kt_target_t *tg, uint64_t ms);
+/* Bytes of the canaries around the target's region (memory of the target outside the region)
+ * that changed: 0 when untouched. */
+uint64_t kt_target_canaries(kt_target_t *tg);
+/* The target's region base and the canary size on each side of it. */
+void kt_target_info(kt_target_t *tg, uint64_t *base, uint64_t *canary);
 int kt_target_stop(kt_target_t *tg); /* exit code */
 
 /* ---- index lists ---------------------------------------------------------------------------- */
