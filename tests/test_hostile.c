@@ -1,0 +1,425 @@
+/*
+ * A peer that is not kvx: a program using UCX directly, holding a target's metadata, attacks the
+ * target. Every attack must leave the target's memory outside its region untouched (canaries
+ * around the region), crash nothing, and show in the target's drop counters:
+ *  1. UCX's own one-sided operations (put and get, with a remote key of the attacker's own) to
+ *     the region and to the canaries beside it: the target's worker has no RMA at all;
+ *  2. a HELLO with a wrong capability: dropped, unanswered;
+ *  3. with the capability (it holds the metadata), a connection, then: writes outside the region
+ *     and far beyond it, a wrong token, an unknown connection, truncated headers, runs that
+ *     disagree with the payload, a bad checksum, reads outside the region, a rendezvous message,
+ *     and random junk; one legitimate write and read, verified;
+ *  4. kvx itself with forged metadata (num_blocks doubled, base moved): writes and reads beyond
+ *     the real region are refused.
+ * Afterwards the target still serves a real kvx peer. argv[1]: shm, tcp, or netns (the target in
+ * one network namespace, the attacker in another, over tcp).
+ */
+#include "harness.h"
+#include "kvx_int.h"
+
+#include <errno.h>
+#include <string.h>
+#include <ucp/api/ucp.h>
+#include <unistd.h>
+
+#define BL 4096
+#define NB 64
+#define AM_ID 0x4b
+
+static kt_netns_t ns;
+static kt_target_t tg;
+
+/* ---- the attacker's UCX ------------------------------------------------------------------- */
+
+static ucp_context_h ctx;
+static ucp_worker_h worker;
+static ucp_ep_h ep;
+static struct {
+    int hello_acks, acks, read_data;
+    uint32_t rconn_id;
+    uint64_t token;
+    int32_t last_ack_status, last_read_status;
+    uint32_t last_read_len;
+    uint8_t read_buf[BL];
+} seen;
+
+static ucs_status_t on_reply(void *arg, const void *hdr, size_t hdr_len, void *data, size_t len,
+                             const ucp_am_recv_param_t *param)
+{
+    kvx_msg_t m;
+    (void)arg;
+    (void)param;
+    if (kvx_wire_decode(hdr, hdr_len, len, &m) < 0)
+        return UCS_OK;
+    if (m.type == KVX_MSG_HELLO_ACK) {
+        seen.hello_acks++;
+        seen.rconn_id = m.u.hello_ack.rconn_id;
+        seen.token = m.u.hello_ack.token;
+    } else if (m.type == KVX_MSG_ACK) {
+        uint64_t id;
+        uint32_t bytes;
+        for (uint32_t i = 0; i < m.u.ack.n; i++) {
+            kvx_wire_ack_get(m.u.ack.entries, i, &id, &bytes, &seen.last_ack_status);
+            seen.acks++;
+        }
+    } else if (m.type == KVX_MSG_READ_DATA) {
+        seen.read_data++;
+        seen.last_read_status = m.u.read_data.status;
+        seen.last_read_len = m.u.read_data.len;
+        if (len <= sizeof(seen.read_buf))
+            memcpy(seen.read_buf, data, len);
+    }
+    return UCS_OK;
+}
+
+static void progress_for(uint64_t ms)
+{
+    uint64_t end = kt_now_ns() + ms * 1000000ull;
+    while (kt_now_ns() < end)
+        ucp_worker_progress(worker);
+}
+
+/* Requests the target may never answer (a get it has no handler for) are left to the forced
+ * close of the endpoint: the attacker does not wait for anything. */
+static void *reqs[4096];
+static int nreqs;
+
+static void keep_req(void *req)
+{
+    if (UCS_PTR_IS_PTR(req) && nreqs < (int)(sizeof(reqs) / sizeof(reqs[0])))
+        reqs[nreqs++] = req;
+    ucp_worker_progress(worker);
+}
+
+/* UCX needs the header only until the send is posted when it copies it (short and bcopy eager
+ * messages, as these are): every buffer here stays valid anyway until the end. */
+static void send_raw(const void *hdr, size_t hdr_len, const void *data, size_t len, uint32_t flags)
+{
+    static uint8_t hdrs[2048][640];
+    static int next;
+    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS, .flags = flags};
+    uint8_t *h = hdrs[next++ % 2048];
+    KT_CHECK(hdr_len <= sizeof(hdrs[0]));
+    memcpy(h, hdr, hdr_len);
+    keep_req(ucp_am_send_nbx(ep, AM_ID, h, hdr_len, data, len, &p));
+}
+
+static void attacker_start(const kvx_md_t *md)
+{
+    ucp_config_t *cfg;
+    ucp_params_t pp = {.field_mask = UCP_PARAM_FIELD_FEATURES,
+                       .features = UCP_FEATURE_AM | UCP_FEATURE_RMA};
+    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+                              .thread_mode = UCS_THREAD_MODE_SINGLE};
+    ucp_am_handler_param_t hp = {.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
+                                               UCP_AM_HANDLER_PARAM_FIELD_CB |
+                                               UCP_AM_HANDLER_PARAM_FIELD_FLAGS,
+                                 .id = AM_ID,
+                                 .cb = on_reply,
+                                 .flags = UCP_AM_FLAG_WHOLE_MSG};
+    ucp_ep_params_t ep_params = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
+                                               UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
+                                 .address = (const ucp_address_t *)md->worker_addr,
+                                 .err_mode = UCP_ERR_HANDLING_MODE_PEER};
+
+    KT_CHECK(ucp_config_read(NULL, NULL, &cfg) == UCS_OK);
+    /* the target's shared-memory geometry (kvx's defaults): a sender writes into the
+     * receiver's FIFO as it sees it */
+    ucp_config_modify(cfg, "MM_ERROR_HANDLING", "y");
+    ucp_config_modify(cfg, "MM_SEG_SIZE", "32k");
+    ucp_config_modify(cfg, "MM_FIFO_SIZE", "128");
+    KT_CHECK(ucp_init(&pp, cfg, &ctx) == UCS_OK);
+    ucp_config_release(cfg);
+    KT_CHECK(ucp_worker_create(ctx, &wp, &worker) == UCS_OK);
+    KT_CHECK(ucp_worker_set_am_recv_handler(worker, &hp) == UCS_OK);
+    KT_CHECK(ucp_ep_create(worker, &ep_params, &ep) == UCS_OK);
+    progress_for(50);
+}
+
+static void attacker_stop(void)
+{
+    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                             .flags = UCP_EP_CLOSE_FLAG_FORCE};
+    void *req = ucp_ep_close_nbx(ep, &p);
+    uint64_t end = kt_now_ns() + 2000000000ull;
+    while (UCS_PTR_IS_PTR(req) && ucp_request_check_status(req) == UCS_INPROGRESS &&
+           kt_now_ns() < end)
+        ucp_worker_progress(worker);
+    for (int i = 0; i < nreqs; i++)
+        if (ucp_request_check_status(reqs[i]) != UCS_INPROGRESS)
+            ucp_request_free(reqs[i]);
+    ucp_worker_destroy(worker);
+    ucp_cleanup(ctx);
+}
+
+/* ---- 1: UCX's one-sided operations -------------------------------------------------------- */
+
+static void rma_attacks(uint64_t base, uint64_t canary)
+{
+    static uint8_t buf[BL];
+    ucp_mem_h memh;
+    void *packed;
+    size_t packed_len;
+    ucp_rkey_h rkey;
+    ucp_mem_map_params_t mp = {.field_mask =
+                                   UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH,
+                               .address = buf,
+                               .length = sizeof(buf)};
+    uint64_t targets[3] = {base - canary, base + (uint64_t)NB * BL, base};
+    int tried = 0;
+
+    memset(buf, 0xab, sizeof(buf));
+    KT_CHECK(ucp_mem_map(ctx, &mp, &memh) == UCS_OK);
+    KT_CHECK(ucp_rkey_pack(ctx, memh, &packed, &packed_len) == UCS_OK);
+    /* a remote key of the attacker's own memory, used against the target's addresses: UCX's
+     * emulated RMA never checked that a key covers the address a put names */
+    if (ucp_ep_rkey_unpack(ep, packed, &rkey) == UCS_OK) {
+        for (int i = 0; i < 3; i++) {
+            ucp_request_param_t p = {0};
+            keep_req(ucp_put_nbx(ep, buf, sizeof(buf), targets[i], rkey, &p));
+            keep_req(ucp_get_nbx(ep, buf, 64, targets[i], rkey, &p));
+            tried++;
+        }
+        ucp_rkey_destroy(rkey);
+    }
+    ucp_rkey_buffer_release(packed);
+    ucp_mem_unmap(ctx, memh);
+    progress_for(100);
+    kt_log("UCX puts and gets into the region and its canaries: %d tried; the target's worker "
+           "has no RMA, nothing lands",
+           tried);
+}
+
+/* ---- 2, 3: kvx's messages ------------------------------------------------------------------ */
+
+static size_t hello(uint8_t *h, const kvx_md_t *md, const uint8_t *capability)
+{
+    ucp_address_t *addr;
+    size_t alen, len;
+    KT_CHECK(ucp_worker_get_address(worker, &addr, &alen) == UCS_OK);
+    memset(h, 0, KVX_WIRE_HELLO_LEN);
+    kvx_wire_put_hdr(h, KVX_MSG_HELLO, 0, 0, 0);
+    memcpy(h + 16, capability, 16);
+    kvx_put32(h + 32, 7);
+    kvx_put64(h + 40, 0x1234);
+    h[56] = 8;
+    kvx_put32(h + 60, (uint32_t)alen);
+    memcpy(h + 64, "attacker", 8);
+    memcpy(h + 72, addr, alen);
+    len = 72 + alen;
+    ucp_worker_release_address(worker, addr);
+    (void)md;
+    return len;
+}
+
+/* A WRITE of one run; each its own transfer id, so that no two acknowledgements merge. */
+static size_t write_hdr(uint8_t *h, uint32_t conn, uint64_t token, unsigned flags, uint64_t off,
+                        uint32_t len, uint32_t crc)
+{
+    static uint64_t xfer_id = 100;
+    kvx_wire_run_t run = {off, len, crc};
+    kvx_wire_put_hdr(h, KVX_MSG_WRITE, flags, conn, token);
+    kvx_put64(h + 16, xfer_id++);
+    kvx_put64(h + 24, 0);
+    kvx_put64(h + 32, 0);
+    kvx_put32(h + 40, 1);
+    kvx_put32(h + 44, 0);
+    kvx_wire_run_put(h + KVX_WIRE_WRITE_LEN, 0, &run);
+    return KVX_WIRE_WRITE_LEN + KVX_WIRE_RUN_LEN;
+}
+
+static size_t read_hdr(uint8_t *h, uint64_t off, uint32_t len)
+{
+    kvx_wire_run_t run = {off, len, 0};
+    kvx_wire_put_hdr(h, KVX_MSG_READ_REQ, 0, seen.rconn_id, seen.token);
+    kvx_put64(h + 16, 98);
+    kvx_put64(h + 24, 0);
+    kvx_put32(h + 32, 1);
+    kvx_put32(h + 36, 0);
+    kvx_wire_run_put(h + KVX_WIRE_READ_REQ_LEN, 0, &run);
+    return KVX_WIRE_READ_REQ_LEN + KVX_WIRE_RUN_LEN;
+}
+
+static void message_attacks(const kvx_md_t *md)
+{
+    static uint8_t data[64 * 1024];
+    uint8_t h[4096], wrong[16];
+    const uint64_t region = (uint64_t)NB * BL;
+    size_t n;
+    kvx_recv_counters_t c0, c1;
+    uint64_t rng = 0x9e3779b97f4a7c15ull;
+
+    kt_target_counters(&tg, &c0);
+    /* 2: a wrong capability: nothing happens */
+    memcpy(wrong, md->capability, 16);
+    wrong[3] ^= 0x40;
+    n = hello(h, md, wrong);
+    send_raw(h, n, NULL, 0, UCP_AM_SEND_FLAG_EAGER);
+    progress_for(200);
+    KT_EQ(seen.hello_acks, 0);
+
+    /* 3: with the capability, a connection */
+    n = hello(h, md, md->capability);
+    send_raw(h, n, NULL, 0, UCP_AM_SEND_FLAG_EAGER);
+    for (int i = 0; i < 200 && seen.hello_acks == 0; i++)
+        progress_for(10);
+    KT_EQ(seen.hello_acks, 1);
+
+    for (size_t i = 0; i < sizeof(data); i++)
+        data[i] = (uint8_t)(i * 13);
+    /* a legitimate write of block 5 from this program: acknowledged */
+    n = write_hdr(h, seen.rconn_id, seen.token, 0, 5 * BL, BL, 0);
+    send_raw(h, n, data, BL, UCP_AM_SEND_FLAG_EAGER);
+    progress_for(100);
+    KT_EQ(seen.acks, 1);
+    KT_EQ(seen.last_ack_status, 0);
+    /* outside the region: just past its end, straddling it, and far away */
+    n = write_hdr(h, seen.rconn_id, seen.token, 0, region, 64, 0);
+    send_raw(h, n, data, 64, UCP_AM_SEND_FLAG_EAGER);
+    n = write_hdr(h, seen.rconn_id, seen.token, 0, region - 100, BL, 0);
+    send_raw(h, n, data, BL, UCP_AM_SEND_FLAG_EAGER);
+    n = write_hdr(h, seen.rconn_id, seen.token, 0, UINT64_MAX - 10, 64, 0);
+    send_raw(h, n, data, 64, UCP_AM_SEND_FLAG_EAGER);
+    progress_for(100);
+    KT_EQ(seen.acks, 4);
+    KT_ERR(seen.last_ack_status, -EINVAL);
+    /* a wrong token, an unknown connection: no answer at all */
+    n = write_hdr(h, seen.rconn_id, seen.token ^ 1, 0, 0, 64, 0);
+    send_raw(h, n, data, 64, UCP_AM_SEND_FLAG_EAGER);
+    n = write_hdr(h, 4000, seen.token, 0, 0, 64, 0);
+    send_raw(h, n, data, 64, UCP_AM_SEND_FLAG_EAGER);
+    /* truncated headers; runs longer and shorter than the payload */
+    n = write_hdr(h, seen.rconn_id, seen.token, 0, 0, 64, 0);
+    send_raw(h, 20, data, 64, UCP_AM_SEND_FLAG_EAGER);
+    send_raw(h, n - 1, data, 64, UCP_AM_SEND_FLAG_EAGER);
+    send_raw(h, n, data, 63, UCP_AM_SEND_FLAG_EAGER);
+    send_raw(h, n, data, 65, UCP_AM_SEND_FLAG_EAGER);
+    /* a bad checksum: refused whole */
+    n = write_hdr(h, seen.rconn_id, seen.token, KVX_MSGF_CRC, 6 * BL, BL, 0xdeadbeef);
+    send_raw(h, n, data, BL, UCP_AM_SEND_FLAG_EAGER);
+    progress_for(100);
+    KT_EQ(seen.acks, 5);
+    KT_ERR(seen.last_ack_status, -EBADMSG);
+    /* reads outside the region: refused; inside: the bytes written above */
+    n = read_hdr(h, region - 8, 64);
+    send_raw(h, n, NULL, 0, UCP_AM_SEND_FLAG_EAGER);
+    progress_for(100);
+    KT_EQ(seen.read_data, 1);
+    KT_ERR(seen.last_read_status, -EINVAL);
+    n = read_hdr(h, 5 * BL, BL);
+    send_raw(h, n, NULL, 0, UCP_AM_SEND_FLAG_EAGER);
+    progress_for(100);
+    KT_EQ(seen.read_data, 2);
+    KT_EQ(seen.last_read_status, 0);
+    KT_EQ(seen.last_read_len, BL);
+    KT_CHECK(memcmp(seen.read_buf, data, BL) == 0);
+    /* junk of every length */
+    for (int i = 0; i < 1000; i++) {
+        size_t len = 1 + (size_t)(rng % 600);
+        for (size_t k = 0; k < len; k++) {
+            rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+            h[k] = (uint8_t)rng;
+        }
+        if (i % 3 == 0)
+            h[0] = KVX_WIRE_VERSION; /* get past the first check now and then */
+        send_raw(h, len, data, (size_t)(rng % 128), UCP_AM_SEND_FLAG_EAGER);
+    }
+    /* a rendezvous message: kvx never sends one, the target drops it */
+    n = write_hdr(h, seen.rconn_id, seen.token, 0, 7 * BL, sizeof(data), 0);
+    send_raw(h, n, data, sizeof(data), UCP_AM_SEND_FLAG_RNDV);
+    progress_for(300);
+    kt_target_counters(&tg, &c1);
+    kt_log("target counters: capability %llu, unknown %llu, malformed %llu, range %llu, crc "
+           "%llu, other %llu; landed %llu bytes",
+           (unsigned long long)(c1.drop_capability - c0.drop_capability),
+           (unsigned long long)(c1.drop_unknown - c0.drop_unknown),
+           (unsigned long long)(c1.drop_malformed - c0.drop_malformed),
+           (unsigned long long)(c1.drop_range - c0.drop_range),
+           (unsigned long long)(c1.drop_crc - c0.drop_crc),
+           (unsigned long long)(c1.drop_other - c0.drop_other),
+           (unsigned long long)(c1.bytes_landed - c0.bytes_landed));
+    KT_CHECK(c1.drop_capability - c0.drop_capability >= 1);
+    KT_CHECK(c1.drop_unknown - c0.drop_unknown >= 2);
+    KT_CHECK(c1.drop_malformed - c0.drop_malformed >= 4 + 600);
+    KT_EQ(c1.drop_range - c0.drop_range, 4);
+    KT_EQ(c1.drop_crc - c0.drop_crc, 1);
+    KT_CHECK(c1.drop_other - c0.drop_other >= 1); /* the rendezvous message */
+    KT_EQ(c1.bytes_landed - c0.bytes_landed, BL);
+}
+
+/* ---- 4: kvx with forged metadata ----------------------------------------------------------- */
+
+static void forged_metadata(kvx_transport_t *t, const uint8_t *md, size_t md_len)
+{
+    uint8_t *f = malloc(md_len);
+    uint32_t crc, l[2] = {0, 1}, beyond[2] = {NB + 1, 2 * NB - 1};
+    kvx_completion_t c;
+    uint64_t id;
+
+    memcpy(f, md, md_len);
+    kvx_put64(f + 24, 2 * NB);                   /* num_blocks doubled */
+    kvx_put64(f + 16, kvx_get64(f + 16) - 8192); /* base moved */
+    memset(f + 12, 0, 4);
+    crc = kvx_crc32(f, md_len);
+    kvx_put32(f + 12, crc);
+    KT_OK(kvx_peer_add(t, "forged", f, md_len, NULL));
+    KT_OK(kvx_xfer_write(t, "forged", l, beyond, 2, NULL, &id));
+    KT_EQ(kt_poll_n(t, "forged", &c, 1, 5000), 1);
+    KT_ERR(c.status, -EINVAL);
+    KT_OK(kvx_xfer_read(t, "forged", l, beyond, 2, NULL, &id));
+    KT_EQ(kt_poll_n(t, "forged", &c, 1, 5000), 1);
+    KT_ERR(c.status, -EINVAL);
+    kt_log("forged metadata (num_blocks doubled, base moved): a write and a read beyond the "
+           "region refused");
+    KT_EQ(kvx_peer_remove(t, "forged"), 1);
+    free(f);
+}
+
+static int attack(void)
+{
+    kt_region_t r = kt_region_alloc(NB, BL);
+    kvx_transport_t *t;
+    kvx_md_t md;
+    uint64_t base, canary;
+    uint32_t l[3] = {1, 2, 3}, d[3] = {40, 41, 42};
+    kvx_completion_t c;
+    uint64_t id;
+
+    KT_OK(kvx_md_decode(tg.md, tg.md_len, &md));
+    kt_target_info(&tg, &base, &canary);
+    attacker_start(&md);
+    rma_attacks(base, canary);
+    KT_EQ(kt_target_canaries(&tg), 0);
+    message_attacks(&md);
+    KT_EQ(kt_target_canaries(&tg), 0);
+    attacker_stop();
+
+    /* a real peer is still served, every byte verified */
+    kt_fill_all(&r, 0x71, 3);
+    t = kt_transport(&r, "honest", 1);
+    forged_metadata(t, tg.md, tg.md_len);
+    KT_OK(kvx_peer_add(t, "target", tg.md, tg.md_len, NULL));
+    KT_OK(kvx_xfer_write(t, "target", l, d, 3, NULL, &id));
+    KT_EQ(kt_poll_n(t, "target", &c, 1, 5000), 1);
+    KT_EQ(c.status, 0);
+    KT_EQ(kt_target_verify(&tg, d, l, 3, 0x71, 3), 0);
+    KT_EQ(kt_target_canaries(&tg), 0);
+    kvx_transport_destroy(t);
+    kt_region_free(&r);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    const char *mode = argc > 1 ? argv[1] : "shm";
+    kt_target_args_t a = {
+        .num_blocks = NB, .block_len = BL, .salt = 8, .threads = 1, .name = "victim"};
+
+    if (strcmp(mode, "netns") == 0)
+        return kt_two_hosts(&ns, &tg, &a, attack, 90);
+    if (strcmp(mode, "tcp") == 0)
+        setenv("UCX_TLS", "tcp", 1);
+    tg = kt_target_start(&a);
+    attack();
+    return kt_target_stop(&tg);
+}
