@@ -9,11 +9,12 @@ then the dynamic linker's path.
 """
 
 from ._lib import load as _load
-from .transport import (KvxError, KvxTransport, PeerUnreachableError, PollResult,
+from ._lib import EFENCED
+from .transport import (KvxError, KvxTransport, Notice, PeerUnreachableError, PollResult,
                         config_fingerprint)
 
-__all__ = ["KvxTransport", "PollResult", "KvxError", "PeerUnreachableError", "config_fingerprint",
-           "version"]
+__all__ = ["KvxTransport", "PollResult", "Notice", "KvxError", "PeerUnreachableError",
+           "config_fingerprint", "version", "EFENCED"]
 
 
 def version() -> str:

@@ -17,6 +17,10 @@ PARAM_DEADLINE = 1 << 5
 PARAM_KEEPALIVE = 1 << 6
 PARAM_LOG = 1 << 7
 PARAM_STALL = 1 << 8
+PARAM_SECRET = 1 << 9
+PARAM_NET_DEVICES = 1 << 10
+PARAM_INTEGRITY = 1 << 11
+PARAM_NOTICES = 1 << 12
 MS_MAX = 10**12
 PEER_REMOVE_PURGE = 1 << 0
 PEER_PARAM_EXPECT_REGION = 1 << 0
@@ -25,8 +29,15 @@ PEER_ATTR_TRANSPORT = 1 << 1
 PEER_ATTR_STATE = 1 << 2
 PEER_ATTR_REGION = 1 << 3
 PEER_ATTR_COUNTERS = 1 << 4
-PEER_ATTR_ALL = (1 << 5) - 1
+PEER_ATTR_RECV = 1 << 5
+PEER_ATTR_ALL = (1 << 6) - 1
+TRANSPORT_ATTR_RECV = 1 << 8
 XFER_PARAM_DEADLINE = 1 << 0
+XFER_PARAM_TAG = 1 << 1
+XFER_PARAM_FLAGS = 1 << 2
+XFER_NOTIFY = 1 << 0
+EFENCED = 1000 + 2
+FENCE_TAGS_MAX = 16
 CANCEL_IMMEDIATE = 0
 CANCEL_WAIT = 1
 COMPLETION_READ = 1
@@ -58,6 +69,48 @@ class Params(ctypes.Structure):
         ("log_arg", ctypes.c_void_p),
         ("log_level", ctypes.c_int),
         ("stall_ms", ctypes.c_uint64),
+        ("secret", ctypes.c_char_p),
+        ("secret_len", ctypes.c_size_t),
+        ("net_devices", ctypes.c_char_p),
+        ("integrity", ctypes.c_int),
+        ("notice_queue", ctypes.c_size_t),
+    ]
+
+
+RECV_COUNTERS = ("bytes_landed", "writes_landed", "bytes_served", "notices", "drop_malformed",
+                 "drop_capability", "drop_unknown", "drop_range", "drop_fenced", "drop_crc",
+                 "drop_other")
+
+
+class RecvCounters(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_uint64) for name in RECV_COUNTERS]
+
+
+class TransportAttr(ctypes.Structure):
+    _fields_ = [
+        ("field_mask", ctypes.c_uint64),
+        ("agent_name", ctypes.c_char * (NAME_MAX + 1)),
+        ("fingerprint", ctypes.c_char * (FINGERPRINT_MAX + 1)),
+        ("base", ctypes.c_void_p),
+        ("num_blocks", ctypes.c_uint64),
+        ("block_len", ctypes.c_uint64),
+        ("num_threads", ctypes.c_uint),
+        ("deadline_ms", ctypes.c_uint64),
+        ("metadata_len", ctypes.c_size_t),
+        ("num_peers", ctypes.c_size_t),
+        ("stall_ms", ctypes.c_uint64),
+        ("recv", RecvCounters),
+    ]
+
+
+class Notice(ctypes.Structure):
+    _fields_ = [
+        ("writer", ctypes.c_char * (NAME_MAX + 1)),
+        ("tag", ctypes.c_uint64),
+        ("blocks", ctypes.c_uint64),
+        ("bytes", ctypes.c_uint64),
+        ("status", ctypes.c_int32),
+        ("reserved", ctypes.c_uint32),
     ]
 
 
@@ -88,11 +141,13 @@ class PeerAttr(ctypes.Structure):
         ("xfers_inflight", ctypes.c_uint64),
         ("latency_sum_ns", ctypes.c_uint64),
         ("latency_max_ns", ctypes.c_uint64),
+        ("recv", RecvCounters),
     ]
 
 
 class XferParams(ctypes.Structure):
-    _fields_ = [("field_mask", ctypes.c_uint64), ("deadline_ms", ctypes.c_uint64)]
+    _fields_ = [("field_mask", ctypes.c_uint64), ("deadline_ms", ctypes.c_uint64),
+                ("tag", ctypes.c_uint64), ("flags", ctypes.c_uint32)]
 
 
 class Completion(ctypes.Structure):
@@ -182,6 +237,9 @@ def _declare(lib):
         "kvx_transport_wait": (ctypes.c_int, [t, ctypes.c_char_p, ctypes.c_int]),
         "kvx_xfer_cancel": (ctypes.c_int, [t, c_uint64_p, ctypes.c_size_t, ctypes.c_int,
                                            c_uint64_p]),
+        "kvx_transport_query": (ctypes.c_int, [t, ctypes.POINTER(TransportAttr)]),
+        "kvx_fence": (ctypes.c_int, [t, ctypes.c_char_p, c_uint64_p, ctypes.c_size_t]),
+        "kvx_notice_poll": (ctypes.c_int, [t, ctypes.POINTER(Notice), ctypes.c_size_t]),
     }
     for name, (res, args) in sig.items():
         f = getattr(lib, name)

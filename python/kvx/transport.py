@@ -40,6 +40,18 @@ except Exception:  # pragma: no cover - depends on the environment
 # failed are always tuples.
 _EMPTY_POLL_RESULT = PollResult(done=(), failed=())
 
+
+class Notice(NamedTuple):
+    """A peer's write (sent with notify=True) landed whole in this transport's region."""
+
+    writer: str  # the writer's agent name
+    tag: int
+    blocks: int
+    bytes: int
+
+
+_NOTICE_BATCH = 64
+
 _POLL_BATCH = 256
 _SMALL = 64
 _U32 = [ctypes.c_uint32 * n for n in range(_SMALL + 1)]
@@ -131,8 +143,12 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
     num_threads > 1 is accepted and runs one thread: UCX drives one worker per transport.
 
     deadline_ms (5000), stall_ms (2000) and keepalive_ms (1000) are kvx_params_t's: a transfer
-    fails at its deadline (0: none), a connection none of whose operations completed for stall_ms
-    fails (0: never), a dead peer is noticed within about 1.5 x keepalive_ms.
+    fails at its deadline (0: none), a connection that heard nothing from its peer for stall_ms
+    while waiting for it fails (0: never), a dead peer is noticed within about 1.5 x keepalive_ms.
+    secret (bytes): a shared secret; metadata is then signed with it and peers must hold it.
+    net_devices: the network devices UCX may use ("lo", "eth0"). integrity: CRC-32C of every
+    piece of data this transport sends as an initiator, checked by the side that receives it.
+    notice_queue: how many arrival notices may wait (1024).
 
     Unavailable (UCX could not start, or libkvx is missing; available is False): write_blocks and
     read_blocks return None, poll returns the empty result, every other method raises
@@ -149,6 +165,10 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
         deadline_ms: Optional[int] = None,
         stall_ms: Optional[int] = None,
         keepalive_ms: Optional[int] = None,
+        secret: Optional[bytes] = None,
+        net_devices: Optional[str] = None,
+        integrity: bool = False,
+        notice_queue: Optional[int] = None,
     ) -> None:
         mv = self._check_view(view)
         self._view = mv
@@ -172,7 +192,8 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
                 super().__init__(view, config_fields=config_fields)
             except Exception:  # the base's own bookkeeping is optional to kvx
                 pass
-        self._init(deadline_ms, stall_ms, keepalive_ms)
+        self._init(deadline_ms, stall_ms, keepalive_ms, secret, net_devices, integrity,
+                   notice_queue)
 
     @staticmethod
     def _check_view(view) -> memoryview:
@@ -191,7 +212,7 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
         return mv
 
     def _init(self, deadline_ms: Optional[int], stall_ms: Optional[int],
-              keepalive_ms: Optional[int]) -> None:
+              keepalive_ms: Optional[int], secret, net_devices, integrity, notice_queue) -> None:
         lib = _lib.load()
         if lib is None:
             return  # available stays False, as the NIXL transport does when NIXL is missing
@@ -219,6 +240,22 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
                 raise ValueError(f"KvxTransport: {name} must be 0..{_lib.MS_MAX}, not {value}")
             p.field_mask |= bit
             setattr(p, name, int(value))
+        if secret is not None:
+            sec = secret.encode() if isinstance(secret, str) else bytes(secret)
+            if not 1 <= len(sec) <= 1024:
+                raise ValueError("KvxTransport: secret must be 1..1024 bytes")
+            p.field_mask |= _lib.PARAM_SECRET
+            p.secret = sec
+            p.secret_len = len(sec)
+        if net_devices is not None:
+            p.field_mask |= _lib.PARAM_NET_DEVICES
+            p.net_devices = str(net_devices).encode()
+        if integrity:
+            p.field_mask |= _lib.PARAM_INTEGRITY
+            p.integrity = 1
+        if notice_queue is not None:
+            p.field_mask |= _lib.PARAM_NOTICES
+            p.notice_queue = int(notice_queue)
         h = ctypes.c_void_p()
         rc = lib.kvx_transport_create(ctypes.byref(p), ctypes.byref(h))
         if rc == -errno.EINVAL:
@@ -374,11 +411,13 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
             "xfers_inflight": a.xfers_inflight,
             "latency_sum_ns": a.latency_sum_ns,
             "latency_max_ns": a.latency_max_ns,
+            "recv": {name: getattr(a.recv, name) for name in _lib.RECV_COUNTERS},
         }
 
     # ---- transfers -------------------------------------------------------------------------
 
-    def _submit(self, write, peer_id, local_idxs, remote_idxs, deadline_ms) -> Optional[int]:
+    def _submit(self, write, peer_id, local_idxs, remote_idxs, deadline_ms, tag=None,
+                notify=False) -> Optional[int]:
         h = self._handle
         if h is None or self._closed:
             if self._closed:
@@ -389,11 +428,23 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
         if loc is None or rem is None or loc[1] != rem[1]:
             return None
         params = None
-        if deadline_ms is not None:
+        if deadline_ms is not None or tag is not None or notify:
+            xp = _lib.XferParams()
             try:
-                params = ctypes.byref(_lib.XferParams(_lib.XFER_PARAM_DEADLINE, int(deadline_ms)))
+                if deadline_ms is not None:
+                    xp.field_mask |= _lib.XFER_PARAM_DEADLINE
+                    xp.deadline_ms = int(deadline_ms)
+                if tag is not None:
+                    if not 0 <= int(tag) < 2**64:
+                        return None
+                    xp.field_mask |= _lib.XFER_PARAM_TAG
+                    xp.tag = int(tag)
             except (TypeError, ValueError, OverflowError):
                 return None
+            if notify:
+                xp.field_mask |= _lib.XFER_PARAM_FLAGS
+                xp.flags = _lib.XFER_NOTIFY
+            params = ctypes.byref(xp)
         try:
             idp = self._tls.id
         except AttributeError:
@@ -405,12 +456,16 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
         return None if rc < 0 else idp.value
 
     def write_blocks(self, peer_id: str, local_idxs, remote_idxs,
-                     deadline_ms: Optional[int] = None) -> Optional[int]:
+                     deadline_ms: Optional[int] = None, tag: Optional[int] = None,
+                     notify: bool = False) -> Optional[int]:
         """Submit a write of local_idxs[i] into the peer's remote_idxs[i]. Returns a transfer id
         that poll() reports once, or None when the peer is unknown or failed, the lists differ
         in length, an index is out of range, deadline_ms is out of 0..10**12, submission fails,
-        or the transport is unavailable. Never blocks, never raises for a dead peer."""
-        return self._submit(True, peer_id, local_idxs, remote_idxs, deadline_ms)
+        or the transport is unavailable. Never blocks, never raises for a dead peer.
+        tag (0..2**64-1): seen by the receiver in notices, and what it may fence by. notify: the
+        receiver gets an arrival notice (poll_notices) once all of the blocks landed, and only
+        then does the write complete here."""
+        return self._submit(True, peer_id, local_idxs, remote_idxs, deadline_ms, tag, notify)
 
     def read_blocks(self, peer_id: str, local_idxs, remote_idxs,
                     deadline_ms: Optional[int] = None) -> Optional[int]:
@@ -455,6 +510,60 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
             return _EMPTY_POLL_RESULT
         return PollResult(done=tuple(done) if done is not None else (),
                           failed=tuple(failed) if failed is not None else ())
+
+    def fence(self, writer: Optional[str] = None, tags: Optional[Iterable[int]] = None) -> int:
+        """Fence writes into this region: when this returns, no byte of any write that writer
+        (a peer id of this transport, or the writer's agent name; None: every writer) submitted
+        before the call lands here any more; with tags, only writes carrying one of them. The
+        writer's fenced transfers fail (a failed id in its poll) and it need not re-add anything:
+        writes it submits once it heard of the fence land (kvx tells it at once; one submitted
+        before that fails too and may simply be submitted again). Returns the number of the
+        writer's connections fenced (0: it never connected). Never waits on the network."""
+        h = self._h()
+        name = None
+        if writer is not None:
+            info = self.peer_info(writer)
+            name = (info["agent_name"] if info else str(writer)).encode()
+        tl = [] if tags is None else [int(x) for x in tags]
+        if len(tl) > _lib.FENCE_TAGS_MAX or any(not 0 <= x < 2**64 for x in tl):
+            raise ValueError(f"fence: at most {_lib.FENCE_TAGS_MAX} tags of 0..2**64-1")
+        arr = (ctypes.c_uint64 * len(tl))(*tl) if tl else None
+        return self._check("fence", self._lib.kvx_fence(h, name, arr, len(tl)))
+
+    def poll_notices(self) -> tuple:
+        """The arrival notices waiting (Notice(writer, tag, blocks, bytes)), oldest first, each
+        once; the shared empty tuple when there is none. A notice comes only after every block
+        of its write landed, never for a write that failed or was fenced."""
+        h = self._handle
+        if h is None or self._closed:
+            if self._closed:
+                raise _closed_error()
+            return ()
+        try:
+            buf = self._tls.notices
+        except AttributeError:
+            buf = self._tls.notices = (_lib.Notice * _NOTICE_BATCH)()
+        out = None
+        while True:
+            n = self._check("poll_notices", self._lib.kvx_notice_poll(h, buf, _NOTICE_BATCH))
+            if n == 0:
+                break
+            if out is None:
+                out = []
+            out.extend(Notice(b.writer.decode(), b.tag, b.blocks, b.bytes) for b in buf[:n])
+            if n < _NOTICE_BATCH:
+                break
+        return () if out is None else tuple(out)
+
+    def counters(self) -> dict:
+        """What peers did to this transport's region, and what kvx refused them: bytes_landed,
+        writes_landed, bytes_served, notices, drop_malformed, drop_capability, drop_unknown,
+        drop_range, drop_fenced, drop_crc, drop_other."""
+        h = self._h()
+        a = _lib.TransportAttr()
+        a.field_mask = _lib.TRANSPORT_ATTR_RECV
+        self._check("counters", self._lib.kvx_transport_query(h, ctypes.byref(a)))
+        return {name: getattr(a.recv, name) for name in _lib.RECV_COUNTERS}
 
     def wait(self, peer_id: Optional[str] = None, timeout: Optional[float] = None) -> bool:
         """Sleep until poll(peer_id) has something to return (True) or timeout seconds pass
