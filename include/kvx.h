@@ -184,7 +184,7 @@ typedef struct kvx_params {
      *  after stall_ms, a slow but moving one never. 0 disables it. At most KVX_MS_MAX. */
     uint64_t stall_ms;
 
-    /** A shared secret (1..1024 bytes; copied). With one, the metadata is signed (HMAC-SHA256)
+    /** A shared secret (1..KVX_SECRET_MAX bytes; copied). With one, the metadata is signed (HMAC-SHA256)
      *  and peers' metadata must carry this secret's signature (else kvx_peer_add returns
      *  -EACCES before any of it reaches UCX), and a peer connecting to this transport must prove
      *  it holds the secret before anything else happens. See docs/security.md. */
@@ -201,10 +201,15 @@ typedef struct kvx_params {
      *  before the bytes count as landed, and a mismatch fails the transfer with -EBADMSG. */
     int integrity;
 
-    /** How many arrival notices (kvx_notice_poll) may wait here at once, 1..2^20. A write whose
+    /** How many arrival notices (kvx_notice_poll) may wait here at once, 1..KVX_NOTICES_MAX. A write whose
      *  notice finds the queue full fails at its sender with -ENOSPC. */
     size_t notice_queue;
 } kvx_params_t;
+
+/** The longest shared secret, in bytes. */
+#define KVX_SECRET_MAX 1024
+/** The most arrival notices that may wait at once (notice_queue). */
+#define KVX_NOTICES_MAX (1u << 20)
 
 /**
  * Create a transport: start UCX, register the region once, start the progress thread.

@@ -18,8 +18,6 @@
 #define KVX_DEFAULT_KEEPALIVE_MS 1000
 #define KVX_DEFAULT_STALL_MS 2000
 #define KVX_DEFAULT_NOTICES 1024
-#define KVX_NOTICES_MAX (1u << 20)
-#define KVX_SECRET_MAX 1024
 /* Transfers in flight or unpolled at once, at most. */
 #define KVX_MAX_XFERS (1u << 20)
 /* The pool keeps this many idle transfer objects at least, and at most what the busier of the

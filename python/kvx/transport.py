@@ -58,7 +58,8 @@ _U32 = [ctypes.c_uint32 * n for n in range(_SMALL + 1)]
 
 # Errors of add_remote_peer that mean "this peer is not acceptable": ValueError. The others
 # (the peer is unreachable) are ConnectionError.
-_VALUE_ERRORS = {errno.EINVAL, errno.EBADMSG, errno.EPROTONOSUPPORT, errno.EEXIST, _lib.EINCOMPAT}
+_VALUE_ERRORS = {errno.EINVAL, errno.EBADMSG, errno.EPROTONOSUPPORT, errno.EEXIST, errno.EACCES,
+                 _lib.EINCOMPAT}
 
 
 class KvxError(RuntimeError):
@@ -331,7 +332,8 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
     def add_remote_peer(self, peer_id: str, agent_metadata: bytes, base_addr: int,
                         num_blocks: int, block_len: int) -> None:
         """Connect to a peer. ValueError when the peer is incompatible (block length,
-        fingerprint), the metadata is malformed or our own, or disagrees with the arguments;
+        fingerprint), the metadata is malformed or our own, is not signed with this transport's
+        secret (or is signed and this transport has none), or disagrees with the arguments;
         PeerUnreachableError (a ConnectionError and a ValueError) when it cannot be reached, for
         instance because its process is gone. On error nothing changes. Waits up to 200 ms for
         the peer to answer, without holding up other calls (and, when it replaces a connection of
