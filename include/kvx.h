@@ -212,7 +212,7 @@ typedef struct kvx_params {
 #define KVX_NOTICES_MAX (1u << 20)
 
 /**
- * Create a transport: start UCX, register the region once, start the progress thread.
+ * Create a transport: take the region, start UCX, start the progress thread.
  * Returns 0 and sets *transport_p, or a negative errno (-EINVAL for bad parameters, a duration
  * above KVX_MS_MAX included, -ENOMEM, -ENODEV when UCX cannot start) and leaves *transport_p
  * untouched. The caller owns the handle and releases it with kvx_transport_destroy.
@@ -447,18 +447,24 @@ typedef struct kvx_xfer_params {
  *
  * The index arrays need not remain valid after the call returns. The local blocks must not be
  * changed (write) or used (read) until the id comes out of kvx_transport_poll. Once an id comes
- * out of poll, done or failed, neither kvx nor UCX touches its local blocks again (kvx closes the
- * connection first when that is the only way to be sure). After a failure the contents of the
- * destination blocks are undefined; for a failed write that includes later changes, as bytes
- * that had already left (to the kernel, to the peer's shared-memory FIFO) may still land when the
- * peer resumes or its link returns: do not write new data into those remote blocks until the
- * peer has discarded them.
+ * out of poll, done or failed, nothing writes its local blocks again (replies to a failed read
+ * are dropped). A failed write's messages that UCX still holds may still read its local blocks
+ * until they leave (kvx_xfer_cancel with KVX_CANCEL_WAIT reports such writes). After a failure
+ * the contents of the destination blocks are undefined; for a failed write that includes later
+ * changes, as bytes that had already left (to the kernel, to the peer's shared-memory FIFO) may
+ * still land when the peer resumes or its link returns, unless the peer fences this writer
+ * (kvx_fence) first.
  *
- * Deadline: a transfer not finished at its deadline fails with -ETIMEDOUT. If none of its bytes
- * had been handed to UCX yet, only it fails. Otherwise UCX cannot abort it, so kvx closes that
- * peer's connection: every transfer in flight to the peer fails with -ETIMEDOUT and the peer
- * goes to KVX_PEER_FAILED until it is re-added. The same happens, deadline or not, when the
- * connection makes no progress for the transport's stall_ms.
+ * The receiver refuses what its region does not hold: a write or read of blocks beyond it (the
+ * metadata lied) fails with -EINVAL. With KVX_XFER_NOTIFY the receiver gets an arrival notice
+ * once every block landed, and the transfer completes after that (-ENOSPC if its notice queue
+ * was full). A write the receiver fenced fails with -KVX_EFENCED; one with integrity on whose
+ * checksum did not match, with -EBADMSG.
+ *
+ * Deadline: a transfer not finished at its deadline fails alone with -ETIMEDOUT, at once; its
+ * connection stays. When the connection hears nothing from a peer that owes it answers for the
+ * transport's stall_ms, the connection fails: every transfer in flight to the peer fails with
+ * -ETIMEDOUT and the peer goes to KVX_PEER_FAILED until it is re-added.
  */
 KVX_API int kvx_xfer_write(kvx_transport_t *transport, const char *peer_id,
                            const uint32_t *local_idxs, const uint32_t *remote_idxs, size_t count,

@@ -526,6 +526,8 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
         if writer is not None:
             info = self.peer_info(writer)
             name = (info["agent_name"] if info else str(writer)).encode()
+        if name is not None and not 1 <= len(name) <= 63:
+            raise ValueError(f"fence: a writer name is 1..63 bytes, not {writer!r}")
         tl = [] if tags is None else [int(x) for x in tags]
         if len(tl) > _lib.FENCE_TAGS_MAX or any(not 0 <= x < 2**64 for x in tl):
             raise ValueError(f"fence: at most {_lib.FENCE_TAGS_MAX} tags of 0..2**64-1")

@@ -679,6 +679,8 @@ class TestReceiver(unittest.TestCase):
         self.assertGreaterEqual(rx.t.fence(None, tags=[5, 6]), 0)
         with self.assertRaises(ValueError):
             rx.t.fence("writer", tags=[-1])
+        with self.assertRaises(ValueError):
+            rx.t.fence("w" * 64)
         # a fence holds back what was sent before the writer heard of it, not what it sends
         # after: no re-add needed, a write that failed is simply submitted again
         end = time.time() + 5
