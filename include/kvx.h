@@ -448,8 +448,11 @@ typedef struct kvx_xfer_params {
  * The index arrays need not remain valid after the call returns. The local blocks must not be
  * changed (write) or used (read) until the id comes out of kvx_transport_poll. Once an id comes
  * out of poll, done or failed, nothing writes its local blocks again (replies to a failed read
- * are dropped). A failed write's messages that UCX still holds may still read its local blocks
- * until they leave (kvx_xfer_cancel with KVX_CANCEL_WAIT reports such writes). After a failure
+ * are dropped) and nothing reads them: a write that fails while UCX still holds messages of it
+ * (they read its blocks when they go) is reported once they left. One exception: over tcp, a
+ * connection that fails while UCX holds messages keeps its endpoint open until UCX sent them
+ * (closing it then can crash UCX: README) and reports its transfers at once, so UCX may still
+ * read a failed write's blocks after the report. After a failure
  * the contents of the destination blocks are undefined; for a failed write that includes later
  * changes, as bytes that had already left (to the kernel, to the peer's shared-memory FIFO) may
  * still land when the peer resumes or its link returns, unless the peer fences this writer
@@ -461,10 +464,15 @@ typedef struct kvx_xfer_params {
  * was full). A write the receiver fenced fails with -KVX_EFENCED; one with integrity on whose
  * checksum did not match, with -EBADMSG.
  *
- * Deadline: a transfer not finished at its deadline fails alone with -ETIMEDOUT, at once; its
- * connection stays. When the connection hears nothing from a peer that owes it answers for the
- * transport's stall_ms, the connection fails: every transfer in flight to the peer fails with
- * -ETIMEDOUT and the peer goes to KVX_PEER_FAILED until it is re-added.
+ * Deadline: a transfer not finished at its deadline fails alone with -ETIMEDOUT; its connection
+ * stays. It is reported at once, or, for a write UCX still holds messages of (a stopped peer, a
+ * full link), once they left; if they have not within the transport's stall_ms (200 ms when
+ * that is 0), the connection fails. A write whose notice was sent (KVX_XFER_NOTIFY) waits for
+ * the receiver's answer instead: the receiver may have queued the notice. When the connection
+ * hears nothing from a peer that owes it answers for stall_ms, the connection fails: every
+ * transfer in flight to the peer fails with -ETIMEDOUT and the peer goes to KVX_PEER_FAILED
+ * until it is re-added. A write with KVX_XFER_NOTIFY that fails with its connection (or is
+ * canceled) after its notice was sent may have left the receiver a notice.
  */
 KVX_API int kvx_xfer_write(kvx_transport_t *transport, const char *peer_id,
                            const uint32_t *local_idxs, const uint32_t *remote_idxs, size_t count,
@@ -491,7 +499,8 @@ typedef struct kvx_completion {
  * Drive progress and copy out up to max completions, oldest first. peer_id == NULL takes them
  * from every peer; otherwise only that peer's completions are taken and other peers' stay
  * queued. Each id comes out exactly once. Returns the number written (0 when nothing finished
- * or the peer is unknown), -EINVAL or -ESHUTDOWN. Allocates nothing.
+ * or the peer is unknown), -EINVAL or -ESHUTDOWN. Copying the completions out allocates nothing
+ * (the progress it drives may).
  */
 KVX_API int kvx_transport_poll(kvx_transport_t *transport, const char *peer_id,
                                kvx_completion_t *completions, size_t max);
@@ -562,8 +571,11 @@ typedef struct kvx_notice {
 /**
  * Take up to max arrival notices, oldest first, into out (which need only hold max); each comes
  * out once. A notice is queued only after every block of its write landed, never for a write
- * that failed or was fenced. Drives progress like kvx_transport_poll. Returns the number taken,
- * -EINVAL or -ESHUTDOWN. Allocates nothing.
+ * that was fenced or refused. (The writer may still see a write fail whose notice was queued:
+ * when its connection fails before the receiver's answer reaches it.) The blocks and bytes are
+ * the writer's count, checked by no one. Drives progress like kvx_transport_poll. Returns the
+ * number taken, -EINVAL or -ESHUTDOWN. Copying the notices out allocates nothing (the progress
+ * it drives may).
  */
 KVX_API int kvx_notice_poll(kvx_transport_t *transport, kvx_notice_t *out, size_t max);
 

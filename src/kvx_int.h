@@ -111,12 +111,18 @@ typedef struct kvx_run {
  *            from posted = 0 up; a write's WRITE messages, a read's READ_REQ ones
  *   WAITING  every byte posted: in conn->waiting, until the receiver has acknowledged them all
  *            (a write; with KVX_XFER_PARAM_NOTIFY, then its notice) or they all arrived (a read)
+ *   ENDING   a write that failed (or finished) while UCX still held messages of it, which read
+ *            its local blocks: it is reported once UCX has let go of them (kvx_xfer_on_sent), so
+ *            that the caller never reuses blocks UCX still reads; if UCX does not within the
+ *            stall limit (KVX_END_GRACE_NS when that is off), its connection fails, which makes
+ *            UCX let go
  *   DONE     finished, waiting in peer->cq for poll
  * UCX never holds a pointer to a transfer: messages in its hands name their connection and the
  * transfer's id, so a transfer can fail or be forgotten at any time. A reply for a transfer
  * that is gone is dropped: a failed read's local blocks never change after its failure.
  */
-enum kvx_xfer_state { KVX_XS_FREE = 0, KVX_XS_QUEUED, KVX_XS_WAITING, KVX_XS_DONE };
+enum kvx_xfer_state { KVX_XS_FREE = 0, KVX_XS_QUEUED, KVX_XS_WAITING, KVX_XS_ENDING, KVX_XS_DONE };
+#define KVX_END_GRACE_NS (200ull * 1000000ull)
 
 struct kvx_xfer {
     kvx_transport_t *t;
@@ -141,6 +147,7 @@ struct kvx_xfer {
     uint64_t tag;
     uint64_t epoch; /* the receiver's fence epoch this transfer was submitted under */
     int status;
+    int end_status; /* ENDING: the status it will be reported with */
     uint64_t bytes;
     uint64_t t_submit_ns;
     uint64_t t_done_ns;
@@ -185,6 +192,9 @@ struct kvx_conn {
     kvx_peer_t *peer; /* NULL until kvx_peer_add installs it, and once detached */
     int state;
     bool wired;                /* the receiver answered the handshake */
+    bool lingering;            /* failed over tcp with sends UCX holds: its endpoint is closed
+                                * once they left or UCX reports it failed (see kvx_conn_fail) */
+    bool linger_over;          /* ... which has happened: kvx_conn_handle_work closes it */
     int err;                   /* why it failed or closes */
     int pending_err;           /* an error reported by UCX, handled outside UCX callbacks */
     unsigned pins;             /* API calls waiting on this connection: it is not freed meanwhile */
@@ -256,7 +266,8 @@ struct kvx_writer {
     uint64_t epoch; /* bumped by each kvx_fence of this writer */
     kvx_fence_rec_t fences[KVX_FENCES_MAX];
     uint32_t nfences;  /* the most recent ones; older ones merge into a fence of all */
-    kvx_list_t rconns; /* its connections */
+    kvx_list_t rconns; /* its open connections */
+    unsigned live;     /* its connections not yet freed, closing ones too: it stays while any */
     kvx_recv_counters_t counters;
 };
 
@@ -572,6 +583,7 @@ void kvx_peer_free_all(kvx_transport_t *t);
 /* ---- connections (peer.c) ------------------------------------------------------------------- */
 
 void kvx_conn_fail(kvx_conn_t *c, int err);
+void kvx_conn_end_linger(kvx_conn_t *c);
 void kvx_conn_release(kvx_conn_t *c, int err);
 void kvx_conn_handle_work(kvx_conn_t *c);
 void kvx_conn_maybe_free(kvx_conn_t *c);

@@ -164,11 +164,20 @@ void kvx_on_conn_closed(kvx_conn_t *c)
 /*
  * Fail a connection: every transfer in flight on it fails at once (replies for them are dropped
  * from now on), the receiver is told goodbye when the handshake was done, and the endpoint is
- * closed, forced. Its id is released: a message naming it is unknown from now on. May free c
- * (when it is detached from its peer).
+ * closed, forced: the close makes UCX let go of what it held, so a write's failure is reported
+ * once nothing reads its blocks any more. Its id is released: a message naming it is unknown
+ * from now on. May free c (when it is detached from its peer).
+ *
+ * Over tcp with sends UCX still holds (a cut link, a stopped peer), the endpoint is not closed
+ * yet: UCX's tcp transport (1.13 to 1.22) uses an endpoint after freeing it when one closed with
+ * bytes queued later meets its peer's close. It lingers, unused, until UCX has sent what it holds
+ * or reports the endpoint failed, or the transport closes. Its transfers are reported failed at
+ * once all the same, so UCX may still read a failed write's blocks meanwhile (README).
  */
 void kvx_conn_fail(kvx_conn_t *c, int err)
 {
+    bool linger;
+
     if (c->state != KVX_CONN_OPEN)
         return;
     c->state = KVX_CONN_CLOSING;
@@ -177,6 +186,8 @@ void kvx_conn_fail(kvx_conn_t *c, int err)
     kvx_list_del(&c->work_link);
     kvx_idtab_release(&c->t->conn_ids, c->id);
     kvx_info(c->t, "connection to %s closing: %s", c->agent_name, kvx_strerror(err));
+    linger = !c->t->closed && c->reqs > 0 && strncmp(c->transport, "tcp", 3) == 0;
+    c->lingering = linger;
     kvx_xfer_fail_conn(c, err);
     if (c->wired) { /* best effort: a message the close purges is not missed */
         uint8_t bye[KVX_WIRE_HDR_LEN];
@@ -184,6 +195,22 @@ void kvx_conn_fail(kvx_conn_t *c, int err)
         if (kvx_ucx_send_ctl(c->ucx, bye, sizeof(bye), &c->ucx_refs) == 1)
             c->reqs++;
     }
+    if (linger) {
+        kvx_info(c->t, "connection to %s: its endpoint closes once UCX has sent what it holds",
+                 c->agent_name);
+        return;
+    }
+    if (kvx_ucx_ep_close(c->ucx, &c->ucx_refs) == 0)
+        kvx_conn_closed(c);
+}
+
+/* A lingering connection's endpoint closes now (forced). */
+void kvx_conn_end_linger(kvx_conn_t *c)
+{
+    if (!c->lingering)
+        return;
+    c->lingering = false;
+    c->linger_over = false;
     if (kvx_ucx_ep_close(c->ucx, &c->ucx_refs) == 0)
         kvx_conn_closed(c);
 }
@@ -201,6 +228,12 @@ void kvx_conn_release(kvx_conn_t *c, int err)
 /* Called from UCX callbacks: only record the error; kvx_conn_handle_work acts on it. */
 void kvx_on_conn_error(kvx_conn_t *c, int status)
 {
+    if (c->lingering) { /* UCX gave up on it: closing it is safe now */
+        c->linger_over = true;
+        if (!kvx_list_linked(&c->work_link))
+            kvx_list_add_tail(&c->t->work, &c->work_link);
+        return;
+    }
     if (c->state != KVX_CONN_OPEN || c->pending_err != 0)
         return;
     c->pending_err = status != 0 ? status : -ECONNRESET;
@@ -214,6 +247,10 @@ void kvx_on_conn_error(kvx_conn_t *c, int status)
 void kvx_conn_handle_work(kvx_conn_t *c)
 {
     kvx_list_del(&c->work_link);
+    if (c->lingering && c->linger_over) {
+        kvx_conn_end_linger(c);
+        return;
+    }
     if (c->state != KVX_CONN_OPEN)
         return;
     if (c->pending_err != 0)
@@ -308,7 +345,7 @@ static void kvx_conn_wait(kvx_conn_t *c, bool wait_wired, uint64_t until_ns)
     t->busy++;
     while (!t->closed && kvx_now_ns() < until_ns &&
            (wait_wired ? c->state == KVX_CONN_OPEN && !c->wired && c->pending_err == 0
-                       : c->state == KVX_CONN_CLOSING))
+                       : c->state == KVX_CONN_CLOSING && !c->lingering))
         kvx_progress_wait_event(t, until_ns);
     t->busy--;
     c->pins--;
@@ -404,19 +441,20 @@ static kvx_conn_t *kvx_conn_new(kvx_transport_t *t, const kvx_md_t *md)
 static int kvx_conn_hello(kvx_conn_t *c)
 {
     kvx_transport_t *t = c->t;
-    kvx_send_t *s = kvx_ucx_send_get(c->ucx);
+    kvx_send_t *s;
     const void *waddr;
     size_t waddr_len, name_len = strlen(t->name), len;
     int rc;
 
-    if (s == NULL)
-        return -ENOMEM;
     kvx_ucx_local_address(t, &waddr, &waddr_len);
     len = KVX_WIRE_HELLO_LEN + name_len + waddr_len;
     if (waddr_len > KVX_WIRE_MAX_WADDR) {
         kvx_error(t, "ucx: this worker's address is %zu bytes", waddr_len);
         return -EINVAL;
     }
+    s = kvx_ucx_send_get(c->ucx);
+    if (s == NULL)
+        return -ENOMEM;
     memset(s->hdr, 0, KVX_WIRE_HELLO_LEN);
     kvx_wire_put_hdr(s->hdr, KVX_MSG_HELLO, t->secret ? KVX_MSGF_PROOF : 0, 0, 0);
     memcpy(s->hdr + 16, c->capability, 16);

@@ -321,6 +321,11 @@ int kvx_transport_close(kvx_transport_t *t)
         }
     }
     kvx_recv_close_all(t);
+    /* lingering endpoints close too: the worker goes with them, nothing of theirs runs again */
+    for (kvx_list_t *n = t->conns.next, *next; n != &t->conns; n = next) {
+        next = n->next;
+        kvx_conn_end_linger(kvx_container_of(n, kvx_conn_t, all_link));
+    }
     /* Drive UCX until the forced closes complete (they need no answer from the peers). */
     end = kvx_now_ns() + KVX_CLOSE_DRAIN_NS;
     for (;;) {

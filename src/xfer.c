@@ -199,10 +199,26 @@ static void kvx_xfer_detach(kvx_xfer_t *x)
         kvx_list_add_tail(&c->t->work, &c->work_link);
 }
 
-/* Finish a transfer (kvx_xfer_complete queues it for poll). */
+/* Finish a transfer (kvx_xfer_complete queues it for poll), or, for a write whose messages UCX
+ * still holds (they read its local blocks), end it: it leaves its connection's accounting now
+ * and is reported once the last of them has left (kvx_xfer_on_sent). The first status wins. */
 static void kvx_xfer_finish(kvx_xfer_t *x, int status)
 {
+    kvx_transport_t *t = x->t;
+
+    if (x->state == KVX_XS_ENDING)
+        return;
     kvx_xfer_detach(x);
+    if (x->op == KVX_OP_WRITE && x->sending > 0 && !(x->conn != NULL && x->conn->lingering)) {
+        x->state = KVX_XS_ENDING;
+        x->end_status = status;
+        x->deadline_ns = kvx_now_ns() + (t->stall_ns ? t->stall_ns : KVX_END_GRACE_NS);
+        if (x->deadline_ns < t->next_deadline_ns) {
+            t->next_deadline_ns = x->deadline_ns;
+            kvx_progress_kick(t, x->deadline_ns);
+        }
+        return;
+    }
     kvx_xfer_complete(x, status);
 }
 
@@ -227,6 +243,13 @@ void kvx_xfer_fail_conn(kvx_conn_t *c, int err)
         while (!kvx_list_empty(lists[i]))
             kvx_xfer_finish(kvx_list_first(lists[i], kvx_xfer_t, conn_link), err);
     memset(c->rreqs, 0, sizeof(c->rreqs));
+    if (c->lingering) /* its endpoint stays open: what waited for UCX to let go is reported now */
+        for (kvx_list_t *n = c->t->active.next, *next; n != &c->t->active; n = next) {
+            kvx_xfer_t *x = kvx_container_of(n, kvx_xfer_t, active_link);
+            next = n->next;
+            if (x->state == KVX_XS_ENDING && x->conn == c)
+                kvx_xfer_complete(x, x->end_status);
+        }
 }
 
 /* ---- posting ----------------------------------------------------------------------------------
@@ -386,7 +409,7 @@ static void kvx_xfer_write_landed(kvx_conn_t *c, kvx_xfer_t *x)
     uint64_t blocks = x->bytes / c->t->block_len;
     int rc;
 
-    if (!x->notify) {
+    if (!x->notify || x->canceled) { /* no notice for a canceled write */
         kvx_xfer_finish(x, 0);
         return;
     }
@@ -421,7 +444,7 @@ static void kvx_xfer_on_ack(kvx_conn_t *c, const kvx_msg_t *m)
         x = kvx_xfer_lookup(t, id);
         /* a reply for a transfer that is gone (failed, canceled) or not this connection's */
         if (x == NULL || x->conn != c || x->op != KVX_OP_WRITE || x->state == KVX_XS_DONE ||
-            bytes > x->posted - x->done || status > 0)
+            x->state == KVX_XS_ENDING || bytes > x->posted - x->done || status > 0)
             continue;
         if (status < 0) {
             kvx_debug(t, "transfer %llu: refused by %s: %s", (unsigned long long)id, c->agent_name,
@@ -445,13 +468,18 @@ static void kvx_xfer_on_read_data(kvx_conn_t *c, const kvx_msg_t *m, const uint8
 
     for (unsigned i = 0; i < KVX_MAX_REQS && q == NULL; i++)
         if (c->rreqs[i].xfer_id == m->u.read_data.xfer_id &&
-            c->rreqs[i].stream_off + c->rreqs[i].got == m->u.read_data.stream_off)
+            c->rreqs[i].stream_off <= m->u.read_data.stream_off &&
+            m->u.read_data.stream_off < c->rreqs[i].stream_off + c->rreqs[i].len)
             q = &c->rreqs[i];
     x = q != NULL ? kvx_xfer_lookup(t, q->xfer_id) : NULL;
-    /* a reply for a read that failed or was canceled, or out of order: dropped, so that a read
-     * reported failed never has a byte land in its local blocks afterwards */
+    /* a reply for a read that failed or was canceled: dropped, so that a read reported failed
+     * never has a byte land in its local blocks afterwards */
     if (x == NULL || x->conn != c || x->state == KVX_XS_DONE)
         return;
+    if (q->stream_off + q->got != m->u.read_data.stream_off) {
+        kvx_xfer_finish(x, -EPROTO); /* out of order: the read cannot be put together */
+        return;
+    }
     if (m->u.read_data.status < 0) {
         kvx_xfer_finish(x, m->u.read_data.status);
         return;
@@ -550,15 +578,20 @@ void kvx_xfer_on_message(kvx_transport_t *t, const kvx_msg_t *m, const uint8_t *
 
 void kvx_xfer_on_sent(kvx_conn_t *c, uint64_t xfer_id, int status)
 {
-    c->reqs--;
+    if (--c->reqs == 0 && c->lingering) { /* all it held left: its endpoint may close */
+        c->linger_over = true;
+        if (!kvx_list_linked(&c->work_link))
+            kvx_list_add_tail(&c->t->work, &c->work_link);
+    }
     c->ucx_refs--;
     c->last_progress_ns = kvx_now_ns();
     if (xfer_id != 0) {
         kvx_xfer_t *x = kvx_xfer_lookup(c->t, xfer_id);
-        if (x != NULL && x->conn == c && x->sending > 0) {
-            x->sending--;
-            /* canceled: its last message left, it touches no memory any more */
-            if (x->canceled && x->sending == 0 && x->state != KVX_XS_DONE)
+        if (x != NULL && x->conn == c && x->sending > 0 && --x->sending == 0) {
+            /* its last message left: it touches no memory any more */
+            if (x->state == KVX_XS_ENDING)
+                kvx_xfer_complete(x, x->end_status);
+            else if (x->canceled && x->state != KVX_XS_DONE)
                 kvx_xfer_finish(x, -ECANCELED);
         }
     }
@@ -574,22 +607,41 @@ void kvx_xfer_on_sent(kvx_conn_t *c, uint64_t xfer_id, int status)
 /* ---- deadlines ------------------------------------------------------------------------------ */
 
 /*
- * Fail transfers past their deadline, each alone: its connection stays, replies for it are
- * dropped from now on (a read's local blocks never change again), and messages of it that UCX
- * still holds only read its local blocks. Runs only when the earliest known deadline has passed.
+ * Fail transfers past their deadline, each alone: its connection stays and replies for it are
+ * dropped from now on (a read's local blocks never change again). A write whose messages UCX
+ * still holds is reported once they left (ENDING); one whose messages UCX has not let go of
+ * within the stall limit (KVX_END_GRACE_NS when that is off) fails its connection, whose forced
+ * close makes UCX let go. A write
+ * whose notice was sent waits for the receiver's answer (or the stall limit): its outcome is
+ * the receiver's. Runs only when the earliest known deadline has passed.
  */
 void kvx_xfer_check_deadlines(kvx_transport_t *t, uint64_t now)
 {
     kvx_list_t *n, *next;
     uint64_t earliest = UINT64_MAX;
+    kvx_conn_t *stuck;
 
     if (now < t->next_deadline_ns)
         return;
+again:
+    stuck = NULL;
+    earliest = UINT64_MAX;
     for (n = t->active.next; n != &t->active; n = next) {
         kvx_xfer_t *x = kvx_container_of(n, kvx_xfer_t, active_link);
 
         next = n->next;
-        if (x->deadline_ns == 0)
+        if (x->state == KVX_XS_ENDING) {
+            if (x->conn == NULL || x->conn->state != KVX_CONN_OPEN)
+                continue; /* its connection's close lets go of its messages */
+            if (now >= x->deadline_ns) {
+                stuck = x->conn;
+                break;
+            }
+            if (x->deadline_ns < earliest)
+                earliest = x->deadline_ns;
+            continue;
+        }
+        if (x->deadline_ns == 0 || x->noticed)
             continue;
         if (now < x->deadline_ns) {
             if (x->deadline_ns < earliest)
@@ -599,6 +651,16 @@ void kvx_xfer_check_deadlines(kvx_transport_t *t, uint64_t now)
         kvx_debug(t, "transfer %llu to %s missed its deadline", (unsigned long long)x->id,
                   x->conn ? x->conn->agent_name : "?");
         kvx_xfer_finish(x, -ETIMEDOUT);
+        if (x->state == KVX_XS_ENDING && x->deadline_ns < earliest)
+            earliest = x->deadline_ns;
+    }
+    if (stuck != NULL) {
+        kvx_warn(t,
+                 "connection to %s: UCX still holds messages of a failed write: failing the "
+                 "connection",
+                 stuck->agent_name);
+        kvx_conn_fail(stuck, -ETIMEDOUT);
+        goto again;
     }
     t->next_deadline_ns = earliest;
 }

@@ -12,7 +12,9 @@
  *  - stall limit: with no deadline at all, transfers to a SIGSTOPped target fail once the
  *    connection made no progress for stall_ms;
  *  - deadlines: a queued transfer past its (per-transfer) deadline fails alone and leaves the
- *    connection up; with no progress thread, poll enforces deadlines.
+ *    connection up; with no progress thread, poll enforces deadlines;
+ *  - a write whose messages UCX still holds at its deadline is reported only once UCX let go of
+ *    them: what the caller writes into its blocks after the report never reaches the receiver.
  * Every transfer that succeeds is verified byte for byte.
  */
 #include "harness.h"
@@ -267,18 +269,18 @@ static void deadlines(void)
     kvx_transport_t *t = kt_transport(&r, "deadline-keeper", 1);
     kvx_peer_attr_t pa = {.field_mask = KVX_PEER_ATTR_STATE};
     kvx_completion_t c[4];
-    uint32_t li[64], ri[64];
+    uint32_t li[128], ri[128];
     uint64_t big, small, t0;
 
     KT_OK(kvx_peer_add(t, "D", d.md, d.md_len, NULL));
-    for (uint32_t i = 0; i < 64; i++) {
+    for (uint32_t i = 0; i < 128; i++) {
         li[i] = i;
         ri[i] = (i * 3) % NB;
     }
     kt_stop(&d.proc);
-    /* 4 MiB, partly handed to UCX, generous deadline; then one block queued behind it with a
-     * 300 ms deadline of its own */
-    KT_OK(kvx_xfer_write(t, "D", li, ri, 64, NULL, &big));
+    /* 8 MiB, more than the stopped target's FIFO takes (4 MiB) and UCX holds, generous deadline;
+     * then one block queued behind it with a 300 ms deadline of its own */
+    KT_OK(kvx_xfer_write(t, "D", li, ri, 128, NULL, &big));
     t0 = kt_now_ns();
     small = write1(t, "D", 100, 200, 300);
     KT_EQ(kt_poll_n(t, "D", c, 1, 3000), 1);
@@ -291,7 +293,7 @@ static void deadlines(void)
     KT_EQ(kt_poll_n(t, "D", c, 1, 5000), 1);
     KT_EQ(c[0].id, big);
     KT_EQ(c[0].status, 0);
-    KT_EQ(kt_target_verify(&d, ri, li, 64, salt, 0), 0);
+    KT_EQ(kt_target_verify(&d, ri, li, 128, salt, 0), 0);
     kvx_transport_destroy(t);
 
     /* no progress thread: poll enforces deadlines (and drives everything else) */
@@ -312,6 +314,50 @@ static void deadlines(void)
     KT_EQ(kt_target_stop(&d), 0);
 }
 
+/*
+ * A write UCX still holds messages of when its deadline passes (the receiver is stopped, its FIFO
+ * full): the failure is reported only once UCX has let go of them (here: the stall limit fails
+ * the connection), so the blocks the caller refills right after the report never reach the
+ * receiver. Before, the failure came at the deadline and 31 of 512 remote blocks later held data
+ * written after it.
+ */
+static void failed_write_lets_go(void)
+{
+    kt_target_t d = start("lets-go");
+    kvx_transport_t *t = kt_transport(&r, "lets-go-writer", 1);
+    kvx_xfer_params_t xp = {.field_mask = KVX_XFER_PARAM_DEADLINE, .deadline_ms = 300};
+    kvx_completion_t c;
+    uint32_t li[192], ri[192];
+    uint64_t id, t0, fresh;
+
+    for (uint32_t i = 0; i < 192; i++) {
+        li[i] = i;
+        ri[i] = (i * 5) % NB;
+        kt_fill(&r, i, salt, i, 1);
+    }
+    KT_OK(kvx_peer_add(t, "D", d.md, d.md_len, NULL));
+    kt_stop(&d.proc);
+    t0 = kt_now_ns();
+    KT_OK(kvx_xfer_write(t, "D", li, ri, 192, &xp, &id)); /* 12 MiB */
+    KT_EQ(kt_poll_n(t, "D", &c, 1, 10000), 1);
+    KT_EQ(c.id, id);
+    KT_ERR(c.status, -ETIMEDOUT);
+    KT_CHECK(kt_now_ns() - t0 >= 300000000ull);
+    for (uint32_t i = 0; i < 192; i++) /* the caller reuses its blocks at once */
+        kt_fill(&r, i, salt, i, 2);
+    kt_cont(&d.proc);
+    usleep(500000);
+    fresh = 192 - kt_target_verify(&d, ri, li, 192, salt, 2);
+    kt_log("a write failed by its deadline while UCX held messages of it: reported %.3f s after "
+           "submission; %llu of 192 remote blocks hold data written after the report",
+           (double)(kt_now_ns() - t0) / 1e9 - 0.5, (unsigned long long)fresh);
+    KT_EQ(fresh, 0);
+    for (uint32_t i = 0; i < 192; i++)
+        kt_fill(&r, i, salt, i, 0);
+    kvx_transport_destroy(t);
+    KT_EQ(kt_target_stop(&d), 0);
+}
+
 int main(void)
 {
     r = kt_region_alloc(NB, BL);
@@ -321,6 +367,7 @@ int main(void)
     stall_limit();
     stalled_peer();
     deadlines();
+    failed_write_lets_go();
     kt_region_free(&r);
     return 0;
 }
