@@ -107,8 +107,8 @@ static void kvx_writer_unlink(kvx_transport_t *t, kvx_writer_t *w)
 }
 
 /* The writer of that name, made on its first connection. A full table gives up a writer with no
- * connection (forgetting its fences is safe: messages of its closed connections are refused by
- * their tokens). NULL when none can be given up, or out of memory. */
+ * connection left, closing ones included (forgetting its fences is safe: messages of its closed
+ * connections are refused by their tokens). NULL when none can be given up, or out of memory. */
 static kvx_writer_t *kvx_writer_get(kvx_transport_t *t, const char *name)
 {
     kvx_writer_t *w = kvx_writer_lookup(t, name);
@@ -119,7 +119,7 @@ static kvx_writer_t *kvx_writer_get(kvx_transport_t *t, const char *name)
     if (t->nwriters >= KVX_WRITERS_MAX) {
         for (size_t i = 0; i < t->wtab_cap && w == NULL; i++)
             for (kvx_writer_t *x = t->wtab[i]; x != NULL && w == NULL; x = x->hnext)
-                if (kvx_list_empty(&x->rconns))
+                if (x->live == 0)
                     w = x;
         if (w == NULL)
             return NULL;
@@ -204,6 +204,7 @@ static void kvx_rconn_maybe_free(kvx_rconn_t *rc)
     kvx_list_del(&rc->work_link);
     kvx_list_del(&rc->all_link);
     kvx_ucx_ep_free(rc->ucx);
+    rc->w->live--;
     free(rc->acks);
     free(rc);
 }
@@ -393,8 +394,27 @@ static void kvx_recv_write(kvx_transport_t *t, const kvx_msg_t *m, const uint8_t
         w->counters.bytes_landed += data_len;
         kvx_count(t, w, KVX_CNT(writes_landed));
     }
-    if (!kvx_rconn_ack(rc, m->u.write.xfer_id, data_len, status))
+    if (!kvx_rconn_ack(rc, m->u.write.xfer_id, data_len, status)) {
+        /* no room to remember the answer: rather than leave the writer waiting for it, close
+         * the connection (the writer's transfers on it fail) */
         kvx_count(t, w, KVX_CNT(drop_other));
+        kvx_warn(t, "writer %s: %u acknowledgements waiting: closing connection %u", w->name,
+                 rc->nacks, rc->id);
+        kvx_rconn_close(rc);
+    }
+}
+
+/* Answer a read request with a refusal: the reader's transfer fails with err at once. */
+static void kvx_recv_refuse_read(kvx_rconn_t *rc, const kvx_msg_t *m, int err)
+{
+    uint8_t hdr[KVX_WIRE_READ_DATA_LEN] = {0};
+
+    kvx_wire_put_hdr(hdr, KVX_MSG_READ_DATA, 0, rc->peer_conn_id, rc->peer_token);
+    kvx_put64(hdr + 16, m->u.read_req.xfer_id);
+    kvx_put64(hdr + 24, m->u.read_req.stream_off);
+    kvx_put32(hdr + 40, (uint32_t)err);
+    if (kvx_rconn_ctl(rc, hdr, sizeof(hdr)) < 0)
+        kvx_rconn_close(rc); /* out of memory: the reader sees its connection fail */
 }
 
 static void kvx_recv_read_req(kvx_transport_t *t, const kvx_msg_t *m)
@@ -406,8 +426,9 @@ static void kvx_recv_read_req(kvx_transport_t *t, const kvx_msg_t *m)
     if (rc == NULL)
         return;
     s = rc->nserve < KVX_SERVE_MAX ? malloc(sizeof(*s) + n * sizeof(s->runs[0])) : NULL;
-    if (s == NULL) {
+    if (s == NULL) { /* too many waiting (a kvx reader asks 16 at a time), or out of memory */
         kvx_count(t, rc->w, KVX_CNT(drop_other));
+        kvx_recv_refuse_read(rc, m, -EBUSY);
         return;
     }
     s->xfer_id = m->u.read_req.xfer_id;
@@ -421,14 +442,9 @@ static void kvx_recv_read_req(kvx_transport_t *t, const kvx_msg_t *m)
         if (s->runs[i].offset > t->region_len ||
             s->runs[i].len > t->region_len - s->runs[i].offset) {
             /* refused whole: the reader's transfer fails */
-            uint8_t hdr[KVX_WIRE_READ_DATA_LEN] = {0};
             kvx_count(t, rc->w, KVX_CNT(drop_range));
             free(s);
-            kvx_wire_put_hdr(hdr, KVX_MSG_READ_DATA, 0, rc->peer_conn_id, rc->peer_token);
-            kvx_put64(hdr + 16, m->u.read_req.xfer_id);
-            kvx_put64(hdr + 24, m->u.read_req.stream_off);
-            kvx_put32(hdr + 40, (uint32_t)-EINVAL);
-            kvx_rconn_ctl(rc, hdr, sizeof(hdr));
+            kvx_recv_refuse_read(rc, m, -EINVAL);
             return;
         }
     }
@@ -539,6 +555,7 @@ static void kvx_recv_hello(kvx_transport_t *t, const uint8_t *buf, size_t len)
     }
     kvx_ucx_ep_describe(rc->ucx, tl, sizeof(tl), &rma_hw, &rc->seg);
     rc->state = KVX_CONN_OPEN;
+    w->live++;
     kvx_list_add_tail(&w->rconns, &rc->w_link);
     kvx_list_add_tail(&t->rconns, &rc->all_link);
     t->nrconns++;
@@ -620,7 +637,8 @@ static unsigned kvx_recv_flush(kvx_transport_t *t, kvx_rconn_t *rc)
     }
     /* acknowledgements, KVX_ACK_BATCH per message: they are how writers make progress, so they
      * go out whatever the window (it bounds read data) */
-    for (uint32_t done = 0; done < rc->nacks;) {
+    uint32_t done = 0;
+    while (done < rc->nacks) {
         kvx_send_t *m = kvx_ucx_send_get(rc->ucx);
         uint32_t k = rc->nacks - done < KVX_ACK_BATCH ? rc->nacks - done : KVX_ACK_BATCH;
         size_t len = KVX_WIRE_ACK_LEN + (size_t)k * KVX_WIRE_ACK_ENTRY_LEN;
@@ -636,16 +654,22 @@ static unsigned kvx_recv_flush(kvx_transport_t *t, kvx_rconn_t *rc)
         done += k;
         n++;
     }
-    rc->nacks = 0;
+    /* what could not go out (no message buffer) stays for the next round */
+    if (done > 0 && done < rc->nacks)
+        memmove(rc->acks, rc->acks + (size_t)done * KVX_WIRE_ACK_ENTRY_LEN,
+                (size_t)(rc->nacks - done) * KVX_WIRE_ACK_ENTRY_LEN);
+    rc->nacks -= done;
+    if (rc->nacks > 0)
+        kvx_rconn_want_work(rc);
     if (!kvx_list_empty(&rc->serve))
         n += kvx_recv_serve(t, rc, rc->seg);
     return n;
 }
 
-unsigned kvx_recv_work(kvx_transport_t *t)
+/* Make the connections of the HELLOs that arrived. */
+static unsigned kvx_recv_hellos(kvx_transport_t *t)
 {
     unsigned n = 0;
-    kvx_list_t todo;
 
     while (!kvx_list_empty(&t->hellos)) {
         kvx_hello_t *h = kvx_list_first(&t->hellos, kvx_hello_t, link);
@@ -655,6 +679,14 @@ unsigned kvx_recv_work(kvx_transport_t *t)
         free(h);
         n++;
     }
+    return n;
+}
+
+unsigned kvx_recv_work(kvx_transport_t *t)
+{
+    unsigned n = kvx_recv_hellos(t);
+    kvx_list_t todo;
+
     kvx_list_splice_init(&t->rwork, &todo);
     while (!kvx_list_empty(&todo)) {
         kvx_rconn_t *rc = kvx_list_first(&todo, kvx_rconn_t, work_link);
@@ -758,6 +790,9 @@ int kvx_fence(kvx_transport_t *t, const char *writer, const uint64_t *tags, size
         kvx_unlock(t);
         return -ESHUTDOWN;
     }
+    /* HELLOs that arrived already become connections first: their writers' writes submitted
+     * before this call are fenced too */
+    kvx_recv_hellos(t);
     if (writer != NULL) {
         kvx_writer_t *w = kvx_writer_lookup(t, writer);
         if (w != NULL)

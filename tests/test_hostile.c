@@ -188,6 +188,13 @@ static void rma_attacks(uint64_t base, uint64_t canary)
     kt_log("UCX puts and gets into the region and its canaries: %d tried; the target's worker "
            "has no RMA, nothing lands",
            tried);
+    KT_EQ(tried, 3); /* the attack was made: the key unpacked and every operation was posted */
+    {
+        /* block 0, the put aimed at base itself, still holds the target's own data (the
+         * canaries around the region are checked by the caller) */
+        uint32_t b0 = 0;
+        KT_EQ(kt_target_verify(&tg, &b0, &b0, 1, 8, 0), 0);
+    }
 }
 
 /* ---- 2, 3: kvx's messages ------------------------------------------------------------------ */
