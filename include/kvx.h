@@ -184,10 +184,10 @@ typedef struct kvx_params {
      *  after stall_ms, a slow but moving one never. 0 disables it. At most KVX_MS_MAX. */
     uint64_t stall_ms;
 
-    /** A shared secret (1..KVX_SECRET_MAX bytes; copied). With one, the metadata is signed (HMAC-SHA256)
-     *  and peers' metadata must carry this secret's signature (else kvx_peer_add returns
-     *  -EACCES before any of it reaches UCX), and a peer connecting to this transport must prove
-     *  it holds the secret before anything else happens. See docs/security.md. */
+    /** A shared secret (1..KVX_SECRET_MAX bytes; copied). With one, the metadata is signed
+     * (HMAC-SHA256) and peers' metadata must carry this secret's signature (else kvx_peer_add
+     * returns -EACCES before any of it reaches UCX), and a peer connecting to this transport must
+     * prove it holds the secret before anything else happens. See docs/security.md. */
     const void *secret;
     size_t secret_len;
 
@@ -201,8 +201,8 @@ typedef struct kvx_params {
      *  before the bytes count as landed, and a mismatch fails the transfer with -EBADMSG. */
     int integrity;
 
-    /** How many arrival notices (kvx_notice_poll) may wait here at once, 1..KVX_NOTICES_MAX. A write whose
-     *  notice finds the queue full fails at its sender with -ENOSPC. */
+    /** How many arrival notices (kvx_notice_poll) may wait here at once, 1..KVX_NOTICES_MAX. A
+     * write whose notice finds the queue full fails at its sender with -ENOSPC. */
     size_t notice_queue;
 } kvx_params_t;
 
