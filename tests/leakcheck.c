@@ -59,13 +59,18 @@ int main(void)
     for (int i = 0; i < 4; i++)
         KT_OK(kvx_xfer_write(b, "a", li, ri, 8, NULL, &ids[i]));
     KT_OK(kvx_xfer_cancel(b, &ids[0], 1, KVX_CANCEL_IMMEDIATE, NULL));
-    KT_OK(kvx_xfer_cancel(b, &ids[1], 1, KVX_CANCEL_WAIT, pending));
+    /* ids[1] is reported only if some of its bytes were handed to UCX already (the progress
+     * thread may or may not have posted it yet); ids[0] never comes out */
+    int npend = kvx_xfer_cancel(b, &ids[1], 1, KVX_CANCEL_WAIT, pending);
+    KT_CHECK(npend == 0 || (npend == 1 && pending[0] == ids[1]));
     KT_EQ(kvx_peer_remove(b, "a"), 1);
     {
         kvx_completion_t c[4];
-        KT_EQ(kt_poll_n(b, "a", c, 3, 10000), 3);
-        for (int i = 0; i < 3; i++)
-            KT_CHECK(c[i].status == -ECONNABORTED || c[i].status == -ECANCELED);
+        KT_EQ(kt_poll_n(b, "a", c, 4, 2000), 2 + npend);
+        for (int i = 0; i < 2 + npend; i++) {
+            KT_CHECK(c[i].id != ids[0]);
+            KT_CHECK(c[i].id == ids[1] ? c[i].status == -ECANCELED : c[i].status == -ECONNABORTED);
+        }
     }
 
     KT_OK(kvx_peer_add(b, "a", md, md_len, NULL)); /* closed with the transport, in flight */
