@@ -33,6 +33,7 @@ struct opts {
     int peers;
     int client_index, clients;
     bool json, verify, loopback, same_block, quiet, wait;
+    bool integrity; /* the initiator's transport checksums what it moves (CRC-32C) */
     double load_s;
     const char *addrs[MAX_PEERS];
     int naddrs;
