@@ -122,7 +122,8 @@ enum kvx_params_field {
     KVX_PARAM_SECRET = 1u << 9,       /**< default: none */
     KVX_PARAM_NET_DEVICES = 1u << 10, /**< default: UCX's (every device) */
     KVX_PARAM_INTEGRITY = 1u << 11,   /**< default: off */
-    KVX_PARAM_NOTICES = 1u << 12      /**< default: 1024 */
+    KVX_PARAM_NOTICES = 1u << 12,     /**< default: 1024 */
+    KVX_PARAM_OWN_REGION = 1u << 13   /**< default: the application provides the region */
 };
 
 /** Largest value accepted for a duration in milliseconds (deadline_ms, keepalive_ms, stall_ms):
@@ -138,7 +139,16 @@ typedef struct kvx_params {
 
     /** The region: num_blocks blocks of block_len bytes starting at base. It must stay mapped and
      *  valid until kvx_transport_close returns; kvx never frees it. num_blocks * block_len must
-     *  not overflow and must not wrap the address space. */
+     *  not overflow and must not wrap the address space.
+     *
+     *  With KVX_PARAM_OWN_REGION, base must be NULL: kvx allocates the region itself, through
+     *  UCX, from shared memory (zero-filled), and kvx_transport_query (KVX_TRANSPORT_ATTR_REGION)
+     *  gives its address. A peer on this host that holds the metadata maps it and writes and
+     *  reads it with one memcpy of its own, with no work by this transport: its progress thread
+     *  may sleep and the process may even be stopped (the peer's transport is then named
+     *  "<shm>-mapped"). Such a peer's bytes are not seen by this side: kvx_fence and integrity do
+     *  not apply to them (README, "Owned regions"). kvx_transport_close frees the region: the
+     *  application must not touch it after that. */
     void *base;
     uint64_t num_blocks;
     uint64_t block_len;

@@ -211,10 +211,12 @@ struct kvx_conn {
     size_t seg;     /* a message's size on this connection's lane */
     uint64_t remote_base;
     uint64_t remote_num_blocks;
+    uint64_t remote_len; /* bytes of its region */
     uint8_t capability[16];
     char agent_name[KVX_NAME_MAX + 1];
     char transport[KVX_TRANSPORT_NAME_MAX];
     int rma_hw;
+    uint8_t *mapped;    /* the peer's owned region, mapped here: copies, no messages (xfer.c) */
     kvx_list_t queue;   /* QUEUED transfers, in submission order */
     kvx_list_t waiting; /* WAITING transfers */
     unsigned reqs;      /* messages UCX holds and read requests unanswered (back-pressure) */
@@ -327,6 +329,9 @@ struct kvx_transport {
     uint64_t num_blocks;
     uint64_t block_len;
     uint64_t region_len;
+    bool owned;       /* kvx allocated the region (KVX_PARAM_OWN_REGION) */
+    const void *rkey; /* ... and its packed key, which maps it on this host's peers */
+    size_t rkey_len;
     uint64_t deadline_ns;
     uint64_t keepalive_ms;
     uint64_t stall_ns;
@@ -448,6 +453,8 @@ typedef struct kvx_md {
     uint32_t flags;
     const uint8_t *worker_addr; /* points into the decoded buffer */
     uint32_t worker_addr_len;
+    const uint8_t *rkey; /* an owned region's packed key, or NULL (points into the buffer) */
+    uint32_t rkey_len;
     const uint8_t *mac; /* points into the decoded buffer, when flags has KVX_MDF_MAC */
 } kvx_md_t;
 
@@ -662,6 +669,12 @@ struct kvx_send {
 int kvx_ucx_init(kvx_transport_t *t);
 void kvx_ucx_fini(kvx_transport_t *t);
 void kvx_ucx_local_address(kvx_transport_t *t, const void **waddr, size_t *waddr_len);
+int kvx_ucx_region_alloc(kvx_transport_t *t, size_t len, void **base_p, const void **rkey_p,
+                         size_t *rkey_len_p);
+void kvx_ucx_region_free(kvx_transport_t *t);
+int kvx_ucx_map(kvx_ucx_ep_t *ep, const void *rkey, size_t rkey_len, uint64_t raddr, uint64_t len,
+                void **ptr_p);
+void kvx_ucx_unmap(kvx_ucx_ep_t *ep);
 /* An endpoint to a worker address, whose errors and sends report to owner (a connection of the
  * initiator's side when rconn is false, else a receiver's connection). */
 int kvx_ucx_ep_open(kvx_transport_t *t, const void *waddr, const char *name, void *owner,

@@ -12,12 +12,14 @@
  *   80  u64 pid namespace       88  u64 process start time (clock ticks after boot)
  *   96  u32 pid                100  u32 flags (KVX_MDF_MAC, or 0)
  *  104  u8  agent name length  105  u8  fingerprint length  106 u16 reserved (0)
- *  108  u32 worker address length  112 u32 reserved (0)  116 u32 reserved (0)
- *  120  agent name, fingerprint, worker address (no terminators, no padding)
+ *  108  u32 worker address length  112 u32 region key length (0: the application's region)
+ *  116  u32 reserved (0)
+ *  120  agent name, fingerprint, worker address, region key (no terminators, no padding)
  *       [with KVX_MDF_MAC: HMAC-SHA256 of all that precedes, keyed with the shared secret, the
  *       crc field zeroed]
  * The capability is what a peer must present before the transport applies any of its data: only
- * those who hold the blob can write into (or read) the region.
+ * those who hold the blob can write into (or read) the region. The region key (UCX's packed
+ * key of a region kvx allocated, KVX_PARAM_OWN_REGION) lets a peer on this host map the region.
  */
 #include "kvx_int.h"
 
@@ -27,6 +29,8 @@
 #define KVX_MD_HDR_LEN 120u
 /* UCX addresses are a few hundred bytes: refuse absurd sizes. */
 #define KVX_MD_MAX_BLOB (1u << 20)
+/* UCX's packed keys are tens of bytes */
+#define KVX_MD_MAX_RKEY 4096u
 
 /* Agent names and fingerprints: printable ASCII without spaces. */
 static bool kvx_md_text_ok(const uint8_t *s, size_t len)
@@ -40,7 +44,7 @@ static bool kvx_md_text_ok(const uint8_t *s, size_t len)
 size_t kvx_md_encoded_len(const kvx_md_t *md)
 {
     return KVX_MD_HDR_LEN + strlen(md->agent_name) + strlen(md->fingerprint) + md->worker_addr_len +
-           ((md->flags & KVX_MDF_MAC) ? KVX_MAC_LEN : 0);
+           md->rkey_len + ((md->flags & KVX_MDF_MAC) ? KVX_MAC_LEN : 0);
 }
 
 /* The MAC of a blob of len bytes (its trailer excluded), the crc field taken as zero. */
@@ -62,7 +66,7 @@ int kvx_md_encode(const kvx_md_t *in, const uint8_t *secret, size_t secret_len, 
     md.flags = secret != NULL ? KVX_MDF_MAC : 0;
     len = kvx_md_encoded_len(&md);
     if (len > cap || len > KVX_MD_MAX_BLOB || name_len > KVX_NAME_MAX ||
-        fp_len > KVX_FINGERPRINT_MAX)
+        fp_len > KVX_FINGERPRINT_MAX || md.rkey_len > KVX_MD_MAX_RKEY)
         return -ENOSPC;
     memset(buf, 0, KVX_MD_HDR_LEN);
     kvx_put32(buf, KVX_MD_MAGIC);
@@ -82,11 +86,15 @@ int kvx_md_encode(const kvx_md_t *in, const uint8_t *secret, size_t secret_len, 
     buf[104] = (uint8_t)name_len;
     buf[105] = (uint8_t)fp_len;
     kvx_put32(buf + 108, md.worker_addr_len);
+    kvx_put32(buf + 112, md.rkey_len);
     memcpy(p, md.agent_name, name_len);
     p += name_len;
     memcpy(p, md.fingerprint, fp_len);
     p += fp_len;
     memcpy(p, md.worker_addr, md.worker_addr_len);
+    p += md.worker_addr_len;
+    if (md.rkey_len > 0)
+        memcpy(p, md.rkey, md.rkey_len);
     if (md.flags & KVX_MDF_MAC)
         kvx_md_mac(buf, len - KVX_MAC_LEN, secret, secret_len, buf + len - KVX_MAC_LEN);
     kvx_put32(buf + 12, kvx_crc32(buf, len));
@@ -111,7 +119,7 @@ int kvx_md_decode(const void *data, size_t len, kvx_md_t *md)
     const uint8_t *buf = data;
     static const uint8_t zero[4];
     size_t name_len, fp_len, need;
-    uint32_t waddr_len, flags, crc;
+    uint32_t waddr_len, rkey_len, flags, crc;
     uint64_t base, num_blocks, block_len;
 
     if (buf == NULL || len < 8 || kvx_get32(buf) != KVX_MD_MAGIC)
@@ -136,12 +144,13 @@ int kvx_md_decode(const void *data, size_t len, kvx_md_t *md)
     name_len = buf[104];
     fp_len = buf[105];
     waddr_len = kvx_get32(buf + 108);
+    rkey_len = kvx_get32(buf + 112);
     flags = kvx_get32(buf + 100);
-    if ((flags & ~KVX_MDF_MAC) != 0 || kvx_get16(buf + 106) != 0 || kvx_get32(buf + 112) != 0 ||
+    if ((flags & ~KVX_MDF_MAC) != 0 || kvx_get16(buf + 106) != 0 || rkey_len > KVX_MD_MAX_RKEY ||
         kvx_get32(buf + 116) != 0 || name_len == 0 || name_len > KVX_NAME_MAX ||
-        fp_len > KVX_FINGERPRINT_MAX || waddr_len == 0)
+        fp_len > KVX_FINGERPRINT_MAX || waddr_len == 0 || waddr_len > KVX_MD_MAX_BLOB)
         return -EBADMSG;
-    need = (size_t)KVX_MD_HDR_LEN + name_len + fp_len + (size_t)waddr_len +
+    need = (size_t)KVX_MD_HDR_LEN + name_len + fp_len + (size_t)waddr_len + rkey_len +
            ((flags & KVX_MDF_MAC) ? KVX_MAC_LEN : 0);
     if (need != len)
         return -EBADMSG;
@@ -164,6 +173,9 @@ int kvx_md_decode(const void *data, size_t len, kvx_md_t *md)
     md->worker_addr = p;
     md->worker_addr_len = waddr_len;
     p += waddr_len;
+    md->rkey = rkey_len > 0 ? p : NULL;
+    md->rkey_len = rkey_len;
+    p += rkey_len;
     md->flags = flags;
     md->mac = (flags & KVX_MDF_MAC) ? p : NULL;
     md->base = base;

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/random.h>
 #include <unistd.h>
 
@@ -189,6 +190,10 @@ void kvx_conn_fail(kvx_conn_t *c, int err)
     linger = !c->t->closed && c->reqs > 0 && strncmp(c->transport, "tcp", 3) == 0;
     c->lingering = linger;
     kvx_xfer_fail_conn(c, err);
+    if (c->mapped != NULL) { /* no copy runs outside the lock: nothing uses the mapping now */
+        c->mapped = NULL;
+        kvx_ucx_unmap(c->ucx);
+    }
     if (c->wired) { /* best effort: a message the close purges is not missed */
         uint8_t bye[KVX_WIRE_HDR_LEN];
         kvx_wire_put_hdr(bye, KVX_MSG_BYE, 0, c->rconn_id, c->rconn_token);
@@ -202,6 +207,53 @@ void kvx_conn_fail(kvx_conn_t *c, int err)
     }
     if (kvx_ucx_ep_close(c->ucx, &c->ucx_refs) == 0)
         kvx_conn_closed(c);
+}
+
+/*
+ * A peer on this host whose region kvx allocated: map it, so that transfers are copies by this
+ * process (xfer.c) with no work by the peer. Without a mapping (the key gives none, say over
+ * tcp), messages carry the data as for any region.
+ */
+static void kvx_conn_map(kvx_conn_t *c, const kvx_md_t *md)
+{
+    void *ptr;
+    size_t n;
+
+    if (kvx_ucx_map(c->ucx, md->rkey, md->rkey_len, md->base, c->remote_len, &ptr) < 0) {
+        kvx_info(c->t, "peer %s: its region gives no mapping here; messages carry the data",
+                 md->agent_name);
+        return;
+    }
+    c->mapped = ptr;
+    n = strlen(c->transport);
+    snprintf(c->transport + n, sizeof(c->transport) - n, "-mapped");
+}
+
+/*
+ * Fault the mapped region's pages in here (without changing a byte: MADV_POPULATE_WRITE), so
+ * that the first transfer does not pay for them. Runs with the lock released (c pinned by the
+ * caller); a connection failed meanwhile has unmapped the range, which madvise then reports.
+ */
+static void kvx_conn_prefault(kvx_conn_t *c)
+{
+    kvx_transport_t *t = c->t;
+    uintptr_t start = (uintptr_t)c->mapped & ~(uintptr_t)4095;
+    size_t len = (size_t)c->remote_len + ((uintptr_t)c->mapped & 4095);
+    uint64_t t0 = kvx_now_ns();
+    int rc;
+
+    t->busy++;
+    kvx_unlock(t);
+    rc = madvise((void *)start, len, MADV_POPULATE_WRITE) == 0 ? 0 : -errno;
+    kvx_lock(t);
+    t->busy--;
+    if (t->closed)
+        pthread_cond_broadcast(&t->cond); /* close waits for busy calls to leave */
+    if (rc < 0)
+        kvx_info(t, "peer %s: prefaulting its mapped region: %s", c->agent_name, kvx_strerror(rc));
+    else
+        kvx_info(t, "peer %s: its mapped region (%zu bytes) prefaulted in %.1f ms", c->agent_name,
+                 len, (double)(kvx_now_ns() - t0) / 1e6);
 }
 
 /* A lingering connection's endpoint closes now (forced). */
@@ -424,6 +476,7 @@ static kvx_conn_t *kvx_conn_new(kvx_transport_t *t, const kvx_md_t *md)
     c->crc = t->integrity;
     c->remote_base = md->base;
     c->remote_num_blocks = md->num_blocks;
+    c->remote_len = md->num_blocks * md->block_len;
     c->host = md->host;
     memcpy(c->capability, md->capability, sizeof(c->capability));
     memcpy(c->agent_name, md->agent_name, sizeof(c->agent_name));
@@ -558,6 +611,8 @@ int kvx_peer_add(kvx_transport_t *t, const char *peer_id, const void *metadata, 
         goto out_turn;
     }
     kvx_ucx_ep_describe(c->ucx, c->transport, sizeof(c->transport), &c->rma_hw, &c->seg);
+    if (md.rkey != NULL && c->watched)
+        kvx_conn_map(c, &md);
     /* The new connection is not the peer's until it has answered (or 200 ms passed): until
      * then an existing connection of that id keeps working, and stays if this one fails. */
     kvx_list_add_tail(&t->conns, &c->all_link);
@@ -570,6 +625,8 @@ int kvx_peer_add(kvx_transport_t *t, const char *peer_id, const void *metadata, 
     }
     c->pins++;
     kvx_conn_wait(c, true, kvx_now_ns() + KVX_CONNECT_WAIT_NS);
+    if (c->mapped != NULL && !t->closed)
+        kvx_conn_prefault(c);
     c->pins--;
     rc = t->closed ? -ESHUTDOWN : c->state != KVX_CONN_OPEN ? c->err : c->pending_err;
     if (rc < 0) {

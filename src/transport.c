@@ -67,7 +67,10 @@ static int kvx_params_check(const kvx_params_t *p)
 {
     uint64_t len;
 
-    if (!(p->field_mask & KVX_PARAM_REGION) || p->base == NULL || p->num_blocks == 0 ||
+    bool own = (p->field_mask & KVX_PARAM_OWN_REGION) != 0;
+
+    /* an owned region has no base yet: kvx allocates it */
+    if (!(p->field_mask & KVX_PARAM_REGION) || (p->base == NULL) != own || p->num_blocks == 0 ||
         p->block_len == 0)
         return -EINVAL;
     if (p->num_blocks > UINT64_MAX / p->block_len)
@@ -128,6 +131,8 @@ static int kvx_metadata_build(kvx_transport_t *t)
     md.host = t->host;
     md.worker_addr = waddr;
     md.worker_addr_len = (uint32_t)waddr_len;
+    md.rkey = t->rkey;
+    md.rkey_len = (uint32_t)t->rkey_len;
     md.flags = t->secret != NULL ? KVX_MDF_MAC : 0;
     t->metadata_len = kvx_md_encoded_len(&md);
     t->metadata = malloc(t->metadata_len);
@@ -254,6 +259,14 @@ int kvx_transport_create(const kvx_params_t *params, kvx_transport_t **transport
     rc = kvx_ucx_init(t);
     if (rc < 0)
         goto err_free;
+    if (params->field_mask & KVX_PARAM_OWN_REGION) {
+        void *base;
+        rc = kvx_ucx_region_alloc(t, t->region_len, &base, &t->rkey, &t->rkey_len);
+        if (rc < 0)
+            goto err_ucx;
+        t->base = base;
+        t->owned = true;
+    }
     rc = kvx_metadata_build(t);
     if (rc < 0)
         goto err_ucx;
@@ -262,9 +275,10 @@ int kvx_transport_create(const kvx_params_t *params, kvx_transport_t **transport
         if (rc < 0)
             goto err_md;
     }
-    kvx_info(t, "created: %llu blocks of %llu bytes at %p, fingerprint '%s', %u progress thread(s)",
+    kvx_info(t,
+             "created: %llu blocks of %llu bytes at %p%s, fingerprint '%s', %u progress thread(s)",
              (unsigned long long)t->num_blocks, (unsigned long long)t->block_len, (void *)t->base,
-             t->fingerprint, t->thread_running ? 1u : 0u);
+             t->owned ? " (owned)" : "", t->fingerprint, t->thread_running ? 1u : 0u);
     *transport_p = t;
     return 0;
 

@@ -23,6 +23,9 @@ struct kvx_ucx {
     ucp_address_t *waddr;
     size_t waddr_len;
     int efd;
+    ucp_mem_h region; /* an owned region UCX allocated, or NULL */
+    void *rkey;       /* its packed key (in the metadata) */
+    size_t rkey_len;
 };
 
 struct kvx_ucx_ep {
@@ -31,6 +34,7 @@ struct kvx_ucx_ep {
     void *owner;      /* kvx_conn_t * or kvx_rconn_t * */
     bool rconn;       /* owner is a receiver's connection */
     kvx_send_t *free; /* messages to reuse */
+    ucp_rkey_h rkey;  /* the peer's owned region, mapped here (kvx_ucx_map) */
 };
 
 _Static_assert(sizeof(kvx_iov_t) == sizeof(ucp_dt_iov_t) &&
@@ -424,6 +428,7 @@ void kvx_ucx_fini(kvx_transport_t *t)
 
     if (u == NULL)
         return;
+    kvx_ucx_region_free(t);
     ucp_worker_release_address(u->worker, u->waddr);
     ucp_worker_destroy(u->worker);
     ucp_cleanup(u->ctx);
@@ -435,6 +440,107 @@ void kvx_ucx_local_address(kvx_transport_t *t, const void **waddr, size_t *waddr
 {
     *waddr = t->ucx->waddr;
     *waddr_len = t->ucx->waddr_len;
+}
+
+/* ---- owned regions ---------------------------------------------------------------------------
+ */
+
+/*
+ * Allocate len bytes through UCX (ucp_mem_map with UCP_MEM_MAP_ALLOCATE): UCX takes them from
+ * shared memory (sysv, else posix) when it can, so that a peer on this host that unpacks the
+ * packed key maps the same pages. The packed key goes into the metadata. *shm_p tells whether
+ * the key carries a mapping other processes can use (else the region is still usable, through
+ * messages only).
+ */
+int kvx_ucx_region_alloc(kvx_transport_t *t, size_t len, void **base_p, const void **rkey_p,
+                         size_t *rkey_len_p)
+{
+    kvx_ucx_t *u = t->ucx;
+    ucp_mem_map_params_t mp = {
+        .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                      UCP_MEM_MAP_PARAM_FIELD_FLAGS,
+        .address = NULL,
+        .length = len,
+        .flags = UCP_MEM_MAP_ALLOCATE,
+    };
+    ucp_mem_attr_t attr = {.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH};
+    ucs_status_t s;
+
+    s = ucp_mem_map(u->ctx, &mp, &u->region);
+    if (s != UCS_OK) {
+        kvx_error(t, "ucx: allocating a region of %zu bytes: %s", len, ucs_status_string(s));
+        u->region = NULL;
+        return s == UCS_ERR_NO_MEMORY ? -ENOMEM : kvx_ucx_errno(s);
+    }
+    s = ucp_mem_query(u->region, &attr);
+    if (s == UCS_OK && attr.length < len)
+        s = UCS_ERR_NO_MEMORY;
+    if (s == UCS_OK)
+        s = ucp_rkey_pack(u->ctx, u->region, &u->rkey, &u->rkey_len);
+    if (s != UCS_OK) {
+        kvx_error(t, "ucx: the owned region: %s", ucs_status_string(s));
+        kvx_ucx_region_free(t);
+        return -ENOMEM;
+    }
+    *base_p = attr.address;
+    *rkey_p = u->rkey;
+    *rkey_len_p = u->rkey_len;
+    return 0;
+}
+
+void kvx_ucx_region_free(kvx_transport_t *t)
+{
+    kvx_ucx_t *u = t->ucx;
+
+    if (u->rkey != NULL)
+        ucp_rkey_buffer_release(u->rkey);
+    u->rkey = NULL;
+    u->rkey_len = 0;
+    if (u->region != NULL)
+        ucp_mem_unmap(u->ctx, u->region);
+    u->region = NULL;
+}
+
+/*
+ * Map a peer's owned region into this process: unpack its key on the endpoint and ask UCX for a
+ * pointer to raddr (ucp_rkey_ptr: only a shared-memory key gives one). Every byte of
+ * [raddr, raddr + len) must map, contiguously. Returns 0 and sets *ptr_p, or a negative errno
+ * (-EOPNOTSUPP: the key gives no pointer here, messages carry the data instead).
+ */
+int kvx_ucx_map(kvx_ucx_ep_t *e, const void *rkey, size_t rkey_len, uint64_t raddr, uint64_t len,
+                void **ptr_p)
+{
+    void *first = NULL, *last = NULL;
+    ucs_status_t s;
+
+    (void)rkey_len;
+    if (e == NULL || e->ep == NULL || e->rkey != NULL || len == 0)
+        return -EINVAL;
+    s = ucp_ep_rkey_unpack(e->ep, rkey, &e->rkey);
+    if (s != UCS_OK) {
+        e->rkey = NULL;
+        kvx_debug(e->t, "ucx: the peer's region key: %s", ucs_status_string(s));
+        return -EOPNOTSUPP;
+    }
+    s = ucp_rkey_ptr(e->rkey, raddr, &first);
+    if (s == UCS_OK)
+        s = ucp_rkey_ptr(e->rkey, raddr + len - 1, &last);
+    if (s != UCS_OK || (uintptr_t)last - (uintptr_t)first != len - 1) {
+        kvx_debug(e->t, "ucx: the peer's region gives no mapping here: %s",
+                  s != UCS_OK ? ucs_status_string(s) : "not contiguous");
+        kvx_ucx_unmap(e);
+        return -EOPNOTSUPP;
+    }
+    *ptr_p = first;
+    return 0;
+}
+
+void kvx_ucx_unmap(kvx_ucx_ep_t *e)
+{
+    if (e == NULL || e->rkey == NULL)
+        return;
+    ucp_rkey_destroy(e->rkey);
+    e->rkey = NULL;
 }
 
 /* ---- messages in ------------------------------------------------------------------------------
@@ -647,6 +753,7 @@ void kvx_ucx_ep_free(kvx_ucx_ep_t *e)
 {
     if (e == NULL)
         return;
+    kvx_ucx_unmap(e);
     while (e->free != NULL) {
         kvx_send_t *s = e->free;
         e->free = s->next_free;

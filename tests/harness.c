@@ -337,9 +337,31 @@ int kt_target_main(int sock, void *arg)
     uint8_t *md, *map;
     size_t md_len, len, map_len;
 
-    r = kt_target_region(a, &map, &map_len);
-    kt_fill_all(&r, a->salt, 0);
-    t = kt_transport_ex(&r, a->name, a->threads, a->fingerprint, 0);
+    if (a->owned) {
+        /* the region is kvx's; the canary is the rest of its last page, shared with peers */
+        kvx_transport_attr_t ta = {.field_mask = KVX_TRANSPORT_ATTR_REGION};
+        kvx_params_t p = {
+            .field_mask = KVX_PARAM_REGION | KVX_PARAM_OWN_REGION | KVX_PARAM_NUM_THREADS |
+                          (a->name ? KVX_PARAM_AGENT_NAME : 0) |
+                          (a->fingerprint ? KVX_PARAM_FINGERPRINT : 0),
+            .num_blocks = a->num_blocks,
+            .block_len = a->block_len,
+            .num_threads = a->threads,
+            .agent_name = a->name,
+            .fingerprint = a->fingerprint,
+        };
+        KT_OK(kvx_transport_create(&p, &t));
+        KT_OK(kvx_transport_query(t, &ta));
+        r = (kt_region_t){.base = ta.base, .num_blocks = a->num_blocks, .block_len = a->block_len};
+        map = NULL;
+        map_len = ((a->num_blocks * a->block_len + 4095) & ~4095ull) - a->num_blocks * a->block_len;
+        memset(r.base + a->num_blocks * a->block_len, KT_CANARY_BYTE, map_len);
+        kt_fill_all(&r, a->salt, 0);
+    } else {
+        r = kt_target_region(a, &map, &map_len);
+        kt_fill_all(&r, a->salt, 0);
+        t = kt_transport_ex(&r, a->name, a->threads, a->fingerprint, 0);
+    }
     md = kt_metadata(t, &md_len);
     kt_send(sock, md, md_len);
     free(md);
@@ -388,6 +410,9 @@ int kt_target_main(int sock, void *arg)
             kt_send(sock, &ta.recv, sizeof(ta.recv));
             free(msg);
             continue;
+        } else if (cmd.op == KT_CMD_CANARIES && map == NULL) { /* owned: map_len after it */
+            for (size_t i = 0; i < map_len; i++)
+                bad += r.base[r.num_blocks * r.block_len + i] != KT_CANARY_BYTE;
         } else if (cmd.op == KT_CMD_CANARIES) {
             for (size_t i = 0; i < KT_CANARY; i++)
                 bad +=
@@ -401,7 +426,7 @@ int kt_target_main(int sock, void *arg)
                 usleep(100);
             }
         } else if (cmd.op == KT_CMD_INFO) {
-            uint64_t info[2] = {(uintptr_t)r.base, KT_CANARY};
+            uint64_t info[2] = {(uintptr_t)r.base, map == NULL ? map_len : KT_CANARY};
             kt_send(sock, info, sizeof(info));
             free(msg);
             continue;
@@ -410,7 +435,8 @@ int kt_target_main(int sock, void *arg)
         free(msg);
     }
     kvx_transport_destroy(t);
-    munmap(map, map_len);
+    if (map != NULL)
+        munmap(map, map_len);
     return 0;
 }
 
@@ -423,6 +449,7 @@ kt_target_t kt_target_start(const kt_target_args_t *args)
 {
     kt_target_t tg = {.args = *args};
     char a[8][32], *argv[24];
+    char owned[2] = {args->owned ? '1' : '0', '\0'};
     int sv[2], n = 0;
 
     fflush(NULL);
@@ -443,6 +470,7 @@ kt_target_t kt_target_start(const kt_target_args_t *args)
     argv[n++] = (char *)(args->fingerprint ? args->fingerprint : "-");
     argv[n++] = (char *)(args->netns ? args->netns->ns[args->ns_index] : "-");
     argv[n++] = (char *)(args->netns ? args->netns->ifname[args->ns_index] : "-");
+    argv[n++] = owned;
     argv[n] = NULL;
     tg.proc.pid = fork();
     if (tg.proc.pid < 0)

@@ -125,6 +125,8 @@ typedef struct kt_target_args {
     const char *fingerprint;
     const kt_netns_t *netns; /* when set, the target runs inside namespace ns_index */
     int ns_index;
+    bool owned; /* kvx allocates the region (KVX_PARAM_OWN_REGION); the canary is the rest of
+                 * its last page (block_len * num_blocks should not be a multiple of 4096) */
 } kt_target_args_t;
 
 int kt_target_main(int sock, void *arg);
