@@ -147,8 +147,9 @@ typedef struct kvx_params {
      *  reads it with one memcpy of its own, with no work by this transport: its progress thread
      *  may sleep and the process may even be stopped (the peer's transport is then named
      *  "<shm>-mapped"). Such a peer's bytes are not seen by this side: kvx_fence and integrity do
-     *  not apply to them (README, "Owned regions"). kvx_transport_close frees the region: the
-     *  application must not touch it after that. */
+     *  not apply to them (README, "Owned regions"). The region stays mapped after
+     *  kvx_transport_close (what landed can still be read) and is freed by
+     *  kvx_transport_destroy: the application must not touch it after that. */
     void *base;
     uint64_t num_blocks;
     uint64_t block_len;

@@ -667,7 +667,8 @@ struct kvx_send {
 };
 
 int kvx_ucx_init(kvx_transport_t *t);
-void kvx_ucx_fini(kvx_transport_t *t);
+void kvx_ucx_fini(kvx_transport_t *t); /* the worker; an owned region stays */
+void kvx_ucx_free(kvx_transport_t *t); /* the owned region and the rest */
 void kvx_ucx_local_address(kvx_transport_t *t, const void **waddr, size_t *waddr_len);
 int kvx_ucx_region_alloc(kvx_transport_t *t, size_t len, void **base_p, const void **rkey_p,
                          size_t *rkey_len_p);

@@ -286,6 +286,7 @@ err_md:
     free(t->metadata);
 err_ucx:
     kvx_ucx_fini(t);
+    kvx_ucx_free(t);
 err_free:
     close(t->cq_fd);
     pthread_cond_destroy(&t->cond);
@@ -392,6 +393,7 @@ void kvx_transport_destroy(kvx_transport_t *t)
     if (t == NULL)
         return;
     kvx_transport_close(t);
+    kvx_ucx_free(t); /* an owned region lives until here */
     pthread_cond_destroy(&t->cond);
     pthread_mutex_destroy(&t->lock);
     kvx_transport_free_params(t);

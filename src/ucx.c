@@ -426,11 +426,24 @@ void kvx_ucx_fini(kvx_transport_t *t)
 {
     kvx_ucx_t *u = t->ucx;
 
+    if (u == NULL || u->worker == NULL)
+        return;
+    ucp_worker_release_address(u->worker, u->waddr);
+    ucp_worker_destroy(u->worker);
+    u->worker = NULL;
+    if (u->region != NULL)
+        return; /* an owned region stays mapped until kvx_ucx_free */
+    kvx_ucx_free(t);
+}
+
+/* After kvx_ucx_fini: the owned region (if any) and the context go. */
+void kvx_ucx_free(kvx_transport_t *t)
+{
+    kvx_ucx_t *u = t->ucx;
+
     if (u == NULL)
         return;
     kvx_ucx_region_free(t);
-    ucp_worker_release_address(u->worker, u->waddr);
-    ucp_worker_destroy(u->worker);
     ucp_cleanup(u->ctx);
     free(u);
     t->ucx = NULL;

@@ -171,12 +171,19 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
         integrity: bool = False,
         notice_queue: Optional[int] = None,
     ) -> None:
-        mv = self._check_view(view)
-        self._view = mv
-        self._num_blocks = mv.shape[0]
-        self._block_len = mv.shape[1] * mv.itemsize
-        self._region = (ctypes.c_char * mv.nbytes).from_buffer(mv)
-        self._base_addr = ctypes.addressof(self._region)
+        owned = getattr(self, "_owned", None)  # set by KvxTransport.owned()
+        if owned is not None:
+            self._view = None  # kvx allocates the region: _init makes the view
+            self._num_blocks, self._block_len = owned
+            self._region = None
+            self._base_addr = 0
+        else:
+            mv = self._check_view(view)
+            self._view = mv
+            self._num_blocks = mv.shape[0]
+            self._block_len = mv.shape[1] * mv.itemsize
+            self._region = (ctypes.c_char * mv.nbytes).from_buffer(mv)
+            self._base_addr = ctypes.addressof(self._region)
         self._config_fingerprint = config_fingerprint(config_fields)
         self._backends = list(backends) if backends else ["UCX"]
         self._num_threads = num_threads
@@ -188,13 +195,42 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
         self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._executor_lock = threading.Lock()
         self._close_lock = threading.Lock()
-        if _Base is not object:
+        if _Base is not object and owned is None:
             try:
                 super().__init__(view, config_fields=config_fields)
             except Exception:  # the base's own bookkeeping is optional to kvx
                 pass
         self._init(deadline_ms, stall_ms, keepalive_ms, secret, net_devices, integrity,
                    notice_queue)
+        if _Base is not object and owned is not None and self._view is not None:
+            try:
+                super().__init__(self._view, config_fields=config_fields)
+            except Exception:
+                pass
+
+    @classmethod
+    def owned(cls, agent_name: Optional[str], num_blocks: int, block_len: int,
+              **kwargs) -> "KvxTransport":
+        """A transport whose region kvx allocates: num_blocks x block_len bytes of shared
+        memory, zero-filled, available as .view (a 2-D memoryview of bytes). A peer on this host
+        that holds the metadata maps it and writes and reads it with one copy of its own, with
+        no work by this process (its progress thread may sleep). Other keyword arguments are
+        __init__'s. The region stays valid while this object or any view of it is alive, after
+        close() included; it is freed once all are gone. Unavailable (no UCX): .view is None."""
+        nb, bl = int(num_blocks), int(block_len)
+        if nb <= 0 or bl <= 0:
+            raise ValueError(f"KvxTransport.owned: num_blocks and block_len must be positive, "
+                             f"not {num_blocks} x {block_len}")
+        t = cls.__new__(cls)
+        t._owned = (nb, bl)
+        t.__init__(agent_name, None, **kwargs)
+        return t
+
+    @property
+    def view(self) -> Optional[memoryview]:
+        """The region, num_blocks x block_len bytes (None once closed, or when unavailable
+        for an owned region)."""
+        return self._view
 
     @staticmethod
     def _check_view(view) -> memoryview:
@@ -220,7 +256,9 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
         p = _lib.Params()
         p.field_mask = _lib.PARAM_REGION | _lib.PARAM_FINGERPRINT | _lib.PARAM_BACKENDS | \
             _lib.PARAM_NUM_THREADS
-        p.base = self._base_addr
+        if self._region is None:
+            p.field_mask |= _lib.PARAM_OWN_REGION
+        p.base = self._base_addr or None
         p.num_blocks = self._num_blocks
         p.block_len = self._block_len
         p.fingerprint = self._config_fingerprint.encode()
@@ -267,6 +305,17 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
             return  # UCX could not start here: available is False
         self._handle = h.value
         self._lib = lib
+        if self._region is None:  # owned: the view is of kvx's memory
+            a = _lib.TransportAttr()
+            a.field_mask = _lib.TRANSPORT_ATTR_REGION
+            self._check("owned region", lib.kvx_transport_query(self._handle, ctypes.byref(a)))
+            self._base_addr = a.base
+            region = (ctypes.c_char * (self._num_blocks * self._block_len)).from_address(a.base)
+            # every view keeps the region's array alive, and the array keeps this transport
+            # (whose kvx_transport_destroy, in __del__, frees the memory) alive
+            region._kvx_owner = self
+            self._region = region
+            self._view = memoryview(region).cast("B", (self._num_blocks, self._block_len))
 
     # ---- properties ------------------------------------------------------------------------
 

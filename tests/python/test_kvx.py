@@ -736,3 +736,47 @@ class TestTcp(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class TestOwned(unittest.TestCase):
+    """A region kvx allocates (KvxTransport.owned): a peer on this host maps it and copies into
+    and out of it itself."""
+
+    def test_owned_region(self):
+        o = kvx.KvxTransport.owned("owner", NB, BL)
+        self.addCleanup(o.close)
+        self.assertTrue(o.available)
+        v = o.view
+        self.assertEqual((v.shape, v.format, v.readonly), ((NB, BL), "B", False))
+        flat = v.cast("B")
+
+        def blk(i):
+            return bytes(flat[i * BL:(i + 1) * BL])
+
+        self.assertEqual(blk(NB - 1), bytes(BL))  # zero-filled
+        fill(flat, BL, NB, SALT + 1, 0)
+        tx = Local("writer")
+        self.addCleanup(tx.close)
+        tx.t.add_remote_peer("O", o.get_agent_metadata(), o.base_addr, NB, BL)
+        self.assertTrue(tx.t.peer_info("O")["transport"].endswith("-mapped"))
+        tid = tx.t.write_blocks("O", [1, 2, 3], [40, 41, 90])
+        self.assertEqual(poll_until(tx.t, 1, "O"), ([tid], []))
+        for s, d in ((1, 40), (2, 41), (3, 90)):
+            self.assertEqual(blk(d), block_pattern(BL, SALT, s, 0))
+        tid = tx.t.read_blocks("O", [10, 11], [5, 6])
+        self.assertEqual(poll_until(tx.t, 1, "O"), ([tid], []))
+        self.assertEqual(tx.block(10), block_pattern(BL, SALT + 1, 5, 0))
+        self.assertEqual(tx.block(11), block_pattern(BL, SALT + 1, 6, 0))
+        tx.t.remove_remote_peer("O")
+        # the memory outlives close() while a view of it is alive
+        row = flat[7 * BL:8 * BL]
+        del v, flat
+        o.close()
+        self.assertIsNone(o.view)
+        self.assertEqual(bytes(row), block_pattern(BL, SALT + 1, 7, 0))
+
+    def test_owned_bad_geometry(self):
+        with self.assertRaises(ValueError):
+            kvx.KvxTransport.owned("owner", 0, BL)
+        with self.assertRaises(ValueError):
+            kvx.KvxTransport.owned("owner", NB, -1)

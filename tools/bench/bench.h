@@ -34,6 +34,7 @@ struct opts {
     int client_index, clients;
     bool json, verify, loopback, same_block, quiet, wait;
     bool integrity; /* the initiator's transport checksums what it moves (CRC-32C) */
+    bool owned;     /* the server's regions are kvx's own (KVX_PARAM_OWN_REGION) */
     double load_s;
     const char *addrs[MAX_PEERS];
     int naddrs;

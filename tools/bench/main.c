@@ -101,6 +101,9 @@ static void usage(void)
            "      --same-block      one block, the same remote block every time (ucx_perftest's\n"
            "                        cache-hot mode)\n"
            "      --integrity       CRC-32C of every block written or read, checked on arrival\n"
+           "      --owned           server: kvx allocates its regions in shared memory\n"
+           "                        (KVX_PARAM_OWN_REGION); initiators on its host copy into\n"
+           "                        and out of them with no work by the server\n"
            "  -p, --port N          server port (default %d; 0 = any)\n"
            "      --bind ADDR       server: listen on this IPv4 address (default 127.0.0.1;\n"
            "                        0.0.0.0 for every interface: anyone who reaches it can\n"
@@ -116,16 +119,20 @@ static void usage(void)
 
 int main(int argc, char **argv)
 {
-    static const struct option lo[] = {
-        {"sizes", 1, 0, 's'},          {"region", 1, 0, 'r'},    {"blocks", 1, 0, 'b'},
-        {"pattern", 1, 0, 'P'},        {"op", 1, 0, 'o'},        {"iters", 1, 0, 'n'},
-        {"warmup", 1, 0, 'w'},         {"inflight", 1, 0, 'q'},  {"threads", 1, 0, 't'},
-        {"target-threads", 1, 0, 'T'}, {"peers", 1, 0, 'N'},     {"port", 1, 0, 'p'},
-        {"loopback", 0, 0, 'L'},       {"json", 0, 0, 'J'},      {"no-verify", 0, 0, 'V'},
-        {"same-block", 0, 0, 'S'},     {"quiet", 0, 0, 'Q'},     {"help", 0, 0, 'h'},
-        {"client-index", 1, 0, 'K'},   {"clients", 1, 0, 'C'},   {"initiators", 1, 0, 'C'},
-        {"wait", 0, 0, 'W'},           {"load", 1, 0, 'D'},      {"bind", 1, 0, 'B'},
-        {"max-region", 1, 0, 'M'},     {"integrity", 0, 0, 'G'}, {0, 0, 0, 0}};
+    static const struct option lo[] = {{"sizes", 1, 0, 's'},        {"region", 1, 0, 'r'},
+                                       {"blocks", 1, 0, 'b'},       {"pattern", 1, 0, 'P'},
+                                       {"op", 1, 0, 'o'},           {"iters", 1, 0, 'n'},
+                                       {"warmup", 1, 0, 'w'},       {"inflight", 1, 0, 'q'},
+                                       {"threads", 1, 0, 't'},      {"target-threads", 1, 0, 'T'},
+                                       {"peers", 1, 0, 'N'},        {"port", 1, 0, 'p'},
+                                       {"loopback", 0, 0, 'L'},     {"json", 0, 0, 'J'},
+                                       {"no-verify", 0, 0, 'V'},    {"same-block", 0, 0, 'S'},
+                                       {"quiet", 0, 0, 'Q'},        {"help", 0, 0, 'h'},
+                                       {"client-index", 1, 0, 'K'}, {"clients", 1, 0, 'C'},
+                                       {"initiators", 1, 0, 'C'},   {"wait", 0, 0, 'W'},
+                                       {"load", 1, 0, 'D'},         {"bind", 1, 0, 'B'},
+                                       {"max-region", 1, 0, 'M'},   {"integrity", 0, 0, 'G'},
+                                       {"owned", 0, 0, 'O'},        {0, 0, 0, 0}};
     int c;
 
     while ((c = getopt_long(argc, argv, "s:r:b:P:o:n:w:q:t:T:N:I:p:h", lo, NULL)) != -1) {
@@ -193,6 +200,9 @@ int main(int argc, char **argv)
             break;
         case 'G':
             o.integrity = true;
+            break;
+        case 'O':
+            o.owned = true;
             break;
         case 'Q':
             o.quiet = true;

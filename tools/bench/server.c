@@ -82,19 +82,29 @@ static srv_region_t *srv_region_get(uint64_t block_len, uint64_t num_blocks, con
     memset(r, 0, sizeof(*r));
     r->block_len = block_len;
     r->num_blocks = num_blocks;
-    r->base = mmap(NULL, block_len * num_blocks, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (r->base == MAP_FAILED) {
-        *why = "out of memory";
-        return NULL;
+    if (o.owned) { /* kvx allocates it (shared memory): same-host peers copy into it */
+        p.field_mask |= KVX_PARAM_OWN_REGION;
+    } else {
+        r->base = mmap(NULL, block_len * num_blocks, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (r->base == MAP_FAILED) {
+            *why = "out of memory";
+            return NULL;
+        }
     }
-    for (uint64_t i = 0; i < num_blocks; i++)
-        kvx_pattern_fill(r->base + i * block_len, block_len, SERVER_SALT, i, 0);
     p.base = r->base;
     p.num_blocks = num_blocks;
     p.block_len = block_len;
     p.num_threads = (unsigned)o.target_threads;
     rc = kvx_transport_create(&p, &r->t);
+    if (rc == 0 && o.owned) {
+        kvx_transport_attr_t ta = {.field_mask = KVX_TRANSPORT_ATTR_REGION};
+        kvx_transport_query(r->t, &ta);
+        r->base = ta.base;
+    }
+    if (rc == 0)
+        for (uint64_t i = 0; i < num_blocks; i++)
+            kvx_pattern_fill(r->base + i * block_len, block_len, SERVER_SALT, i, 0);
     if (rc == 0) {
         r->md_len = 0;
         kvx_transport_metadata(r->t, NULL, &r->md_len);
@@ -105,7 +115,8 @@ static srv_region_t *srv_region_get(uint64_t block_len, uint64_t num_blocks, con
     if (rc < 0) {
         kvx_transport_destroy(r->t);
         free(r->md);
-        munmap(r->base, block_len * num_blocks);
+        if (!o.owned)
+            munmap(r->base, block_len * num_blocks);
         *why = kvx_strerror(rc);
         return NULL;
     }
@@ -322,8 +333,9 @@ int server_run(int lfd, bool once)
         }
     }
     for (int i = 0; i < srv_nregions; i++) {
-        kvx_transport_destroy(srv_regions[i].t);
-        munmap(srv_regions[i].base, srv_regions[i].block_len * srv_regions[i].num_blocks);
+        kvx_transport_destroy(srv_regions[i].t); /* an owned region goes with it */
+        if (!o.owned)
+            munmap(srv_regions[i].base, srv_regions[i].block_len * srv_regions[i].num_blocks);
         free(srv_regions[i].md);
     }
     close(lfd);
