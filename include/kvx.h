@@ -142,13 +142,15 @@ typedef struct kvx_params {
      *  not overflow and must not wrap the address space.
      *
      *  With KVX_PARAM_OWN_REGION, base must be NULL: kvx allocates the region itself, through
-     *  UCX, from shared memory (zero-filled), and kvx_transport_query (KVX_TRANSPORT_ATTR_REGION)
-     *  gives its address. A peer on this host that holds the metadata maps it and writes and
-     *  reads it with one memcpy of its own, with no work by this transport: its progress thread
-     *  may sleep and the process may even be stopped (the peer's transport is then named
-     *  "<shm>-mapped"). Such a peer's bytes are not seen by this side: kvx_fence and integrity do
-     *  not apply to them (README, "Owned regions"). The region stays mapped after
-     *  kvx_transport_close (what landed can still be read) and is freed by
+     *  UCX, from shared memory (zero-filled; if UCX can only give private memory, its contents
+     *  start unspecified and peers use messages), and kvx_transport_query
+     *  (KVX_TRANSPORT_ATTR_REGION) gives its address. A peer on this host that holds the metadata
+     *  maps it and, once this transport has answered its handshake, writes and reads it with one
+     *  memcpy of its own, with no work by this transport: its progress thread may sleep and the
+     *  process may even be stopped (writes with KVX_XFER_NOTIFY excepted: their notice needs this
+     *  side). The peer's transport is then named "<shm>-mapped". Such a peer's bytes are not seen
+     *  by this side: kvx_fence and integrity do not apply to them (README, "Owned regions"). The
+     * region stays mapped after kvx_transport_close (what landed can still be read) and is freed by
      *  kvx_transport_destroy: the application must not touch it after that. */
     void *base;
     uint64_t num_blocks;
@@ -237,7 +239,9 @@ KVX_API int kvx_transport_create(const kvx_params_t *params, kvx_transport_t **t
  * other call returns -ESHUTDOWN, and calls asleep in kvx_transport_wait or waiting in
  * kvx_peer_add / kvx_peer_remove wake and return -ESHUTDOWN before the teardown proceeds. The
  * handle stays valid for kvx_transport_destroy. When this returns, kvx and UCX no longer touch
- * the region.
+ * the region, with one exception: an owned region (KVX_PARAM_OWN_REGION) stays mapped until
+ * kvx_transport_destroy, and peers on this host that mapped it may still copy into it until
+ * they notice the close (their keepalive, at most about 1.5 x keepalive_ms).
  */
 KVX_API int kvx_transport_close(kvx_transport_t *transport);
 

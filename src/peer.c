@@ -175,6 +175,8 @@ void kvx_on_conn_closed(kvx_conn_t *c)
  * or reports the endpoint failed, or the transport closes. Its transfers are reported failed at
  * once all the same, so UCX may still read a failed write's blocks meanwhile (README).
  */
+static void kvx_conn_unmap(kvx_conn_t *c);
+
 void kvx_conn_fail(kvx_conn_t *c, int err)
 {
     bool linger;
@@ -190,11 +192,8 @@ void kvx_conn_fail(kvx_conn_t *c, int err)
     linger = !c->t->closed && c->reqs > 0 && strncmp(c->transport, "tcp", 3) == 0;
     c->lingering = linger;
     kvx_xfer_fail_conn(c, err);
-    if (c->mapped != NULL) { /* no copy runs outside the lock: nothing uses the mapping now */
-        c->mapped = NULL;
-        kvx_ucx_unmap(c->ucx);
-    }
-    if (c->wired) { /* best effort: a message the close purges is not missed */
+    kvx_conn_unmap(c); /* no copy runs outside the lock: nothing uses the mapping now */
+    if (c->wired) {    /* best effort: a message the close purges is not missed */
         uint8_t bye[KVX_WIRE_HDR_LEN];
         kvx_wire_put_hdr(bye, KVX_MSG_BYE, 0, c->rconn_id, c->rconn_token);
         if (kvx_ucx_send_ctl(c->ucx, bye, sizeof(bye), &c->ucx_refs) == 1)
@@ -229,31 +228,62 @@ static void kvx_conn_map(kvx_conn_t *c, const kvx_md_t *md)
     snprintf(c->transport + n, sizeof(c->transport) - n, "-mapped");
 }
 
+/* The mapping goes (a connection that failed has let go of it already); messages carry the
+ * data from now on. */
+static void kvx_conn_unmap(kvx_conn_t *c)
+{
+    char *suffix = strstr(c->transport, "-mapped");
+
+    if (c->mapped == NULL)
+        return;
+    c->mapped = NULL;
+    kvx_ucx_unmap(c->ucx);
+    if (suffix != NULL)
+        *suffix = '\0';
+}
+
+/* Bytes prefaulted between two looks at the connection and the transport. */
+#define KVX_PREFAULT_STEP ((size_t)64 << 20)
+
 /*
  * Fault the mapped region's pages in here (without changing a byte: MADV_POPULATE_WRITE), so
- * that the first transfer does not pay for them. Runs with the lock released (c pinned by the
- * caller); a connection failed meanwhile has unmapped the range, which madvise then reports.
+ * that the first transfer does not pay for them (this also commits the owner's shared pages
+ * that nobody touched yet). Runs with the lock released (c pinned by the caller), 64 MiB at a
+ * time: between steps it stops if the transport closes or the connection failed (which let go
+ * of the mapping). If the kernel refuses (no memory for the pages), the mapping is dropped and
+ * messages carry the data: a copy must never meet a page that cannot be had.
  */
 static void kvx_conn_prefault(kvx_conn_t *c)
 {
     kvx_transport_t *t = c->t;
     uintptr_t start = (uintptr_t)c->mapped & ~(uintptr_t)4095;
-    size_t len = (size_t)c->remote_len + ((uintptr_t)c->mapped & 4095);
+    size_t len = (size_t)c->remote_len + ((uintptr_t)c->mapped & 4095), off = 0;
     uint64_t t0 = kvx_now_ns();
-    int rc;
+    int rc = 0;
 
     t->busy++;
-    kvx_unlock(t);
-    rc = madvise((void *)start, len, MADV_POPULATE_WRITE) == 0 ? 0 : -errno;
-    kvx_lock(t);
+    while (off < len && rc == 0 && !t->closed && c->state == KVX_CONN_OPEN && c->mapped != NULL) {
+        size_t n = len - off < KVX_PREFAULT_STEP ? len - off : KVX_PREFAULT_STEP;
+        kvx_unlock(t);
+        rc = madvise((void *)(start + off), n, MADV_POPULATE_WRITE) == 0 ? 0 : -errno;
+        kvx_lock(t);
+        off += n;
+    }
     t->busy--;
-    if (t->closed)
+    if (t->closed) {
         pthread_cond_broadcast(&t->cond); /* close waits for busy calls to leave */
-    if (rc < 0)
-        kvx_info(t, "peer %s: prefaulting its mapped region: %s", c->agent_name, kvx_strerror(rc));
-    else
-        kvx_info(t, "peer %s: its mapped region (%zu bytes) prefaulted in %.1f ms", c->agent_name,
-                 len, (double)(kvx_now_ns() - t0) / 1e6);
+        return;
+    }
+    if (c->state != KVX_CONN_OPEN || c->mapped == NULL)
+        return;
+    if (rc < 0 && rc != -EINVAL) { /* EINVAL: a kernel without MADV_POPULATE_WRITE */
+        kvx_warn(t, "peer %s: its region's pages cannot be had here (%s): messages carry the data",
+                 c->agent_name, kvx_strerror(rc));
+        kvx_conn_unmap(c);
+        return;
+    }
+    kvx_info(t, "peer %s: its mapped region (%zu bytes) prefaulted in %.1f ms", c->agent_name, len,
+             (double)(kvx_now_ns() - t0) / 1e6);
 }
 
 /* A lingering connection's endpoint closes now (forced). */

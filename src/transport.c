@@ -360,7 +360,11 @@ int kvx_transport_close(kvx_transport_t *t)
         }
         kvx_ucx_progress(t);
     }
-    /* Anything UCX still calls back during teardown finds its objects alive; free them after. */
+    /* Anything UCX still calls back during teardown finds its objects alive; free them after.
+     * Keys of mapped regions go first: they belong to the worker (every mapped connection has
+     * failed above, which let go of its key; this makes sure). */
+    for (kvx_list_t *n = t->conns.next; n != &t->conns; n = n->next)
+        kvx_ucx_unmap(kvx_container_of(n, kvx_conn_t, all_link)->ucx);
     kvx_ucx_fini(t);
     while (!kvx_list_empty(&t->conns)) {
         kvx_conn_t *c = kvx_list_first(&t->conns, kvx_conn_t, all_link);

@@ -458,12 +458,14 @@ void kvx_ucx_local_address(kvx_transport_t *t, const void **waddr, size_t *waddr
 /* ---- owned regions ---------------------------------------------------------------------------
  */
 
+static bool kvx_ucx_shared_mapping(uintptr_t p, uint64_t len);
+
 /*
  * Allocate len bytes through UCX (ucp_mem_map with UCP_MEM_MAP_ALLOCATE): UCX takes them from
  * shared memory (sysv, else posix) when it can, so that a peer on this host that unpacks the
- * packed key maps the same pages. The packed key goes into the metadata. *shm_p tells whether
- * the key carries a mapping other processes can use (else the region is still usable, through
- * messages only).
+ * packed key maps the same pages. The packed key goes into the metadata. When UCX could only
+ * give private memory (no shared-memory transport), the region works all the same, peers use
+ * messages, and its contents start unspecified (logged).
  */
 int kvx_ucx_region_alloc(kvx_transport_t *t, size_t len, void **base_p, const void **rkey_p,
                          size_t *rkey_len_p)
@@ -495,6 +497,9 @@ int kvx_ucx_region_alloc(kvx_transport_t *t, size_t len, void **base_p, const vo
         kvx_ucx_region_free(t);
         return -ENOMEM;
     }
+    if (!kvx_ucx_shared_mapping((uintptr_t)attr.address, len))
+        kvx_info(t, "ucx: the owned region is private memory (no shared-memory transport): peers "
+                    "use messages, its contents start unspecified");
     *base_p = attr.address;
     *rkey_p = u->rkey;
     *rkey_len_p = u->rkey_len;
@@ -514,19 +519,44 @@ void kvx_ucx_region_free(kvx_transport_t *t)
     u->region = NULL;
 }
 
+/* Whether [p, p + len) lies inside one shared mapping of this process (a System V segment or a
+ * POSIX shared memory file), read from /proc/self/maps: ucp_rkey_ptr is plain arithmetic and
+ * checks no bound, so the peer's num_blocks alone must not decide how far kvx copies. */
+static bool kvx_ucx_shared_mapping(uintptr_t p, uint64_t len)
+{
+    FILE *f = fopen("/proc/self/maps", "re");
+    char line[512];
+    bool ok = false;
+
+    if (f == NULL)
+        return false;
+    while (fgets(line, sizeof(line), f) != NULL) {
+        unsigned long lo, hi;
+        char perms[8];
+        if (sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) != 3 || p < lo || p >= hi)
+            continue;
+        ok = perms[0] == 'r' && perms[1] == 'w' && perms[3] == 's' && len <= hi - p &&
+             (strstr(line, "/SYSV") != NULL || strstr(line, "/dev/shm/") != NULL);
+        break;
+    }
+    fclose(f);
+    return ok;
+}
+
 /*
  * Map a peer's owned region into this process: unpack its key on the endpoint and ask UCX for a
- * pointer to raddr (ucp_rkey_ptr: only a shared-memory key gives one). Every byte of
- * [raddr, raddr + len) must map, contiguously. Returns 0 and sets *ptr_p, or a negative errno
- * (-EOPNOTSUPP: the key gives no pointer here, messages carry the data instead).
+ * pointer to raddr (ucp_rkey_ptr: only a shared-memory key gives one). All of [raddr, raddr +
+ * len) must lie in the one shared mapping the key attached (checked in /proc/self/maps: a peer
+ * whose metadata claims more blocks than its segment holds gets no mapping). Returns 0 and sets
+ * *ptr_p, or -EOPNOTSUPP (no usable mapping: messages carry the data instead).
  */
 int kvx_ucx_map(kvx_ucx_ep_t *e, const void *rkey, size_t rkey_len, uint64_t raddr, uint64_t len,
                 void **ptr_p)
 {
-    void *first = NULL, *last = NULL;
+    void *first = NULL;
     ucs_status_t s;
 
-    (void)rkey_len;
+    (void)rkey_len; /* UCX takes none: the metadata's signature is what vouches for the key */
     if (e == NULL || e->ep == NULL || e->rkey != NULL || len == 0)
         return -EINVAL;
     s = ucp_ep_rkey_unpack(e->ep, rkey, &e->rkey);
@@ -536,11 +566,10 @@ int kvx_ucx_map(kvx_ucx_ep_t *e, const void *rkey, size_t rkey_len, uint64_t rad
         return -EOPNOTSUPP;
     }
     s = ucp_rkey_ptr(e->rkey, raddr, &first);
-    if (s == UCS_OK)
-        s = ucp_rkey_ptr(e->rkey, raddr + len - 1, &last);
-    if (s != UCS_OK || (uintptr_t)last - (uintptr_t)first != len - 1) {
-        kvx_debug(e->t, "ucx: the peer's region gives no mapping here: %s",
-                  s != UCS_OK ? ucs_status_string(s) : "not contiguous");
+    if (s != UCS_OK || !kvx_ucx_shared_mapping((uintptr_t)first, len)) {
+        kvx_info(e->t, "ucx: the peer's region gives no mapping of %llu bytes here%s%s",
+                 (unsigned long long)len, s != UCS_OK ? ": " : " (larger than its segment)",
+                 s != UCS_OK ? ucs_status_string(s) : "");
         kvx_ucx_unmap(e);
         return -EOPNOTSUPP;
     }

@@ -416,12 +416,14 @@ void kvx_xfer_post(kvx_conn_t *c, size_t budget)
 
         while (x->posted < x->bytes && !x->canceled) {
             ssize_t n;
-            if (c->reqs >= KVX_MAX_REQS || budget == 0) {
+            if (budget == 0) {
                 /* a mapped region's copies go on in the next progress step */
                 if (c->mapped != NULL && !kvx_list_linked(&c->work_link))
                     kvx_list_add_tail(&c->t->work, &c->work_link);
                 return;
             }
+            if (c->reqs >= KVX_MAX_REQS && c->mapped == NULL)
+                return;            /* a reply or send resumes */
             if (!kvx_conn_busy(c)) /* the stall clock starts with the first outstanding op */
                 c->last_progress_ns = kvx_now_ns();
             if (c->mapped != NULL)

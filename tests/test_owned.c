@@ -13,6 +13,7 @@
  *    memory segments over the last 1,000.
  */
 #include "harness.h"
+#include "kvx_int.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -78,6 +79,33 @@ static kvx_transport_t *kt_local(kt_region_t *r, const char *name)
     return kt_transport_ex(r, name, 1, NULL, 10000);
 }
 
+/* Forged metadata: the owner's num_blocks raised past its segment. The peer must not map it
+ * (its copies would run past the segment): messages carry the data and the owner refuses what
+ * lies outside its region; nothing crashes. */
+static void kt_forged(kvx_transport_t *t, const kt_target_t *tg)
+{
+    uint8_t *f = malloc(tg->md_len);
+    uint32_t l[2] = {0, 1}, beyond[2] = {NB + 1, 4 * NB};
+    kvx_peer_attr_t pa = {.field_mask = KVX_PEER_ATTR_TRANSPORT};
+    kvx_completion_t c;
+    uint64_t id;
+
+    KT_CHECK(f != NULL);
+    memcpy(f, tg->md, tg->md_len);
+    kvx_put64(f + 24, 8 * NB); /* num_blocks */
+    memset(f + 12, 0, 4);
+    kvx_put32(f + 12, kvx_crc32(f, tg->md_len));
+    KT_OK(kvx_peer_add(t, "forged", f, tg->md_len, NULL));
+    KT_OK(kvx_peer_query(t, "forged", &pa));
+    kt_log("forged num_blocks: transport %s", pa.transport);
+    KT_CHECK(strstr(pa.transport, "-mapped") == NULL);
+    KT_OK(kvx_xfer_write(t, "forged", l, beyond, 2, NULL, &id));
+    KT_EQ(kt_poll_n(t, "forged", &c, 1, 5000), 1);
+    KT_ERR(c.status, -EINVAL);
+    KT_EQ(kvx_peer_remove(t, "forged"), 1);
+    free(f);
+}
+
 static void kt_expect_mapped(kvx_transport_t *t, const char *peer)
 {
     kvx_peer_attr_t pa = {.field_mask = KVX_PEER_ATTR_TRANSPORT};
@@ -141,6 +169,8 @@ static void kt_stopped_owner(void)
     KT_EQ(kvx_xfer_cancel(t, ids, 2, KVX_CANCEL_WAIT, NULL), 0);
     KT_EQ(kt_poll_n(t, "o", &c, 1, 300), 0);
     kt_cont(&tg.proc);
+
+    kt_forged(t, &tg);
 
     /* the owner sees every byte; its memory past the region is untouched */
     KT_EQ(kt_target_verify(&tg, ri, li, NB, 7, 1), 0);
@@ -263,6 +293,14 @@ static void kt_cycles(int cycles)
 int main(int argc, char **argv)
 {
     int cycles = argc > 1 ? atoi(argv[1]) : 2000;
+    const char *tls = getenv("UCX_TLS");
+
+    /* the mapped path needs a shared-memory transport */
+    if (tls != NULL && strstr(tls, "sm") == NULL && strstr(tls, "sysv") == NULL &&
+        strstr(tls, "posix") == NULL && strstr(tls, "all") == NULL) {
+        kt_log("UCX_TLS=%s has no shared memory: skipped", tls);
+        return KT_SKIP;
+    }
 
     kt_stopped_owner();
     kt_owner_killed();
