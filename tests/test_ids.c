@@ -59,6 +59,7 @@ static void ids_never_repeat(void)
     KT_CHECK(second != first);
     KT_CHECK(second > first);
     KT_CHECK(second != 0);
+    drain(1);
     /* cancel finds a transfer by such an id: stop the target so that it is still in flight,
      * cancel it, and it is forgotten (the peer's count drops, it never comes out of poll) */
     {
@@ -67,14 +68,12 @@ static void ids_never_repeat(void)
         kt_stop(&tg.proc);
         second = write_blocks(2, 1, NULL);
         KT_OK(kvx_peer_query(t, "p", &pa));
-        KT_EQ(pa.xfers_inflight, 2);
+        KT_EQ(pa.xfers_inflight, 1);
         KT_EQ(kvx_xfer_cancel(t, &second, 1, KVX_CANCEL_IMMEDIATE, pending), 0);
         KT_OK(kvx_peer_query(t, "p", &pa));
-        KT_EQ(pa.xfers_inflight, 1);
+        KT_EQ(pa.xfers_inflight, 0);
         kt_cont(&tg.proc);
-        KT_EQ(kt_poll_n(t, "p", c, 2, 2000), 1);
-        KT_CHECK(c[0].id != second);
-        KT_EQ(c[0].status, 0);
+        KT_EQ(kt_poll_n(t, "p", c, 2, 500), 0);
     }
 }
 
