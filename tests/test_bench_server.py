@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 
-MSG_REGION, MSG_VERIFY, MSG_REFILL, MSG_BARRIER, MSG_BYE, MSG_ERROR = 1, 2, 3, 4, 5, 6
+MSG_REGION, MSG_VERIFY, MSG_REFILL, MSG_BARRIER, MSG_BYE, MSG_ERROR, MSG_CPU = 1, 2, 3, 4, 5, 6, 7
 
 
 def fail(msg):
@@ -130,6 +130,7 @@ def main():
                 c.send(MSG_BARRIER, struct.pack("<II", 7, 2)) for _ in range(100)],
             "an unknown message type": lambda c: c.send(99, b"hello"),
             "BYE with a payload": lambda c: c.send(MSG_BYE, b"x"),
+            "CPU with a payload": lambda c: c.send(MSG_CPU, b"x" * 8),
             "garbage": lambda c: c.s.sendall(os.urandom(4096)),
         }
         for name, act in cases.items():

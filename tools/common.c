@@ -141,3 +141,4 @@ static uint64_t kvx_tool_clock(clockid_t id)
 uint64_t kvx_tool_now_ns(void) { return kvx_tool_clock(CLOCK_MONOTONIC); }
 
 uint64_t kvx_tool_thread_cpu_ns(void) { return kvx_tool_clock(CLOCK_THREAD_CPUTIME_ID); }
+uint64_t kvx_tool_process_cpu_ns(void) { return kvx_tool_clock(CLOCK_PROCESS_CPUTIME_ID); }

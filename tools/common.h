@@ -33,5 +33,6 @@ uint64_t kvx_tool_parse_size(const char *s);
 uint64_t kvx_tool_now_ns(void);
 /* This thread's CPU time in ns (a system call). */
 uint64_t kvx_tool_thread_cpu_ns(void);
+uint64_t kvx_tool_process_cpu_ns(void); /* every thread of this process */
 
 #endif

@@ -61,14 +61,15 @@ const char *fmt_size(uint64_t v, char *buf, size_t len);
 
 /* Every message is a header {type, len} and len bytes. The server answers each request with a
  * message of the same type, or with MSG_ERROR (a text) and closes that client. */
-enum { MSG_REGION = 1, MSG_VERIFY, MSG_REFILL, MSG_BARRIER, MSG_BYE, MSG_ERROR };
+enum { MSG_REGION = 1, MSG_VERIFY, MSG_REFILL, MSG_BARRIER, MSG_BYE, MSG_ERROR, MSG_CPU };
 
 typedef struct msg_hdr {
     uint32_t type;
     uint32_t len;
 } msg_hdr_t;
 
-/* MSG_REGION and MSG_REFILL carry {block_len, num_blocks}; MSG_BARRIER {id, n}. */
+/* MSG_REGION and MSG_REFILL carry {block_len, num_blocks}; MSG_BARRIER {id, n}; MSG_CPU nothing,
+ * answered with the server process's CPU time in ns (u64). */
 typedef struct verify_req {
     uint64_t block_len, num_blocks, salt, round;
     uint32_t n;
@@ -98,6 +99,7 @@ typedef struct result {
     const char *op;
     uint64_t size, blocks;
     double gbps, xfers_per_s, p50_us, p99_us, submit_ns_per_block;
+    double init_cpu_s_per_gb, target_cpu_s_per_gb; /* both processes, warm-up included */
     double create_ms, peer_add_ms;
     size_t md_bytes;
     char transport[KVX_TRANSPORT_NAME_MAX];

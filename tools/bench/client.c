@@ -94,6 +94,26 @@ void client_close(client_t *c)
     munmap(c->base, c->nb * c->size);
 }
 
+/* The servers' CPU time together (ns). */
+static uint64_t servers_cpu_ns(int *ctl, int n)
+{
+    uint64_t sum = 0;
+
+    for (int i = 0; i < n; i++) {
+        msg_hdr_t h;
+        uint64_t v = 0;
+        uint8_t *rep;
+        msg_send(ctl[i], MSG_CPU, NULL, 0);
+        rep = msg_recv(ctl[i], &h);
+        if (h.type != MSG_CPU || h.len != sizeof(v))
+            die("the server does not report its CPU time");
+        memcpy(&v, rep, sizeof(v));
+        free(rep);
+        sum += v;
+    }
+    return sum;
+}
+
 void run_size(int *ctl, uint64_t size, result_t *res_out, int *nres)
 {
     uint64_t span_l, span_r, B;
@@ -157,6 +177,8 @@ void run_size(int *ctl, uint64_t size, result_t *res_out, int *nres)
             msg_send(ctl[0], MSG_BARRIER, b, sizeof(b));
             free(msg_recv(ctl[0], &h));
         }
+        /* CPU time of this process and of the servers (all their threads) over the run */
+        uint64_t cpu0 = kvx_tool_process_cpu_ns(), tcpu0 = servers_cpu_ns(ctl, npeers);
         /* transfers k = 0 .. total*npeers-1; k goes to peer k % npeers; a window of
          * inflight*npeers transfers stays in flight */
         int ntx = total * npeers, window = o.inflight * npeers, submitted = 0, completed = 0;
@@ -201,6 +223,11 @@ void run_size(int *ctl, uint64_t size, result_t *res_out, int *nres)
             progress_line(res->op, completed, ntx);
         }
         end = now_ns();
+        {
+            double all_gb = (double)total * npeers * (double)B * (double)size / 1e9;
+            res->init_cpu_s_per_gb = (double)(kvx_tool_process_cpu_ns() - cpu0) / 1e9 / all_gb;
+            res->target_cpu_s_per_gb = (double)(servers_cpu_ns(ctl, npeers) - tcpu0) / 1e9 / all_gb;
+        }
 
         uint64_t bytes = (uint64_t)o.iters * (uint64_t)npeers * B * size;
         double secs = (double)(end - start) / 1e9;
@@ -275,15 +302,17 @@ void print_results(const result_t *res, int n)
                    "\"blocks_per_xfer\":%llu,\"pattern\":\"%s\",\"iters\":%d,\"inflight\":%d,"
                    "\"peers\":%d,\"initiators\":%d,\"initiator\":%d,\"threads\":%d,"
                    "\"bytes\":%llu,\"gbps\":%.4f,\"xfers_per_s\":%.1f,\"p50_us\":%.2f,"
-                   "\"p99_us\":%.2f,\"submit_ns_per_block\":%.1f,\"create_ms\":%.3f,"
+                   "\"p99_us\":%.2f,\"submit_ns_per_block\":%.1f,\"init_cpu_s_per_gb\":%.4f,"
+                   "\"target_cpu_s_per_gb\":%.4f,\"create_ms\":%.3f,"
                    "\"metadata_bytes\":%zu,\"peer_add_ms\":%.3f,\"transport\":\"%s\","
                    "\"start_ns\":%llu,\"end_ns\":%llu,\"xfers\":%llu,\"verified\":%s,"
                    "\"bad_blocks\":%llu}\n",
                    r->op, (unsigned long long)r->size, (unsigned long long)r->blocks,
                    pattern_name(o.pattern), o.iters, o.inflight, o.naddrs, o.clients, r->initiator,
                    o.threads, (unsigned long long)r->bytes, r->gbps, r->xfers_per_s, r->p50_us,
-                   r->p99_us, r->submit_ns_per_block, r->create_ms, r->md_bytes, r->peer_add_ms,
-                   r->transport, (unsigned long long)r->start_ns, (unsigned long long)r->end_ns,
+                   r->p99_us, r->submit_ns_per_block, r->init_cpu_s_per_gb, r->target_cpu_s_per_gb,
+                   r->create_ms, r->md_bytes, r->peer_add_ms, r->transport,
+                   (unsigned long long)r->start_ns, (unsigned long long)r->end_ns,
                    (unsigned long long)r->xfers,
                    !o.verify ? "null"
                    : r->bad  ? "false"
@@ -302,8 +331,9 @@ void print_results(const result_t *res, int n)
                "peer, %d peer(s), %d initiator(s), progress thread %s\n",
                kvx_version(), pattern_name(o.pattern), o.iters, o.warmup, o.inflight, o.naddrs,
                o.clients, o.threads ? "on" : "off");
-    printf("%-8s %6s %8s %10s %10s %9s %9s %10s  %-10s %s\n", "op", "block", "blocks", "GB/s",
-           "xfers/s", "p50 us", "p99 us", "sub ns/blk", "transport", "verified");
+    printf("%-8s %6s %8s %10s %10s %9s %9s %10s %7s %7s  %-10s %s\n", "op", "block", "blocks",
+           "GB/s", "xfers/s", "p50 us", "p99 us", "sub ns/blk", "cpu/GB", "tgt/GB", "transport",
+           "verified");
     for (int i = 0; i < n; i++) {
         const result_t *r = &res[i];
         if (o.clients > 1)
@@ -313,9 +343,10 @@ void print_results(const result_t *res, int n)
             snprintf(op, sizeof(op), "%s", r->op);
         if (o.clients > 1 && r->initiator == 0)
             op[strlen(r->op) + 1] = '0', op[strlen(r->op) + 2] = '\0';
-        printf("%-8s %6s %8llu %10.3f %10.1f %9.1f %9.1f %10.1f  %-10s %s\n", op,
+        printf("%-8s %6s %8llu %10.3f %10.1f %9.1f %9.1f %10.1f %7.3f %7.3f  %-10s %s\n", op,
                fmt_size(r->size, sz, sizeof(sz)), (unsigned long long)r->blocks, r->gbps,
-               r->xfers_per_s, r->p50_us, r->p99_us, r->submit_ns_per_block, r->transport,
+               r->xfers_per_s, r->p50_us, r->p99_us, r->submit_ns_per_block, r->init_cpu_s_per_gb,
+               r->target_cpu_s_per_gb, r->transport,
                !o.verify ? "off"
                : r->bad  ? "NO"
                          : "yes");
@@ -379,6 +410,8 @@ int collect_initiators(FILE **outs, int m, result_t *res, int cap)
             r->p50_us = json_num(line, "p50_us");
             r->p99_us = json_num(line, "p99_us");
             r->submit_ns_per_block = json_num(line, "submit_ns_per_block");
+            r->init_cpu_s_per_gb = json_num(line, "init_cpu_s_per_gb");
+            r->target_cpu_s_per_gb = json_num(line, "target_cpu_s_per_gb");
             r->create_ms = json_num(line, "create_ms");
             r->md_bytes = (size_t)json_num(line, "metadata_bytes");
             r->peer_add_ms = json_num(line, "peer_add_ms");

@@ -146,6 +146,7 @@ static uint64_t srv_max_len(uint32_t type)
     case MSG_VERIFY:
         return MSG_MAX;
     case MSG_BYE:
+    case MSG_CPU:
         return 0;
     default:
         return UINT64_MAX; /* unknown */
@@ -231,6 +232,13 @@ static const char *srv_handle(srv_client_t *c)
             }
             srv_barrier.count = 0;
         }
+        return NULL;
+    }
+    case MSG_CPU: {
+        uint64_t ns = kvx_tool_process_cpu_ns();
+        if (h->len != 0)
+            return "bad CPU length";
+        srv_send(c, MSG_CPU, &ns, sizeof(ns));
         return NULL;
     }
     default:
