@@ -13,9 +13,6 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-/* After the last sign of activity the thread keeps polling this long before it arms the event fd
- * and sleeps: on tcp, arming after every empty progress costs ~50x more wake-ups. */
-#define KVX_SPIN_NS 100000ull
 /* Pauses over work only polling advances, once nothing moved for KVX_SPIN_NS. */
 #define KVX_STALL_MIN_NS 100000ull
 #define KVX_STALL_MAX_NS 5000000ull
@@ -139,7 +136,7 @@ static uint64_t kvx_progress_rest(kvx_transport_t *t, kvx_rest_t *r, unsigned n,
         r->pause = KVX_STALL_MIN_NS;
         return 0;
     }
-    if (now - r->last_work < KVX_SPIN_NS)
+    if (now - r->last_work < t->spin_ns)
         return 0;
     *stalled = kvx_progress_busy(t);
     if (!*stalled)
@@ -168,6 +165,12 @@ static void kvx_progress_sleep(kvx_transport_t *t, int fd, uint64_t now, uint64_
         if (!stalled)
             return;
         nfds = 1;
+    } else if (kvx_ucx_progress(t) > 0) {
+        /* ucp_worker_arm arms only the interfaces in use. One whose last endpoint just went
+         * (a peer removed) is re-armed by a callback that the next ucp_worker_progress runs;
+         * asleep before that, a message arriving on it (a peer connecting again) would wake
+         * nobody until the next tick. This progress runs it; if it found work, look again. */
+        return;
     }
     pthread_mutex_unlock(&t->lock);
     if (ppoll(fds, nfds, &ts, NULL) > 0 && (fds[0].revents & POLLIN) &&

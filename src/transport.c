@@ -188,6 +188,7 @@ int kvx_transport_create(const kvx_params_t *params, kvx_transport_t **transport
     t->next_deadline_ns = UINT64_MAX;
     t->next_seq = 1;
     t->wake_fd = -1;
+    t->spin_ns = KVX_SPIN_NS;
     t->cq_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC | EFD_SEMAPHORE);
     if (t->cq_fd < 0) {
         rc = -errno;
