@@ -531,6 +531,7 @@ typedef struct kvx_msg {
         struct {
             const uint8_t *capability, *waddr, *proof;
             uint32_t conn_id, waddr_len;
+            uint32_t ep_sn; /* the writer's endpoint's place among those it opened to us */
             uint64_t token, generation;
             size_t signed_len; /* the bytes the proof covers */
             char name[KVX_NAME_MAX + 1];
@@ -685,6 +686,11 @@ void kvx_ucx_unmap(kvx_ucx_ep_t *ep);
  * initiator's side when rconn is false, else a receiver's connection). */
 int kvx_ucx_ep_open(kvx_transport_t *t, const void *waddr, const char *name, void *owner,
                     bool rconn, kvx_ucx_ep_t **ep_p);
+/* UCX pairs two workers' endpoints by the order each opened them towards the other: the place
+ * of ep among this worker's endpoints to that peer, and a catch-up to the peer's place before
+ * answering it (see ucx.c). */
+uint32_t kvx_ucx_ep_sn(const kvx_ucx_ep_t *ep);
+void kvx_ucx_align(kvx_transport_t *t, const void *waddr, uint32_t sn);
 /* Close (forced). Returns 0 when closed on return, 1 when the owner's on_closed follows. */
 int kvx_ucx_ep_close(kvx_ucx_ep_t *ep, unsigned *refs);
 void kvx_ucx_ep_free(kvx_ucx_ep_t *ep);

@@ -542,6 +542,7 @@ static int kvx_conn_hello(kvx_conn_t *c)
     kvx_wire_put_hdr(s->hdr, KVX_MSG_HELLO, t->secret ? KVX_MSGF_PROOF : 0, 0, 0);
     memcpy(s->hdr + 16, c->capability, 16);
     kvx_put32(s->hdr + 32, c->id);
+    kvx_put32(s->hdr + 36, kvx_ucx_ep_sn(c->ucx));
     kvx_put64(s->hdr + 40, c->token);
     kvx_put64(s->hdr + 48, t->generation);
     s->hdr[56] = (uint8_t)name_len;

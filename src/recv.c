@@ -547,6 +547,7 @@ static void kvx_recv_hello(kvx_transport_t *t, const uint8_t *buf, size_t len)
     }
     /* UCX parses the writer's address here: what holds the capability (and, with a secret, what
      * proved it) may make this transport parse an address (docs/security.md) */
+    kvx_ucx_align(t, m.u.hello.waddr, m.u.hello.ep_sn);
     if (kvx_ucx_ep_open(t, m.u.hello.waddr, m.u.hello.name, rc, true, &rc->ucx) < 0) {
         kvx_idtab_release(&t->rconn_ids, rc->id);
         free(rc);

@@ -24,7 +24,14 @@ struct kvx_ucx {
     size_t waddr_len;
     int efd;
     ucp_mem_h region; /* an owned region UCX allocated, or NULL */
-    void *rkey;       /* its packed key (in the metadata) */
+    struct kvx_ucx_sn {
+        uint64_t uid;     /* a remote worker */
+        uint32_t next_sn; /* endpoints this worker opened towards it (UCX's conn_sn) */
+    } * sns;
+    size_t nsns, sns_cap;
+    ucp_ep_h fillers[256]; /* endpoints opened only to catch up (kvx_ucx_align) */
+    size_t nfillers;
+    void *rkey; /* its packed key (in the metadata) */
     size_t rkey_len;
 };
 
@@ -35,6 +42,7 @@ struct kvx_ucx_ep {
     bool rconn;       /* owner is a receiver's connection */
     kvx_send_t *free; /* messages to reuse */
     ucp_rkey_h rkey;  /* the peer's owned region, mapped here (kvx_ucx_map) */
+    uint32_t sn;      /* its place among this worker's endpoints to that worker */
 };
 
 _Static_assert(sizeof(kvx_iov_t) == sizeof(ucp_dt_iov_t) &&
@@ -422,12 +430,15 @@ err_free:
     return rc;
 }
 
+static void kvx_ucx_close_fillers(kvx_ucx_t *u);
+
 void kvx_ucx_fini(kvx_transport_t *t)
 {
     kvx_ucx_t *u = t->ucx;
 
     if (u == NULL || u->worker == NULL)
         return;
+    kvx_ucx_close_fillers(u);
     ucp_worker_release_address(u->worker, u->waddr);
     ucp_worker_destroy(u->worker);
     u->worker = NULL;
@@ -445,6 +456,7 @@ void kvx_ucx_free(kvx_transport_t *t)
         return;
     kvx_ucx_region_free(t);
     ucp_cleanup(u->ctx);
+    free(u->sns);
     free(u);
     t->ucx = NULL;
 }
@@ -634,9 +646,95 @@ static void kvx_ucx_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
         kvx_on_conn_error(e->owner, kvx_ucx_errno(status));
 }
 
+/*
+ * UCX pairs the endpoints of two workers by creation order: the k-th endpoint one worker opens
+ * towards the other (by address) is paired with the other's k-th (ucp_ep_match, conn_sn). A
+ * writer whose endpoint was force-closed before its HELLO left (a remove while the receiver was
+ * stopped) leaves the receiver one reply endpoint behind, and the receiver's next reply
+ * endpoint would be paired with the writer's dead one. So each side counts the endpoints it
+ * opened towards each remote worker, a HELLO carries the writer's count for its endpoint, and
+ * the receiver first opens the endpoints it lacks (at most KVX_ALIGN_MAX per HELLO, 256 in all)
+ * so that its reply endpoint takes the same place. They stay open, unused, until the transport
+ * closes: closing a tcp endpoint whose wire-up is still queued meets UCX's use-after-free (see
+ * kvx_conn_fail). A receiver already ahead (it opened endpoints of its own towards that worker)
+ * is left as it is.
+ */
+#define KVX_ALIGN_MAX 16
+
+static uint32_t *kvx_ucx_sn_slot(kvx_ucx_t *u, const void *waddr)
+{
+    ucp_worker_address_attr_t a = {.field_mask = UCP_WORKER_ADDRESS_ATTR_FIELD_UID};
+
+    if (ucp_worker_address_query((ucp_address_t *)waddr, &a) != UCS_OK)
+        return NULL;
+    for (size_t i = 0; i < u->nsns; i++)
+        if (u->sns[i].uid == a.worker_uid)
+            return &u->sns[i].next_sn;
+    if (u->nsns == u->sns_cap) {
+        size_t cap = u->sns_cap ? 2 * u->sns_cap : 16;
+        struct kvx_ucx_sn *n = realloc(u->sns, cap * sizeof(*n));
+        if (n == NULL)
+            return NULL;
+        u->sns = n;
+        u->sns_cap = cap;
+    }
+    u->sns[u->nsns] = (struct kvx_ucx_sn){.uid = a.worker_uid, .next_sn = 0};
+    return &u->sns[u->nsns++].next_sn;
+}
+
+uint32_t kvx_ucx_ep_sn(const kvx_ucx_ep_t *e) { return e != NULL ? e->sn : 0; }
+
+static void kvx_ucx_filler_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    (void)arg;
+    (void)ep;
+    (void)status;
+}
+
+void kvx_ucx_align(kvx_transport_t *t, const void *waddr, uint32_t sn)
+{
+    uint32_t *slot = kvx_ucx_sn_slot(t->ucx, waddr);
+    ucp_ep_params_t ep_params = {
+        .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER,
+        .address = (const ucp_address_t *)waddr,
+        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+        .err_handler = {.cb = kvx_ucx_filler_err_cb, .arg = NULL},
+    };
+    kvx_ucx_t *u = t->ucx;
+
+    if (slot == NULL || *slot >= sn || sn - *slot > KVX_ALIGN_MAX ||
+        sn - *slot > sizeof(u->fillers) / sizeof(u->fillers[0]) - u->nfillers)
+        return;
+    kvx_debug(t, "ucx: %u endpoint(s) behind the writer's: catching up", sn - *slot);
+    while (*slot < sn) {
+        (*slot)++;
+        if (ucp_ep_create(u->worker, &ep_params, &u->fillers[u->nfillers]) == UCS_OK)
+            u->nfillers++;
+    }
+}
+
+/* The catch-up endpoints go with the worker (forced: nothing was ever sent on them). */
+static void kvx_ucx_close_fillers(kvx_ucx_t *u)
+{
+    ucp_request_param_t cp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                              .flags = UCP_EP_CLOSE_FLAG_FORCE};
+
+    for (size_t i = 0; i < u->nfillers; i++) {
+        void *req = ucp_ep_close_nbx(u->fillers[i], &cp);
+        if (UCS_PTR_IS_PTR(req)) {
+            while (ucp_request_check_status(req) == UCS_INPROGRESS)
+                ucp_worker_progress(u->worker);
+            ucp_request_free(req);
+        }
+    }
+    u->nfillers = 0;
+}
+
 int kvx_ucx_ep_open(kvx_transport_t *t, const void *waddr, const char *name, void *owner,
                     bool rconn, kvx_ucx_ep_t **ep_p)
 {
+    uint32_t *slot = kvx_ucx_sn_slot(t->ucx, waddr);
     kvx_ucx_ep_t *e = calloc(1, sizeof(*e));
     ucs_status_t s;
 
@@ -654,6 +752,8 @@ int kvx_ucx_ep_open(kvx_transport_t *t, const void *waddr, const char *name, voi
         .name = name,
     };
     s = ucp_ep_create(t->ucx->worker, &ep_params, &e->ep);
+    if (slot != NULL)
+        e->sn = (*slot)++;
     if (s != UCS_OK) {
         kvx_error(t, "ucx: ucp_ep_create to %s: %s", name, ucs_status_string(s));
         free(e);

@@ -7,7 +7,8 @@
  * Every message starts with a common header, little-endian:
  *    0 u8 version (1)   1 u8 type   2 u16 flags   4 u32 connection id   8 u64 token
  * (the id and token the receiving side gave that connection; zero in HELLO). Then, by type:
- *   HELLO      16 capability[16] 32 u32 conn id 36 u32 0 40 u64 token 48 u64 generation
+ *   HELLO      16 capability[16] 32 u32 conn id 36 u32 endpoint sequence 40 u64 token
+ *              48 u64 generation
  *              56 u8 name length 57 u8[3] 0 60 u32 worker address length 64 name, address
  *              [, proof[32] with KVX_MSGF_PROOF]
  *   HELLO_ACK  16 u32 receiver's connection id 20 i32 status 24 u64 its token 32 u64 epoch
@@ -140,13 +141,13 @@ int kvx_wire_decode(const void *hdr, size_t hdr_len, size_t data_len, kvx_msg_t 
     case KVX_MSG_HELLO: {
         size_t name_len = p[56], waddr_len = kvx_get32(p + 60);
         size_t proof = (m->flags & KVX_MSGF_PROOF) ? KVX_PROOF_LEN : 0;
-        if (m->conn_id != 0 || m->token != 0 || kvx_get32(p + 36) != 0 ||
-            memcmp(p + 57, kvx_zero, 3) != 0 || name_len == 0 || name_len > KVX_NAME_MAX ||
-            waddr_len == 0 || waddr_len > KVX_WIRE_MAX_WADDR ||
+        if (m->conn_id != 0 || m->token != 0 || memcmp(p + 57, kvx_zero, 3) != 0 || name_len == 0 ||
+            name_len > KVX_NAME_MAX || waddr_len == 0 || waddr_len > KVX_WIRE_MAX_WADDR ||
             hdr_len != fixed + name_len + waddr_len + proof || !kvx_wire_text_ok(p + 64, name_len))
             return -EBADMSG;
         m->u.hello.capability = p + 16;
         m->u.hello.conn_id = kvx_get32(p + 32);
+        m->u.hello.ep_sn = kvx_get32(p + 36);
         m->u.hello.token = kvx_get64(p + 40);
         m->u.hello.generation = kvx_get64(p + 48);
         memcpy(m->u.hello.name, p + 64, name_len);
