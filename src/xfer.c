@@ -261,6 +261,16 @@ void kvx_xfer_fail_conn(kvx_conn_t *c, int err)
 /* ---- posting ----------------------------------------------------------------------------------
  */
 
+/* Move a stream cursor (run, offset in it) piece bytes on; a finished run moves it to the next. */
+static void kvx_run_step(uint32_t *run, uint64_t *off, size_t piece, uint64_t run_len)
+{
+    *off += piece;
+    if (*off == run_len) {
+        (*run)++;
+        *off = 0;
+    }
+}
+
 /* One WRITE: as many of the stream's bytes as a message holds, from posted on. Returns the bytes
  * posted (0: none, out of message buffers), or a negative errno (the connection fails). */
 static ssize_t kvx_xfer_post_write(kvx_conn_t *c, kvx_xfer_t *x)
@@ -290,11 +300,7 @@ static ssize_t kvx_xfer_post_write(kvx_conn_t *c, kvx_xfer_t *x)
         n++;
         len += piece;
         hdr_len += KVX_WIRE_RUN_LEN;
-        x->run_off += piece;
-        if (x->run_off == run_len) {
-            x->next_run++;
-            x->run_off = 0;
-        }
+        kvx_run_step(&x->next_run, &x->run_off, piece, run_len);
     }
     kvx_wire_put_hdr(s->hdr, KVX_MSG_WRITE, c->crc ? KVX_MSGF_CRC : 0, c->rconn_id, c->rconn_token);
     kvx_put64(s->hdr + 16, x->id);
@@ -339,11 +345,7 @@ static ssize_t kvx_xfer_copy(kvx_conn_t *c, kvx_xfer_t *x, size_t budget)
         else
             memcpy(local, remote, piece);
         len += piece;
-        x->run_off += piece;
-        if (x->run_off == run_len) {
-            x->next_run++;
-            x->run_off = 0;
-        }
+        kvx_run_step(&x->next_run, &x->run_off, piece, run_len);
     }
     x->posted += len;
     x->done = x->posted;
@@ -377,11 +379,7 @@ static ssize_t kvx_xfer_post_read(kvx_conn_t *c, kvx_xfer_t *x)
 
         kvx_wire_run_put(hdr + KVX_WIRE_READ_REQ_LEN, n++, &r);
         len += piece;
-        x->run_off += piece;
-        if (x->run_off == run_len) {
-            x->next_run++;
-            x->run_off = 0;
-        }
+        kvx_run_step(&x->next_run, &x->run_off, piece, run_len);
     }
     kvx_wire_put_hdr(hdr, KVX_MSG_READ_REQ, c->crc ? KVX_MSGF_CRC : 0, c->rconn_id, c->rconn_token);
     kvx_put64(hdr + 16, x->id);
@@ -557,11 +555,7 @@ static void kvx_xfer_on_read_data(kvx_conn_t *c, const kvx_msg_t *m, const uint8
             run_len - q->run_off < len - off ? (size_t)(run_len - q->run_off) : len - off;
         memcpy(kvx_xfer_local(t, x, q->run, q->run_off), data + off, piece);
         off += piece;
-        q->run_off += piece;
-        if (q->run_off == run_len) {
-            q->run++;
-            q->run_off = 0;
-        }
+        kvx_run_step(&q->run, &q->run_off, piece, run_len);
     }
     q->got += len;
     x->done += len;
