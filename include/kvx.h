@@ -334,6 +334,9 @@ typedef struct kvx_peer_params {
  *   -EPROTONOSUPPORT  metadata of a format version this library does not know
  *   -KVX_EINCOMPAT    block length differs from ours, or both fingerprints set and different
  *   -EEXIST           the metadata is this transport's own (same agent name)
+ *   -ESTALE           peer_id names a peer whose metadata is newer (a later generation: see
+ *                     kvx_peer_attr_t.generation) than this blob; remove the peer first to
+ *                     point peer_id at an older transport on purpose
  *   -EHOSTUNREACH, -ECONNREFUSED, ...  UCX could not reach the peer
  * On any error nothing changes: an existing peer of that id keeps its connection.
  * If peer_id already names a peer, that peer is replaced: the new connection is installed (a
@@ -383,7 +386,8 @@ enum kvx_peer_attr_field {
     KVX_PEER_ATTR_STATE = 1u << 2,
     KVX_PEER_ATTR_REGION = 1u << 3,
     KVX_PEER_ATTR_COUNTERS = 1u << 4,
-    KVX_PEER_ATTR_RECV = 1u << 5
+    KVX_PEER_ATTR_RECV = 1u << 5,
+    KVX_PEER_ATTR_GENERATION = 1u << 6
 };
 
 /** Size of kvx_peer_attr_t.transport. */
@@ -415,6 +419,10 @@ typedef struct kvx_peer_attr {
     /** What the peer's transport (by agent name) did to this transport's region over its
      *  connections to it, and what kvx refused it; zero if it never connected. */
     kvx_recv_counters_t recv;
+    /** The generation of the peer's metadata: when its transport was created (ns since the
+     *  epoch, by its host's clock). A peer whose process restarted has a newer one, and its
+     *  region's contents did not survive. */
+    uint64_t generation;
 } kvx_peer_attr_t;
 
 /** Fill the attributes named in attr->field_mask. Returns 0, -ENOENT, -EINVAL or -ESHUTDOWN. */

@@ -28,6 +28,8 @@ const char *kvx_strerror(int err)
         return "out of memory";
     case ENOSPC:
         return "no space (buffer too small or too many transfers in flight)";
+    case ESTALE:
+        return "metadata older than the peer's current metadata";
     case EEXIST:
         return "metadata is this transport's own";
     case EBADMSG:

@@ -212,6 +212,7 @@ struct kvx_conn {
     uint64_t remote_base;
     uint64_t remote_num_blocks;
     uint64_t remote_len; /* bytes of its region */
+    uint64_t generation; /* its metadata's: when the peer's transport was created */
     uint8_t capability[16];
     char agent_name[KVX_NAME_MAX + 1];
     char transport[KVX_TRANSPORT_NAME_MAX];
@@ -246,7 +247,7 @@ struct kvx_peer {
     /* counters */
     uint64_t bytes_written, bytes_read, xfers_done, xfers_failed, lat_sum_ns, lat_max_ns;
     char last_agent[KVX_NAME_MAX + 1];
-    uint64_t last_base, last_num_blocks;
+    uint64_t last_base, last_num_blocks, last_generation;
 };
 
 /* ---- the receiving side (recv.c) ------------------------------------------------------------ */

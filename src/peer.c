@@ -507,6 +507,7 @@ static kvx_conn_t *kvx_conn_new(kvx_transport_t *t, const kvx_md_t *md)
     c->remote_base = md->base;
     c->remote_num_blocks = md->num_blocks;
     c->remote_len = md->num_blocks * md->block_len;
+    c->generation = md->generation;
     c->host = md->host;
     memcpy(c->capability, md->capability, sizeof(c->capability));
     memcpy(c->agent_name, md->agent_name, sizeof(c->agent_name));
@@ -615,6 +616,13 @@ int kvx_peer_add(kvx_transport_t *t, const char *peer_id, const void *metadata, 
     rc = kvx_peer_turn_begin(t, p);
     if (rc < 0)
         goto out; /* closing: close frees p */
+    /* metadata older than the peer's: a stale copy (of a process since restarted, say) */
+    if (p->conn != NULL && md.generation < p->conn->generation) {
+        kvx_error(t, "peer %s (%s) rejected: its metadata is older than the peer's (%s)", peer_id,
+                  md.agent_name, p->conn->agent_name);
+        rc = -ESTALE;
+        goto out_turn;
+    }
     c = kvx_conn_new(t, &md);
     if (c == NULL) {
         rc = -ENOMEM;
@@ -685,6 +693,7 @@ int kvx_peer_add(kvx_transport_t *t, const char *peer_id, const void *metadata, 
     memcpy(p->last_agent, c->agent_name, sizeof(p->last_agent));
     p->last_base = c->remote_base;
     p->last_num_blocks = c->remote_num_blocks;
+    p->last_generation = c->generation;
     kvx_info(t, "peer %s: connected to %s over %s (messages of %zu bytes)%s", peer_id,
              c->agent_name, c->transport, c->seg, c->watched ? ", watching its process" : "");
     if (old != NULL) {
@@ -800,6 +809,8 @@ int kvx_peer_query(kvx_transport_t *t, const char *peer_id, kvx_peer_attr_t *att
         attr->remote_num_blocks = p->last_num_blocks;
         attr->block_len = t->block_len;
     }
+    if (m & KVX_PEER_ATTR_GENERATION)
+        attr->generation = p->last_generation;
     if (m & KVX_PEER_ATTR_RECV) {
         kvx_writer_t *w = kvx_writer_lookup(t, p->last_agent);
         memset(&attr->recv, 0, sizeof(attr->recv));

@@ -31,7 +31,8 @@ PEER_ATTR_STATE = 1 << 2
 PEER_ATTR_REGION = 1 << 3
 PEER_ATTR_COUNTERS = 1 << 4
 PEER_ATTR_RECV = 1 << 5
-PEER_ATTR_ALL = (1 << 6) - 1
+PEER_ATTR_GENERATION = 1 << 6
+PEER_ATTR_ALL = (1 << 7) - 1
 TRANSPORT_ATTR_REGION = 1 << 2
 TRANSPORT_ATTR_RECV = 1 << 8
 XFER_PARAM_DEADLINE = 1 << 0
@@ -144,6 +145,7 @@ class PeerAttr(ctypes.Structure):
         ("latency_sum_ns", ctypes.c_uint64),
         ("latency_max_ns", ctypes.c_uint64),
         ("recv", RecvCounters),
+        ("generation", ctypes.c_uint64),
     ]
 
 

@@ -59,7 +59,7 @@ _U32 = [ctypes.c_uint32 * n for n in range(_SMALL + 1)]
 # Errors of add_remote_peer that mean "this peer is not acceptable": ValueError. The others
 # (the peer is unreachable) are ConnectionError.
 _VALUE_ERRORS = {errno.EINVAL, errno.EBADMSG, errno.EPROTONOSUPPORT, errno.EEXIST, errno.EACCES,
-                 _lib.EINCOMPAT}
+                 errno.ESTALE, _lib.EINCOMPAT}
 
 
 class KvxError(RuntimeError):
@@ -382,7 +382,8 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
                         num_blocks: int, block_len: int) -> None:
         """Connect to a peer. ValueError when the peer is incompatible (block length,
         fingerprint), the metadata is malformed or our own, is not signed with this transport's
-        secret (or is signed and this transport has none), or disagrees with the arguments;
+        secret (or is signed and this transport has none), disagrees with the arguments, or
+        is older than the metadata peer_id already has (a stale copy of a restarted peer);
         PeerUnreachableError (a ConnectionError and a ValueError) when it cannot be reached, for
         instance because its process is gone. On error nothing changes. Waits up to 200 ms for
         the peer to answer, without holding up other calls (and, when it replaces a connection of
@@ -463,6 +464,7 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
             "latency_sum_ns": a.latency_sum_ns,
             "latency_max_ns": a.latency_max_ns,
             "recv": {name: getattr(a.recv, name) for name in _lib.RECV_COUNTERS},
+            "generation": a.generation,
         }
 
     # ---- transfers -------------------------------------------------------------------------

@@ -380,11 +380,23 @@ class TestWithPeers(unittest.TestCase):
         self.assertEqual(poll_until(self.t, 1, "A"), ([tid], []))
         self.assertEqual(self.a.verify([70], [7], SALT, 0), [])
         # the same id, another engine: writes now land in B
+        gen_a = self.t.peer_info("A")["generation"]
         self.b.add_to(self.t, "A")
         self.assertEqual(self.t.peer_info("A")["agent_name"], "target-b")
         tid = self.t.write_blocks("A", [8], [71])
         self.assertEqual(poll_until(self.t, 1, "A"), ([tid], []))
         self.assertEqual(self.b.verify([71], [8], SALT, 0), [])
+        # target-a started first: its metadata is older than target-b's, so for this id it is a
+        # stale copy, refused, and the peer stays target-b
+        gen = self.t.peer_info("A")["generation"]
+        self.assertLess(gen_a, gen)
+        with self.assertRaises(ValueError):
+            self.a.add_to(self.t, "A")
+        self.assertEqual(self.t.peer_info("A")["agent_name"], "target-b")
+        self.assertEqual(self.t.peer_info("A")["generation"], gen)
+        tid = self.t.write_blocks("A", [9], [72])
+        self.assertEqual(poll_until(self.t, 1, "A"), ([tid], []))
+        self.assertEqual(self.b.verify([72], [9], SALT, 0), [])
 
     def test_cancel(self):
         with self.assertRaises(ValueError):
