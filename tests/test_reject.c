@@ -13,7 +13,7 @@
 
 static kt_region_t r;
 static kvx_transport_t *t;
-static kt_target_t good;
+static kt_target_t good, older; /* older: started first, an older generation */
 static uint64_t round_no;
 
 /* The transport still has exactly `peers` peers, and a write to "p" lands intact. */
@@ -78,6 +78,16 @@ static void create_rejections(void)
     REJECT(p.field_mask |= KVX_PARAM_BACKENDS; p.backends = unknown; p.num_backends = 2);
     REJECT(p.field_mask |= KVX_PARAM_BACKENDS; p.backends = ucx_only; p.num_backends = 0);
     REJECT(p.field_mask |= KVX_PARAM_LOG; p.log_level = 9);
+    /* an owned region: kvx allocates it, so a base is a contradiction, and the size rules hold */
+    REJECT(p.field_mask |= KVX_PARAM_OWN_REGION);
+    REJECT(p.field_mask |= KVX_PARAM_OWN_REGION; p.base = NULL; p.num_blocks = 0);
+    REJECT(p.field_mask |= KVX_PARAM_OWN_REGION; p.base = NULL; p.block_len = 0);
+    REJECT(p.field_mask |= KVX_PARAM_OWN_REGION; p.base = NULL; p.num_blocks = UINT64_MAX / 2;
+           p.block_len = 4);
+    REJECT(p.field_mask |= KVX_PARAM_OWN_REGION; p.base = NULL; p.num_blocks = (1ull << 32) + 1;
+           p.block_len = 1);
+    REJECT(p.field_mask |= KVX_PARAM_OWN_REGION; p.base = NULL; p.field_mask |= KVX_PARAM_LOG;
+           p.log_level = 9);
     /* durations: in ns they would overflow (0.1 took UINT64_MAX / 10^6 + 3 ms for 2 ms) */
     REJECT(p.field_mask |= KVX_PARAM_DEADLINE; p.deadline_ms = UINT64_MAX / 1000000 + 3);
     REJECT(p.field_mask |= KVX_PARAM_DEADLINE; p.deadline_ms = UINT64_MAX / 1000000 + 1);
@@ -259,6 +269,31 @@ static void peer_rejections(kt_target_t *badlen, kt_target_t *badfp, kt_target_t
     KT_ERR(kvx_peer_add(t, "p", good.md, good.md_len - 3, NULL), -EBADMSG);
     unchanged(1);
 
+    /* metadata older than the peer's (a stale copy, as of a process since restarted) is
+     * refused for that id, and the peer keeps its connection; any other id takes it, and the
+     * peer's own metadata again (the same generation) is a re-add */
+    {
+        kvx_peer_attr_t pa = {.field_mask = KVX_PEER_ATTR_GENERATION | KVX_PEER_ATTR_AGENT_NAME};
+        uint64_t gen;
+
+        KT_OK(kvx_peer_query(t, "p", &pa));
+        gen = pa.generation;
+        KT_CHECK(gen > 0);
+        KT_ERR(kvx_peer_add(t, "p", older.md, older.md_len, NULL), -ESTALE);
+        unchanged(1);
+        KT_OK(kvx_peer_query(t, "p", &pa));
+        KT_EQ(pa.generation, gen);
+        KT_CHECK(strcmp(pa.agent_name, "good") == 0);
+        KT_OK(kvx_peer_add(t, "o", older.md, older.md_len, NULL));
+        KT_OK(kvx_peer_query(t, "o", &pa));
+        KT_CHECK(pa.generation > 0 && pa.generation < gen);
+        KT_EQ(kvx_peer_remove(t, "o"), 1);
+        KT_OK(kvx_peer_add(t, "p", good.md, good.md_len, NULL));
+        KT_OK(kvx_peer_query(t, "p", &pa));
+        KT_EQ(pa.generation, gen);
+        unchanged(1);
+    }
+
     /* accepted: an empty fingerprint pairs with anyone; matching explicit arguments */
     KT_OK(kvx_peer_add(t, "q", nofp->md, nofp->md_len, NULL));
     unchanged(2);
@@ -380,7 +415,7 @@ static void error_names(void)
     const int codes[] = {EINVAL,    ENOENT,          ENOMEM,    ENOSPC,        EEXIST,
                          EBADMSG,   EPROTONOSUPPORT, ETIMEDOUT, ECONNRESET,    ECONNABORTED,
                          ECANCELED, ENOTCONN,        ESHUTDOWN, KVX_EINCOMPAT, EACCES,
-                         EPROTO,    KVX_EFENCED};
+                         EPROTO,    KVX_EFENCED,     ESTALE};
     for (size_t i = 0; i < sizeof(codes) / sizeof(codes[0]); i++) {
         KT_CHECK(strcmp(kvx_strerror(-codes[i]), "unknown error") != 0);
         KT_CHECK(strcmp(kvx_strerror(-codes[i]), kvx_strerror(codes[i])) == 0);
@@ -398,7 +433,7 @@ int main(void)
                           .threads = 1,
                           .name = "good",
                           .fingerprint = "fp-1"};
-    kt_target_args_t b = a, f = a, e = a;
+    kt_target_args_t b = a, f = a, e = a, o = a;
     kt_target_t badlen, badfp, nofp;
 
     b.name = "badlen";
@@ -407,6 +442,8 @@ int main(void)
     f.fingerprint = "fp-2";
     e.name = "nofp";
     e.fingerprint = NULL;
+    o.name = "older";
+    older = kt_target_start(&o); /* first: its transport is older than good's */
     good = kt_target_start(&a);
     badlen = kt_target_start(&b);
     badfp = kt_target_start(&f);
@@ -426,6 +463,7 @@ int main(void)
     kvx_transport_destroy(NULL);
     kt_region_free(&r);
     KT_EQ(kt_target_stop(&good), 0);
+    KT_EQ(kt_target_stop(&older), 0);
     KT_EQ(kt_target_stop(&badlen), 0);
     KT_EQ(kt_target_stop(&badfp), 0);
     KT_EQ(kt_target_stop(&nofp), 0);
