@@ -105,6 +105,8 @@ KVX_API void kvx_log_set(kvx_log_fn fn, void *arg, int level);
 
 /** Longest agent name, peer id and fingerprint, in bytes, without the terminating NUL. */
 #define KVX_NAME_MAX 63
+/** Size of an address text, "host:port" (kvx_transport_attr_t.listen_addr). */
+#define KVX_ADDR_MAX 96
 #define KVX_PEER_ID_MAX 255
 #define KVX_FINGERPRINT_MAX 64
 
@@ -273,7 +275,8 @@ enum kvx_transport_attr_field {
     KVX_TRANSPORT_ATTR_METADATA_LEN = 1u << 5,
     KVX_TRANSPORT_ATTR_NUM_PEERS = 1u << 6,
     KVX_TRANSPORT_ATTR_STALL = 1u << 7,
-    KVX_TRANSPORT_ATTR_RECV = 1u << 8
+    KVX_TRANSPORT_ATTR_RECV = 1u << 8,
+    KVX_TRANSPORT_ATTR_LISTEN = 1u << 9
 };
 
 /** Transport attributes; only the fields named in field_mask are written. */
@@ -290,10 +293,27 @@ typedef struct kvx_transport_attr {
     size_t num_peers;
     uint64_t stall_ms;
     kvx_recv_counters_t recv; /**< every peer's, this transport's life long */
+    /** Where kvx_transport_listen bound, "host:port" with the port it got; empty if not
+     *  listening. */
+    char listen_addr[KVX_ADDR_MAX];
 } kvx_transport_attr_t;
 
 /** Fill the attributes named in attr->field_mask. Returns 0, -EINVAL or -ESHUTDOWN. */
 KVX_API int kvx_transport_query(kvx_transport_t *transport, kvx_transport_attr_t *attr);
+
+/**
+ * Listen for peers that pair by address (kvx_peer_connect), on UCX's connection manager (its tcp
+ * sockets), at addr: "host:port", host an IPv4 or IPv6 address ("[::1]:port") or a name, port 0
+ * for any (kvx_transport_query's listen_addr says which). It binds only there: 0.0.0.0 must be
+ * asked for. A connecting transport gets this transport's metadata (the blob
+ * kvx_transport_metadata returns) and nothing else; with a shared secret, only after proving it
+ * holds the secret (an answer over a fresh random nonce, HMAC-SHA256), and without one, anyone
+ * who can reach the address gets it. Connections that do not finish the exchange within 2 s are
+ * closed, and at most 256 wait at once (more are rejected), so junk and floods of connections
+ * do not keep real peers out for long. Returns 0, or -EINVAL (bad address), -EALREADY (already
+ * listening), -EADDRINUSE, -ESHUTDOWN, or what UCX reported.
+ */
+KVX_API int kvx_transport_listen(kvx_transport_t *transport, const char *addr);
 
 /**
  * Copy this transport's metadata into buf. *len_p is buf's size on entry and the metadata's size
@@ -371,6 +391,20 @@ enum kvx_peer_remove_flags {
 
 /** kvx_peer_remove with flags (0 or KVX_PEER_REMOVE_PURGE); other bits are -EINVAL. */
 KVX_API int kvx_peer_remove_ex(kvx_transport_t *transport, const char *peer_id, unsigned flags);
+
+/**
+ * Pair with a transport that listens at addr ("host:port", as kvx_transport_listen takes it)
+ * and call it peer_id: kvx connects to it through UCX's connection manager, proves the shared
+ * secret if this transport has one, receives the listener's metadata, closes that connection,
+ * and adds the peer with that metadata exactly as kvx_peer_add does (the same checks, errors,
+ * replacement rules, and the same data path: shared memory between processes on one host).
+ * Waits up to 2 s for the listener's answer, without holding up other calls. Returns what
+ * kvx_peer_add returns, or -EINVAL (bad address), -ECONNREFUSED / -EHOSTUNREACH (nothing
+ * listens there, or unreachable), -EACCES (the listener requires a secret this transport does
+ * not hold, or its metadata is not signed with ours), -ETIMEDOUT (no answer in time).
+ */
+KVX_API int kvx_peer_connect(kvx_transport_t *transport, const char *peer_id, const char *addr,
+                             const kvx_peer_params_t *params);
 
 /** State of a peer's connection (kvx_peer_attr_t.state). */
 typedef enum kvx_peer_state {

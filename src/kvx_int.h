@@ -12,6 +12,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <sys/socket.h>
 #include <sys/types.h>
 
 /* ---- intrusive circular list ---------------------------------------------------------------- */
@@ -381,6 +382,12 @@ struct kvx_transport {
     kvx_notice_t *notices; /* a ring of notice_cap */
     size_t notice_cap, notice_head, notice_count;
 
+    /* pairing by address (listen.c): the listener, and the pairings under way */
+    bool listening;
+    char listen_addr[KVX_ADDR_MAX];
+    kvx_list_t pairings;
+    unsigned naccepted; /* pairings the listener accepted that are not yet freed */
+
     /* transfers: objects are pooled (free_xfers); the pool keeps what recent peaks needed */
     kvx_idmap_t ids;
     kvx_xfer_t *free_xfers;
@@ -498,10 +505,15 @@ enum kvx_msg_type {
     KVX_MSG_FENCE,
     KVX_MSG_NOTICE,
     KVX_MSG_NOTICE_ACK,
-    KVX_MSG_BYE
+    KVX_MSG_BYE,
+    /* pairing by address, over an endpoint of UCX's connection manager (listen.c) */
+    KVX_MSG_CHALLENGE,
+    KVX_MSG_MD_REQ,
+    KVX_MSG_MD
 };
-#define KVX_MSGF_CRC 1u   /* WRITE, READ_REQ, READ_DATA: checksums are set */
-#define KVX_MSGF_PROOF 2u /* HELLO: a proof of the shared secret ends it */
+#define KVX_MSGF_CRC 1u    /* WRITE, READ_REQ, READ_DATA: checksums are set */
+#define KVX_MSGF_PROOF 2u  /* HELLO, MD_REQ: a proof of the shared secret ends it */
+#define KVX_MSGF_SECRET 4u /* CHALLENGE: the listener requires a proof */
 #define KVX_WIRE_HDR_LEN 16
 #define KVX_WIRE_HELLO_LEN 64
 #define KVX_WIRE_WRITE_LEN 48
@@ -515,6 +527,8 @@ enum kvx_msg_type {
 #define KVX_WIRE_MAX_WADDR 4096
 #define KVX_PROOF_LEN 32
 #define KVX_READ_REQ_MAX ((uint64_t)256 * 1024) /* bytes one READ_REQ asks for */
+#define KVX_WIRE_NONCE_LEN 16
+#define KVX_WIRE_MAX_MD (64u * 1024) /* the metadata one MD carries */
 
 typedef struct kvx_wire_run {
     uint64_t offset;
@@ -571,6 +585,16 @@ typedef struct kvx_msg {
             uint64_t xfer_id;
             int32_t status;
         } notice_ack;
+        struct {
+            const uint8_t *nonce;
+        } challenge;
+        struct {
+            const uint8_t *proof; /* NULL without KVX_MSGF_PROOF */
+        } md_req;
+        struct {
+            int32_t status;
+            uint32_t len; /* of the metadata, the payload */
+        } md;
     } u;
 } kvx_msg_t;
 
@@ -591,6 +615,7 @@ void kvx_wire_ack_put(uint8_t *entries, uint32_t i, uint64_t xfer_id, uint32_t b
 int kvx_peer_check(const kvx_transport_t *t, const kvx_md_t *md, const kvx_peer_params_t *expect,
                    const char **why);
 kvx_peer_t *kvx_peer_lookup(const kvx_transport_t *t, const char *id);
+bool kvx_peer_id_ok(const char *id);
 void kvx_peer_maybe_free(kvx_transport_t *t, kvx_peer_t *p);
 void kvx_peer_free_all(kvx_transport_t *t);
 
@@ -651,6 +676,38 @@ kvx_writer_t *kvx_writer_lookup(const kvx_transport_t *t, const char *name);
 void kvx_recv_count_drop(kvx_transport_t *t, int why);
 enum { KVX_DROP_MALFORMED, KVX_DROP_CAPABILITY, KVX_DROP_UNKNOWN, KVX_DROP_RNDV };
 
+/* ---- pairing by address (listen.c) ---------------------------------------------------------- */
+
+/* One exchange over an endpoint of UCX's connection manager: the listener's side (accepted) sends
+ * a nonce, the connecting side answers with a proof of the secret over it, the listener answers
+ * with its metadata. Freed once its endpoint has closed and UCX holds nothing of it. */
+typedef struct kvx_pairing {
+    kvx_transport_t *t;
+    kvx_ucx_ep_t *ucx;
+    bool accepted; /* the listener's side (else a kvx_peer_connect call's) */
+    bool answered; /* accepted: MD sent; connecting: MD (or an error) received */
+    bool closing;
+    bool abandoned; /* connecting: the call has gone; free once closed */
+    int err;
+    uint8_t nonce[KVX_WIRE_NONCE_LEN];
+    uint8_t *md; /* connecting: the metadata received */
+    size_t md_len;
+    uint64_t expires_ns;
+    unsigned refs;   /* UCX callbacks still to come */
+    kvx_list_t link; /* t->pairings */
+} kvx_pairing_t;
+
+void kvx_listen_on_request(kvx_transport_t *t, void *conn_req);
+void kvx_listen_on_message(kvx_pairing_t *pg, const kvx_msg_t *m, const uint8_t *data,
+                           size_t data_len);
+void kvx_listen_on_sent(kvx_pairing_t *pg, int status);
+void kvx_listen_on_error(kvx_pairing_t *pg, int status);
+void kvx_listen_on_closed(kvx_pairing_t *pg);
+void kvx_listen_housekeeping(kvx_transport_t *t, uint64_t now);
+void kvx_listen_close_all(kvx_transport_t *t); /* at close: every pairing's endpoint */
+bool kvx_listen_closing(const kvx_transport_t *t);
+void kvx_listen_free_all(kvx_transport_t *t); /* after the worker is gone */
+
 /* ---- progress (progress.c) ------------------------------------------------------------------ */
 
 unsigned kvx_progress_step(kvx_transport_t *t);
@@ -705,6 +762,15 @@ kvx_send_t *kvx_ucx_send_get(kvx_ucx_ep_t *ep);
 int kvx_ucx_send(kvx_send_t *s, size_t hdr_len, size_t iovcnt, unsigned *refs);
 /* Wrap a header already built into a message with no payload and send it. */
 int kvx_ucx_send_ctl(kvx_ucx_ep_t *ep, const void *hdr, size_t hdr_len, unsigned *refs);
+/* pairing by address (UCX's connection manager) */
+int kvx_ucx_listen(kvx_transport_t *t, const struct sockaddr *sa, socklen_t len,
+                   struct sockaddr_storage *bound);
+void kvx_ucx_unlisten(kvx_transport_t *t);
+void kvx_ucx_reject(kvx_transport_t *t, void *conn_req);
+int kvx_ucx_pair_open(kvx_transport_t *t, void *conn_req, const struct sockaddr *sa, socklen_t len,
+                      void *owner, kvx_ucx_ep_t **ep_p);
+int kvx_ucx_send_pair(kvx_ucx_ep_t *ep, const void *hdr, size_t hdr_len, const void *data,
+                      size_t data_len, unsigned *refs);
 unsigned kvx_ucx_progress(kvx_transport_t *t);
 int kvx_ucx_arm(kvx_transport_t *t);
 int kvx_ucx_event_fd(kvx_transport_t *t);

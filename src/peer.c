@@ -465,7 +465,7 @@ static void kvx_peer_turn_end(kvx_transport_t *t, kvx_peer_t *p)
 
 /* ---- public API ----------------------------------------------------------------------------- */
 
-static bool kvx_peer_id_ok(const char *id)
+bool kvx_peer_id_ok(const char *id)
 {
     size_t n;
 

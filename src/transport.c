@@ -180,6 +180,7 @@ int kvx_transport_create(const kvx_params_t *params, kvx_transport_t **transport
     }
     kvx_list_init(&t->ready);
     kvx_list_init(&t->conns);
+    kvx_list_init(&t->pairings);
     kvx_list_init(&t->work);
     kvx_list_init(&t->active);
     kvx_list_init(&t->rwork);
@@ -337,6 +338,7 @@ int kvx_transport_close(kvx_transport_t *t)
         }
     }
     kvx_recv_close_all(t);
+    kvx_listen_close_all(t);
     /* lingering endpoints close too: the worker goes with them, nothing of theirs runs again */
     for (kvx_list_t *n = t->conns.next, *next; n != &t->conns; n = next) {
         next = n->next;
@@ -345,7 +347,7 @@ int kvx_transport_close(kvx_transport_t *t)
     /* Drive UCX until the forced closes complete (they need no answer from the peers). */
     end = kvx_now_ns() + KVX_CLOSE_DRAIN_NS;
     for (;;) {
-        bool closing = false;
+        bool closing = kvx_listen_closing(t);
         for (kvx_list_t *n = t->conns.next; n != &t->conns; n = n->next)
             if (kvx_container_of(n, kvx_conn_t, all_link)->state == KVX_CONN_CLOSING)
                 closing = true;
@@ -378,6 +380,7 @@ int kvx_transport_close(kvx_transport_t *t)
         free(c);
     }
     kvx_recv_free_all(t);
+    kvx_listen_free_all(t);
     kvx_xfer_free_all(t);
     kvx_peer_free_all(t);
     free(t->conn_ids.slots);
@@ -433,6 +436,8 @@ int kvx_transport_query(kvx_transport_t *t, kvx_transport_attr_t *attr)
         attr->num_peers = t->nconnected;
     if (attr->field_mask & KVX_TRANSPORT_ATTR_STALL)
         attr->stall_ms = t->stall_ns / 1000000ull;
+    if (attr->field_mask & KVX_TRANSPORT_ATTR_LISTEN)
+        snprintf(attr->listen_addr, sizeof(attr->listen_addr), "%s", t->listen_addr);
     if (attr->field_mask & KVX_TRANSPORT_ATTR_RECV)
         attr->recv = t->rcounters;
     kvx_unlock(t);

@@ -33,13 +33,17 @@ struct kvx_ucx {
     size_t nfillers;
     void *rkey; /* its packed key (in the metadata) */
     size_t rkey_len;
+    ucp_listener_h listener; /* kvx_transport_listen */
+    kvx_ucx_ep_t *pair_eps;  /* endpoints of UCX's connection manager (listen.c) */
 };
 
 struct kvx_ucx_ep {
     kvx_transport_t *t;
     ucp_ep_h ep;
-    void *owner;      /* kvx_conn_t * or kvx_rconn_t * */
-    bool rconn;       /* owner is a receiver's connection */
+    void *owner; /* kvx_conn_t *, kvx_rconn_t * or kvx_pairing_t * */
+    bool rconn;  /* owner is a receiver's connection */
+    bool pair;   /* owner is a pairing: an endpoint of UCX's connection manager */
+    kvx_ucx_ep_t *pair_next;
     kvx_send_t *free; /* messages to reuse */
     ucp_rkey_h rkey;  /* the peer's owned region, mapped here (kvx_ucx_map) */
     uint32_t sn;      /* its place among this worker's endpoints to that worker */
@@ -439,6 +443,7 @@ void kvx_ucx_fini(kvx_transport_t *t)
     if (u == NULL || u->worker == NULL)
         return;
     kvx_ucx_close_fillers(u);
+    kvx_ucx_unlisten(t);
     ucp_worker_release_address(u->worker, u->waddr);
     ucp_worker_destroy(u->worker);
     u->worker = NULL;
@@ -626,6 +631,21 @@ static ucs_status_t kvx_ucx_am_cb(void *arg, const void *header, size_t header_l
     case KVX_MSG_BYE:
         kvx_recv_on_message(t, &m, header, header_length, data, length);
         break;
+    case KVX_MSG_CHALLENGE:
+    case KVX_MSG_MD_REQ:
+    case KVX_MSG_MD: {
+        /* only on a pairing's endpoint, which the sender names (UCP_AM_SEND_FLAG_REPLY) */
+        kvx_ucx_ep_t *e = NULL;
+        if (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)
+            for (e = t->ucx->pair_eps; e != NULL && e->ep != param->reply_ep; e = e->pair_next)
+                ;
+        if (e == NULL) {
+            kvx_recv_count_drop(t, KVX_DROP_UNKNOWN);
+            break;
+        }
+        kvx_listen_on_message(e->owner, &m, data, length);
+        break;
+    }
     default:
         kvx_xfer_on_message(t, &m, data, length);
         break;
@@ -640,7 +660,12 @@ static void kvx_ucx_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
     kvx_ucx_ep_t *e = arg;
 
     (void)ep;
-    if (e->rconn)
+    if (e->pair) {
+        kvx_debug(e->t, "ucx: a pairing endpoint failed: %s", ucs_status_string(status));
+        /* what UCX's connection manager says when nothing listens at the address */
+        kvx_listen_on_error(e->owner, status == UCS_ERR_NOT_CONNECTED ? -ECONNREFUSED
+                                                                      : kvx_ucx_errno(status));
+    } else if (e->rconn)
         kvx_recv_on_error(e->owner, kvx_ucx_errno(status));
     else
         kvx_on_conn_error(e->owner, kvx_ucx_errno(status));
@@ -865,7 +890,9 @@ static void kvx_ucx_close_cb(void *req, ucs_status_t status, void *arg)
 
     (void)status;
     ucp_request_free(req);
-    if (e->rconn)
+    if (e->pair)
+        kvx_listen_on_closed(e->owner);
+    else if (e->rconn)
         kvx_recv_on_closed(e->owner);
     else
         kvx_on_conn_closed(e->owner);
@@ -900,6 +927,13 @@ void kvx_ucx_ep_free(kvx_ucx_ep_t *e)
 {
     if (e == NULL)
         return;
+    if (e->pair) {
+        kvx_ucx_ep_t **pp = &e->t->ucx->pair_eps;
+        while (*pp != NULL && *pp != e)
+            pp = &(*pp)->pair_next;
+        if (*pp == e)
+            *pp = e->pair_next;
+    }
     kvx_ucx_unmap(e);
     while (e->free != NULL) {
         kvx_send_t *s = e->free;
@@ -907,6 +941,116 @@ void kvx_ucx_ep_free(kvx_ucx_ep_t *e)
         free(s);
     }
     free(e);
+}
+
+/* ---- pairing by address: UCX's connection manager ------------------------------------------ */
+
+static void kvx_ucx_conn_cb(ucp_conn_request_h req, void *arg) { kvx_listen_on_request(arg, req); }
+
+int kvx_ucx_listen(kvx_transport_t *t, const struct sockaddr *sa, socklen_t len,
+                   struct sockaddr_storage *bound)
+{
+    kvx_ucx_t *u = t->ucx;
+    ucp_listener_params_t p = {
+        .field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER,
+        .sockaddr = {.addr = sa, .addrlen = len},
+        .conn_handler = {.cb = kvx_ucx_conn_cb, .arg = t},
+    };
+    ucp_listener_attr_t a = {.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR};
+    ucs_status_t s;
+
+    if (u->listener != NULL)
+        return -EALREADY;
+    s = ucp_listener_create(u->worker, &p, &u->listener);
+    if (s != UCS_OK) {
+        kvx_error(t, "ucx: ucp_listener_create: %s", ucs_status_string(s));
+        u->listener = NULL;
+        return s == UCS_ERR_BUSY ? -EADDRINUSE : kvx_ucx_errno(s);
+    }
+    s = ucp_listener_query(u->listener, &a);
+    if (s != UCS_OK) {
+        kvx_error(t, "ucx: ucp_listener_query: %s", ucs_status_string(s));
+        ucp_listener_destroy(u->listener);
+        u->listener = NULL;
+        return kvx_ucx_errno(s);
+    }
+    memcpy(bound, &a.sockaddr, sizeof(*bound));
+    return 0;
+}
+
+void kvx_ucx_unlisten(kvx_transport_t *t)
+{
+    kvx_ucx_t *u = t->ucx;
+
+    if (u != NULL && u->listener != NULL) {
+        ucp_listener_destroy(u->listener);
+        u->listener = NULL;
+    }
+}
+
+void kvx_ucx_reject(kvx_transport_t *t, void *conn_req)
+{
+    ucs_status_t s = ucp_listener_reject(t->ucx->listener, conn_req);
+    if (s != UCS_OK)
+        kvx_warn(t, "ucx: ucp_listener_reject: %s", ucs_status_string(s));
+}
+
+/* An endpoint of UCX's connection manager: from a connection request (conn_req) the listener
+ * got, or to a listener's address (sa). */
+int kvx_ucx_pair_open(kvx_transport_t *t, void *conn_req, const struct sockaddr *sa, socklen_t len,
+                      void *owner, kvx_ucx_ep_t **ep_p)
+{
+    kvx_ucx_ep_t *e = calloc(1, sizeof(*e));
+    ucs_status_t s;
+
+    if (e == NULL)
+        return -ENOMEM;
+    e->t = t;
+    e->owner = owner;
+    e->pair = true;
+    ucp_ep_params_t ep_params = {
+        .field_mask = UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER |
+                      UCP_EP_PARAM_FIELD_NAME,
+        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+        .err_handler = {.cb = kvx_ucx_err_cb, .arg = e},
+        .name = conn_req != NULL ? "kvx-accepted" : "kvx-connect",
+    };
+    if (conn_req != NULL) {
+        ep_params.field_mask |= UCP_EP_PARAM_FIELD_CONN_REQUEST;
+        ep_params.conn_request = conn_req;
+    } else {
+        ep_params.field_mask |= UCP_EP_PARAM_FIELD_SOCK_ADDR | UCP_EP_PARAM_FIELD_FLAGS;
+        ep_params.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+        ep_params.sockaddr.addr = sa;
+        ep_params.sockaddr.addrlen = len;
+    }
+    s = ucp_ep_create(t->ucx->worker, &ep_params, &e->ep);
+    if (s != UCS_OK) {
+        kvx_error(t, "ucx: ucp_ep_create (%s): %s", ep_params.name, ucs_status_string(s));
+        free(e);
+        return kvx_ucx_errno(s);
+    }
+    e->pair_next = t->ucx->pair_eps;
+    t->ucx->pair_eps = e;
+    *ep_p = e;
+    return 0;
+}
+
+/* A pairing message: header, and the metadata as payload (data_len 0: none). */
+int kvx_ucx_send_pair(kvx_ucx_ep_t *e, const void *hdr, size_t hdr_len, const void *data,
+                      size_t data_len, unsigned *refs)
+{
+    kvx_send_t *s;
+
+    if (hdr_len > KVX_SEND_HDR_MAX)
+        return -EINVAL;
+    s = kvx_ucx_send_get(e);
+    if (s == NULL)
+        return -ENOMEM;
+    memcpy(s->hdr, hdr, hdr_len);
+    s->iov[0].base = (void *)data;
+    s->iov[0].len = data_len;
+    return kvx_ucx_send(s, hdr_len, data_len > 0 ? 1 : 0, refs);
 }
 
 /* ---- messages out --------------------------------------------------------------------------- */
@@ -940,7 +1084,9 @@ static void kvx_ucx_send_cb(void *req, ucs_status_t status, void *arg)
 
     ucp_request_free(req);
     kvx_ucx_send_put(s);
-    if (e->rconn)
+    if (e->pair)
+        kvx_listen_on_sent(e->owner, kvx_ucx_errno(status));
+    else if (e->rconn)
         kvx_recv_on_sent(e->owner, kvx_ucx_errno(status));
     else
         kvx_xfer_on_sent(e->owner, xfer_id, kvx_ucx_errno(status));
@@ -952,7 +1098,7 @@ int kvx_ucx_send(kvx_send_t *s, size_t hdr_len, size_t iovcnt, unsigned *refs)
     ucp_request_param_t p = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
                         UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_DATATYPE,
-        .flags = UCP_AM_SEND_FLAG_EAGER,
+        .flags = UCP_AM_SEND_FLAG_EAGER | (e->pair ? UCP_AM_SEND_FLAG_REPLY : 0),
         .cb.send = kvx_ucx_send_cb,
         .user_data = s,
         .datatype = iovcnt > 0 ? ucp_dt_make_iov() : ucp_dt_make_contig(1),

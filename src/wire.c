@@ -22,6 +22,11 @@
  *   NOTICE     16 u64 transfer id 24 u64 tag 32 u64 epoch 40 u64 blocks 48 u64 bytes
  *   NOTICE_ACK 16 u64 transfer id 24 i32 status 28 u32 0
  *   BYE        (nothing more)
+ * and, on an endpoint of UCX's connection manager only (pairing by address, listen.c):
+ *   CHALLENGE  16 u8[16] nonce (flag KVX_MSGF_SECRET: a proof is required)
+ *   MD_REQ     16 u8[32] proof of the secret over the nonce (flag KVX_MSGF_PROOF; else zero)
+ *   MD         16 i32 status 20 u32 metadata length; the payload is the metadata (none when
+ *              status < 0)
  * A run is {u64 offset into the receiver's region, u32 length, u32 crc32c (KVX_MSGF_CRC)}.
  */
 #include "kvx_int.h"
@@ -54,6 +59,12 @@ static size_t kvx_wire_fixed_len(int type)
         return 32;
     case KVX_MSG_BYE:
         return KVX_WIRE_HDR_LEN;
+    case KVX_MSG_CHALLENGE:
+        return KVX_WIRE_HDR_LEN + KVX_WIRE_NONCE_LEN;
+    case KVX_MSG_MD_REQ:
+        return KVX_WIRE_HDR_LEN + KVX_PROOF_LEN;
+    case KVX_MSG_MD:
+        return 24;
     default:
         return 0;
     }
@@ -128,13 +139,20 @@ int kvx_wire_decode(const void *hdr, size_t hdr_len, size_t data_len, kvx_msg_t 
         return -EBADMSG;
     /* flags each type may carry */
     if ((m->type == KVX_MSG_HELLO && (m->flags & ~KVX_MSGF_PROOF)) ||
+        (m->type == KVX_MSG_MD_REQ && (m->flags & ~KVX_MSGF_PROOF)) ||
+        (m->type == KVX_MSG_CHALLENGE && (m->flags & ~KVX_MSGF_SECRET)) ||
         ((m->type == KVX_MSG_WRITE || m->type == KVX_MSG_READ_REQ) && (m->flags & ~KVX_MSGF_CRC)) ||
         (m->type == KVX_MSG_READ_DATA && (m->flags & ~KVX_MSGF_CRC)) ||
         (m->type != KVX_MSG_HELLO && m->type != KVX_MSG_WRITE && m->type != KVX_MSG_READ_REQ &&
-         m->type != KVX_MSG_READ_DATA && m->flags != 0))
+         m->type != KVX_MSG_READ_DATA && m->type != KVX_MSG_MD_REQ &&
+         m->type != KVX_MSG_CHALLENGE && m->flags != 0))
         return -EBADMSG;
-    /* only WRITE and READ_DATA carry a payload */
-    if (data_len != 0 && m->type != KVX_MSG_WRITE && m->type != KVX_MSG_READ_DATA)
+    /* only WRITE, READ_DATA and MD carry a payload */
+    if (data_len != 0 && m->type != KVX_MSG_WRITE && m->type != KVX_MSG_READ_DATA &&
+        m->type != KVX_MSG_MD)
+        return -EBADMSG;
+    /* the pairing messages name no connection */
+    if (m->type >= KVX_MSG_CHALLENGE && (m->conn_id != 0 || m->token != 0 || hdr_len != fixed))
         return -EBADMSG;
 
     switch (m->type) {
@@ -234,6 +252,23 @@ int kvx_wire_decode(const void *hdr, size_t hdr_len, size_t data_len, kvx_msg_t 
         return 0;
     case KVX_MSG_BYE:
         return hdr_len == fixed ? 0 : -EBADMSG;
+    case KVX_MSG_CHALLENGE:
+        m->u.challenge.nonce = p + 16;
+        return 0;
+    case KVX_MSG_MD_REQ:
+        m->u.md_req.proof = (m->flags & KVX_MSGF_PROOF) ? p + 16 : NULL;
+        for (size_t i = 0; m->u.md_req.proof == NULL && i < KVX_PROOF_LEN; i++)
+            if (p[16 + i] != 0)
+                return -EBADMSG;
+        return 0;
+    case KVX_MSG_MD:
+        m->u.md.status = (int32_t)kvx_get32(p + 16);
+        m->u.md.len = kvx_get32(p + 20);
+        if (m->u.md.status > 0 || (m->u.md.status == 0 ? m->u.md.len != data_len || data_len == 0 ||
+                                                             data_len > KVX_WIRE_MAX_MD
+                                                       : m->u.md.len != 0 || data_len != 0))
+            return -EBADMSG;
+        return 0;
     default:
         return -EBADMSG;
     }

@@ -365,6 +365,12 @@ int kt_target_main(int sock, void *arg)
     md = kt_metadata(t, &md_len);
     kt_send(sock, md, md_len);
     free(md);
+    if (a->listen != NULL) {
+        kvx_transport_attr_t la = {.field_mask = KVX_TRANSPORT_ATTR_LISTEN};
+        KT_OK(kvx_transport_listen(t, a->listen));
+        KT_OK(kvx_transport_query(t, &la));
+        kt_send(sock, la.listen_addr, strlen(la.listen_addr) + 1);
+    }
     for (;;) {
         uint8_t *msg = kt_recv_alloc(sock, &len);
         kt_cmd_t cmd;
@@ -450,6 +456,7 @@ kt_target_t kt_target_start(const kt_target_args_t *args)
     kt_target_t tg = {.args = *args};
     char a[8][32], *argv[24];
     char owned[2] = {args->owned ? '1' : '0', '\0'};
+    char listen_arg[KVX_ADDR_MAX];
     int sv[2], n = 0;
 
     fflush(NULL);
@@ -471,6 +478,8 @@ kt_target_t kt_target_start(const kt_target_args_t *args)
     argv[n++] = (char *)(args->netns ? args->netns->ns[args->ns_index] : "-");
     argv[n++] = (char *)(args->netns ? args->netns->ifname[args->ns_index] : "-");
     argv[n++] = owned;
+    snprintf(listen_arg, sizeof(listen_arg), "%s", args->listen ? args->listen : "-");
+    argv[n++] = listen_arg;
     argv[n] = NULL;
     tg.proc.pid = fork();
     if (tg.proc.pid < 0)
@@ -485,6 +494,10 @@ kt_target_t kt_target_start(const kt_target_args_t *args)
     close(sv[1]);
     tg.proc.sock = sv[0];
     tg.md = kt_recv_alloc(tg.proc.sock, &tg.md_len);
+    if (args->listen != NULL) {
+        size_t got = kt_recv(tg.proc.sock, tg.listen_addr, sizeof(tg.listen_addr));
+        KT_CHECK(got > 0 && tg.listen_addr[got - 1] == '\0');
+    }
     return tg;
 }
 
@@ -753,6 +766,7 @@ int kt_two_hosts(kt_netns_t *n, kt_target_t *tg, kt_target_args_t *a, int (*host
                  unsigned timeout_s)
 {
     struct kt_host_b h = {n, host_b};
+    char listen[KVX_ADDR_MAX];
     kt_proc_t b;
     int rc, stop;
 
@@ -763,6 +777,10 @@ int kt_two_hosts(kt_netns_t *n, kt_target_t *tg, kt_target_args_t *a, int (*host
     setenv("UCX_TLS", "tcp", 1);
     a->netns = n;
     a->ns_index = 0;
+    if (a->listen != NULL) { /* at its own address there, any port */
+        snprintf(listen, sizeof(listen), "%s:0", n->addr[0]);
+        a->listen = listen;
+    }
     *tg = kt_target_start(a);
     b = kt_spawn(kt_host_b_main, &h, timeout_s);
     rc = kt_wait(&b);

@@ -127,6 +127,8 @@ typedef struct kt_target_args {
     int ns_index;
     bool owned; /* kvx allocates the region (KVX_PARAM_OWN_REGION); the canary is the rest of
                  * its last page (block_len * num_blocks should not be a multiple of 4096) */
+    const char *listen; /* when set, it listens there (kvx_transport_listen); its address with
+                         * the port it got is kt_target_t.listen_addr */
 } kt_target_args_t;
 
 int kt_target_main(int sock, void *arg);
@@ -137,6 +139,7 @@ typedef struct kt_target {
     uint8_t *md;
     size_t md_len;
     kt_target_args_t args;
+    char listen_addr[KVX_ADDR_MAX]; /* with args.listen */
 } kt_target_t;
 
 kt_target_t kt_target_start(const kt_target_args_t *args);
@@ -189,6 +192,7 @@ void kt_netns_enter_named(const char *ns, const char *ifname);
  * inherits *tg, channel included), then stop everything and delete the namespaces. Returns the
  * test's exit code.
  */
+/* With a->listen set, the target listens at its address in namespace 0, on any port. */
 int kt_two_hosts(kt_netns_t *n, kt_target_t *tg, kt_target_args_t *a, int (*host_b)(void),
                  unsigned timeout_s);
 /* Take the link down or up from the root namespace side. */

@@ -35,6 +35,8 @@ PEER_ATTR_GENERATION = 1 << 6
 PEER_ATTR_ALL = (1 << 7) - 1
 TRANSPORT_ATTR_REGION = 1 << 2
 TRANSPORT_ATTR_RECV = 1 << 8
+TRANSPORT_ATTR_LISTEN = 1 << 9
+ADDR_MAX = 96
 XFER_PARAM_DEADLINE = 1 << 0
 XFER_PARAM_TAG = 1 << 1
 XFER_PARAM_FLAGS = 1 << 2
@@ -103,6 +105,7 @@ class TransportAttr(ctypes.Structure):
         ("num_peers", ctypes.c_size_t),
         ("stall_ms", ctypes.c_uint64),
         ("recv", RecvCounters),
+        ("listen_addr", ctypes.c_char * ADDR_MAX),
     ]
 
 
@@ -227,6 +230,9 @@ def _declare(lib):
                                                   ctypes.POINTER(ctypes.c_size_t)]),
         "kvx_peer_add": (ctypes.c_int, [t, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t,
                                         ctypes.POINTER(PeerParams)]),
+        "kvx_peer_connect": (ctypes.c_int, [t, ctypes.c_char_p, ctypes.c_char_p,
+                                            ctypes.POINTER(PeerParams)]),
+        "kvx_transport_listen": (ctypes.c_int, [t, ctypes.c_char_p]),
         "kvx_peer_remove": (ctypes.c_int, [t, ctypes.c_char_p]),
         "kvx_peer_remove_ex": (ctypes.c_int, [t, ctypes.c_char_p, ctypes.c_uint]),
         "kvx_peer_query": (ctypes.c_int, [t, ctypes.c_char_p, ctypes.POINTER(PeerAttr)]),

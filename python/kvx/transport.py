@@ -402,6 +402,33 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
             raise ValueError(f"add_remote_peer({peer_id!r}): {_lib.strerror(rc)}")
         raise PeerUnreachableError(-rc, f"add_remote_peer({peer_id!r}): {_lib.strerror(rc)}")
 
+    def listen(self, addr: str) -> str:
+        """Listen for peers that pair by address (connect) at "host:port" (port 0: any), on
+        UCX's connection manager; binds only there. Returns the address bound, with its port.
+        A connecting transport receives this one's metadata (only after proving the shared
+        secret, if one is set). KvxError if the address is bad, taken, or already listening."""
+        h = self._h()
+        self._check("listen", self._lib.kvx_transport_listen(h, str(addr).encode()))
+        a = _lib.TransportAttr()
+        a.field_mask = _lib.TRANSPORT_ATTR_LISTEN
+        self._check("listen", self._lib.kvx_transport_query(h, ctypes.byref(a)))
+        return a.listen_addr.decode()
+
+    def connect(self, peer_id: str, addr: str) -> None:
+        """Pair with the transport listening at addr and call it peer_id: its metadata comes
+        over UCX's connection manager, then the peer is added as add_remote_peer does (the same
+        checks: ValueError when incompatible, refused, or stale; PeerUnreachableError when
+        nothing answers there, or not within 2 s)."""
+        h = self._h()
+        rc = self._lib.kvx_peer_connect(h, str(peer_id).encode(), str(addr).encode(), None)
+        if rc == 0:
+            return
+        if rc == -errno.ESHUTDOWN:
+            raise _closed_error()
+        if -rc in _VALUE_ERRORS:
+            raise ValueError(f"connect({peer_id!r}, {addr!r}): {_lib.strerror(rc)}")
+        raise PeerUnreachableError(-rc, f"connect({peer_id!r}, {addr!r}): {_lib.strerror(rc)}")
+
     def add_remote_peer_async(self, peer_id: str, agent_metadata: bytes, base_addr: int,
                               num_blocks: int, block_len: int) -> concurrent.futures.Future:
         """add_remote_peer on a worker thread of this transport: returns a

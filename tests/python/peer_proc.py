@@ -36,6 +36,11 @@ def target_main(conn, name, num_blocks, block_len, salt, config_fields, env):
             bad = [d for d, src in pairs
                    if region[d * block_len:(d + 1) * block_len] != block_pattern(block_len, s, src, rnd)]
             conn.send(bad)
+        elif cmd[0] == "listen":  # ("listen", addr): the address bound, or the error's text
+            try:
+                conn.send(t.listen(cmd[1]))
+            except Exception as e:  # noqa: BLE001 - the test checks the text
+                conn.send(f"error: {e}")
         elif cmd[0] == "refill":
             fill(region, block_len, num_blocks, salt, cmd[1])
             conn.send("ok")

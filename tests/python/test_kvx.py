@@ -87,6 +87,10 @@ class Target:
     def add_to(self, t, peer_id):
         t.add_remote_peer(peer_id, self.md, self.base, self.num_blocks, self.block_len)
 
+    def listen(self, addr):
+        self.conn.send(("listen", addr))
+        return self.recv()
+
 
 class Local:
     """This process's engine: a transport over an mmap'd region of patterned blocks."""
@@ -105,6 +109,45 @@ class Local:
     def close(self):
         self.t.close()
         self.region.close()
+
+
+class TestPairing(unittest.TestCase):
+    """listen() and connect(): two processes pair by address alone."""
+
+    def test_listen_and_connect(self):
+        a = Target("listening", salt=3)
+        loc = Local("dialer")
+        try:
+            addr = a.listen("127.0.0.1:0")
+            self.assertTrue(addr.startswith("127.0.0.1:") and not addr.endswith(":0"), addr)
+            self.assertTrue(a.listen("127.0.0.1:0").startswith("error:"))  # already listening
+            loc.t.connect("A", addr)
+            info = loc.t.peer_info("A")
+            self.assertEqual(info["agent_name"], "listening")
+            self.assertEqual(info["remote_base"], a.base)
+            self.assertIn(info["transport"], ("sysv", "posix", "tcp"))
+            src, dst = scattered(16, 32, 1), scattered(16, NB, 4)
+            for i in src:
+                loc.region[i * BL:(i + 1) * BL] = block_pattern(BL, SALT, i, 7)
+            tid = loc.t.write_blocks("A", src, dst)
+            self.assertEqual(poll_until(loc.t, 1, "A"), ([tid], []))
+            self.assertEqual(a.verify(dst, src, SALT, 7), [])
+            a.refill(2)
+            back = list(range(40, 56))
+            tid = loc.t.read_blocks("A", back, dst)
+            self.assertEqual(poll_until(loc.t, 1, "A"), ([tid], []))
+            for d, s in zip(back, dst):
+                self.assertEqual(loc.block(d), block_pattern(BL, 3, s, 2), f"block {d} <- {s}")
+            with self.assertRaises(kvx.PeerUnreachableError):
+                loc.t.connect("B", "127.0.0.1:1")  # nothing listens there
+            with self.assertRaises(ValueError):
+                loc.t.connect("B", "127.0.0.1")  # no port
+            with self.assertRaises(kvx.KvxError):
+                loc.t.listen("127.0.0.1:99999")
+            self.assertIsNone(loc.t.peer_info("B"))
+        finally:
+            loc.close()
+            a.quit()
 
 
 def poll_until(t, want, peer_id=None, timeout=10.0):

@@ -1,0 +1,360 @@
+/*
+ * Pairing by address (kvx_transport_listen, kvx_peer_connect), every transfer verified:
+ *  - two processes over loopback: a target listening at 127.0.0.1:0, with a region of its own
+ *    and then one kvx owns; the initiator connects by address alone, writes and reads, and the
+ *    data path is shared memory (the metadata's worker address), mapped for the owned region;
+ *  - refusals, each with its documented error and nothing changed on either side: block length,
+ *    fingerprint, secret (missing, different, unexpected), bad addresses, nothing listening,
+ *    listening twice or on a port in use;
+ *  - garbage at the listener (raw tcp junk, half-open connections, floods of connects): a real
+ *    peer still pairs and transfers during and after it;
+ *  - with the argument "netns": across two network namespaces (tcp), by address alone.
+ */
+#include "harness.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#define BL 65536
+#define NB 64
+
+static kt_region_t r;
+
+static kvx_transport_t *mk(const char *name, uint64_t block_len, const char *fp, const char *secret)
+{
+    kvx_transport_t *t = NULL;
+    kvx_params_t p = {.field_mask = KVX_PARAM_REGION | KVX_PARAM_AGENT_NAME | KVX_PARAM_NUM_THREADS,
+                      .base = r.base,
+                      .num_blocks = r.num_blocks * r.block_len / block_len,
+                      .block_len = block_len,
+                      .agent_name = name,
+                      .num_threads = 1};
+    if (fp != NULL) {
+        p.field_mask |= KVX_PARAM_FINGERPRINT;
+        p.fingerprint = fp;
+    }
+    if (secret != NULL) {
+        p.field_mask |= KVX_PARAM_SECRET;
+        p.secret = secret;
+        p.secret_len = strlen(secret);
+    }
+    KT_OK(kvx_transport_create(&p, &t));
+    return t;
+}
+
+static void addr_of(kvx_transport_t *t, char *out)
+{
+    kvx_transport_attr_t a = {.field_mask = KVX_TRANSPORT_ATTR_LISTEN};
+    KT_OK(kvx_transport_query(t, &a));
+    memcpy(out, a.listen_addr, KVX_ADDR_MAX);
+}
+
+static size_t npeers(kvx_transport_t *t)
+{
+    kvx_transport_attr_t a = {.field_mask = KVX_TRANSPORT_ATTR_NUM_PEERS};
+    KT_OK(kvx_transport_query(t, &a));
+    return a.num_peers;
+}
+
+/* Write 16 scattered blocks to the target and read 16 back, every byte verified. */
+static void transfers(kvx_transport_t *t, const char *peer, kt_target_t *tg, uint64_t round)
+{
+    uint32_t li[16], ri[16], di[16];
+    kvx_completion_t c;
+    uint64_t id;
+
+    kt_indices(li, 16, 32, true, round);
+    kt_indices(ri, 16, tg->args.num_blocks, true, round + 7);
+    for (int i = 0; i < 16; i++) {
+        kt_fill(&r, li[i], 0x61, li[i], round);
+        di[i] = 32 + (uint32_t)i;
+    }
+    KT_OK(kvx_xfer_write(t, peer, li, ri, 16, NULL, &id));
+    KT_EQ(kt_poll_n(t, peer, &c, 1, 10000), 1);
+    KT_EQ(c.status, 0);
+    KT_EQ(kt_target_verify(tg, ri, li, 16, 0x61, round), 0);
+    kt_target_refill(tg, round);
+    KT_OK(kvx_xfer_read(t, peer, di, ri, 16, NULL, &id));
+    KT_EQ(kt_poll_n(t, peer, &c, 1, 10000), 1);
+    KT_EQ(c.status, 0);
+    for (int i = 0; i < 16; i++)
+        KT_EQ(kt_check(&r, di[i], tg->args.salt, ri[i], round), 0);
+}
+
+static void two_processes(bool owned)
+{
+    kt_target_args_t a = {.num_blocks = owned ? 61 : NB,
+                          .block_len = BL,
+                          .salt = 5,
+                          .threads = 1,
+                          .name = owned ? "listener-owned" : "listener",
+                          .owned = owned,
+                          .listen = "127.0.0.1:0"};
+    kt_target_t tg = kt_target_start(&a);
+    kvx_transport_t *t = mk("dialer", BL, NULL, NULL);
+    kvx_peer_attr_t pa = {.field_mask = KVX_PEER_ATTR_TRANSPORT | KVX_PEER_ATTR_AGENT_NAME |
+                                        KVX_PEER_ATTR_REGION | KVX_PEER_ATTR_GENERATION};
+    uint64_t t0 = kt_now_ns(), base, canary;
+
+    KT_CHECK(strncmp(tg.listen_addr, "127.0.0.1:", 10) == 0 && strcmp(tg.listen_addr + 10, "0"));
+    KT_OK(kvx_peer_connect(t, "L", tg.listen_addr, NULL));
+    KT_OK(kvx_peer_query(t, "L", &pa));
+    kt_log("paired with %s at %s in %.2f ms, data over '%s'", pa.agent_name, tg.listen_addr,
+           (double)(kt_now_ns() - t0) / 1e6, pa.transport);
+    KT_CHECK(strcmp(pa.agent_name, a.name) == 0);
+    KT_EQ(pa.remote_num_blocks, a.num_blocks);
+    kt_target_info(&tg, &base, &canary);
+    KT_EQ(pa.remote_base, base);
+    KT_CHECK(pa.generation > 0);
+    /* the metadata's worker address: shared memory between processes on one host */
+    KT_CHECK(strncmp(pa.transport, "sysv", 4) == 0 || strncmp(pa.transport, "posix", 5) == 0 ||
+             getenv("UCX_TLS") != NULL);
+    if (owned && getenv("UCX_TLS") == NULL)
+        KT_CHECK(strstr(pa.transport, "-mapped") != NULL);
+    transfers(t, "L", &tg, 1);
+    /* connecting again replaces the peer with the same generation: a re-add */
+    KT_OK(kvx_peer_connect(t, "L", tg.listen_addr, NULL));
+    transfers(t, "L", &tg, 2);
+    KT_EQ(npeers(t), 1);
+    kvx_transport_destroy(t);
+    KT_EQ(kt_target_canaries(&tg), 0);
+    KT_EQ(kt_target_stop(&tg), 0);
+}
+
+/* Every refusal: its error, no peer made here, and the listener serves the next one. */
+static void refusals(void)
+{
+    kvx_transport_t *plain = mk("plain", BL, "fp-1", NULL);
+    kvx_transport_t *guarded = mk("guarded", BL, "fp-1", "the-secret");
+    kvx_transport_t *small = mk("small", 4096, "fp-1", NULL);
+    kvx_transport_t *other_fp = mk("other-fp", BL, "fp-2", NULL);
+    kvx_transport_t *d = mk("dialer", BL, "fp-1", NULL);
+    kvx_transport_t *ds = mk("dialer-s", BL, "fp-1", "the-secret");
+    kvx_transport_t *dw = mk("dialer-w", BL, "fp-1", "a-wrong-secret");
+    char a_plain[KVX_ADDR_MAX], a_guarded[KVX_ADDR_MAX], a_small[KVX_ADDR_MAX], a_fp[KVX_ADDR_MAX],
+        taken[KVX_ADDR_MAX + 8];
+
+    KT_OK(kvx_transport_listen(plain, "127.0.0.1:0"));
+    KT_OK(kvx_transport_listen(guarded, "localhost:0"));
+    KT_OK(kvx_transport_listen(small, "127.0.0.1:0"));
+    KT_OK(kvx_transport_listen(other_fp, "127.0.0.1:0"));
+    addr_of(plain, a_plain);
+    addr_of(guarded, a_guarded);
+    addr_of(small, a_small);
+    addr_of(other_fp, a_fp);
+
+    /* listening: twice, a port in use, bad addresses */
+    KT_ERR(kvx_transport_listen(plain, "127.0.0.1:0"), -EALREADY);
+    snprintf(taken, sizeof(taken), "%s", a_plain);
+    KT_ERR(kvx_transport_listen(d, taken), -EADDRINUSE);
+    KT_ERR(kvx_transport_listen(d, NULL), -EINVAL);
+    KT_ERR(kvx_transport_listen(d, "127.0.0.1"), -EINVAL);
+    KT_ERR(kvx_transport_listen(d, ":0"), -EINVAL);
+    KT_ERR(kvx_transport_listen(d, "127.0.0.1:65536"), -EINVAL);
+    KT_ERR(kvx_transport_listen(d, "127.0.0.1:12x"), -EINVAL);
+    KT_ERR(kvx_transport_listen(d, "::1:0"), -EINVAL);
+    KT_ERR(kvx_transport_listen(d, "no-such-host.invalid:0"), -EINVAL);
+    KT_ERR(kvx_transport_listen(NULL, "127.0.0.1:0"), -EINVAL);
+    {
+        char none[KVX_ADDR_MAX];
+        addr_of(d, none);
+        KT_CHECK(none[0] == '\0'); /* none of that made it listen */
+    }
+
+    /* connecting: bad arguments, nothing listening */
+    KT_ERR(kvx_peer_connect(d, "x", "127.0.0.1:0", NULL), -EINVAL);
+    KT_ERR(kvx_peer_connect(d, "x", "127.0.0.1", NULL), -EINVAL);
+    KT_ERR(kvx_peer_connect(d, "x", NULL, NULL), -EINVAL);
+    KT_ERR(kvx_peer_connect(d, "", a_plain, NULL), -EINVAL);
+    KT_ERR(kvx_peer_connect(d, NULL, a_plain, NULL), -EINVAL);
+    KT_ERR(kvx_peer_connect(NULL, "x", a_plain, NULL), -EINVAL);
+    {
+        int rc = kvx_peer_connect(d, "x", "127.0.0.1:1", NULL); /* nothing listens on port 1 */
+        kt_log("nothing listening: %s", kvx_strerror(rc));
+        KT_ERR(rc, -ECONNREFUSED);
+    }
+    KT_EQ(npeers(d), 0);
+
+    /* the metadata's checks, as kvx_peer_add's */
+    KT_ERR(kvx_peer_connect(d, "x", a_small, NULL), -KVX_EINCOMPAT);
+    KT_ERR(kvx_peer_connect(d, "x", a_fp, NULL), -KVX_EINCOMPAT);
+    /* the secret: missing here, different here, or only here */
+    KT_ERR(kvx_peer_connect(d, "x", a_guarded, NULL), -EACCES);
+    KT_ERR(kvx_peer_connect(dw, "x", a_guarded, NULL), -EACCES);
+    KT_ERR(kvx_peer_connect(ds, "x", a_plain, NULL), -EACCES);
+    KT_EQ(npeers(d), 0);
+    KT_EQ(npeers(dw), 0);
+    KT_EQ(npeers(ds), 0);
+    KT_EQ(npeers(plain) + npeers(guarded) + npeers(small) + npeers(other_fp), 0);
+
+    /* and the right ones pair, with the listeners still serving */
+    KT_OK(kvx_peer_connect(d, "plain", a_plain, NULL));
+    KT_OK(kvx_peer_connect(ds, "guarded", a_guarded, NULL));
+    KT_EQ(npeers(d), 1);
+    KT_EQ(npeers(ds), 1);
+    {
+        kvx_peer_params_t ex = {.field_mask = KVX_PEER_PARAM_EXPECT_REGION,
+                                .base_addr = (uintptr_t)r.base,
+                                .num_blocks = NB + 1,
+                                .block_len = BL};
+        KT_ERR(kvx_peer_connect(d, "y", a_plain, &ex), -EINVAL); /* disagrees with params */
+        ex.num_blocks = NB;
+        KT_OK(kvx_peer_connect(d, "y", a_plain, &ex));
+        KT_EQ(npeers(d), 2);
+    }
+    kvx_transport_destroy(d);
+    kvx_transport_destroy(ds);
+    kvx_transport_destroy(dw);
+    kvx_transport_destroy(plain);
+    kvx_transport_destroy(guarded);
+    kvx_transport_destroy(small);
+    kvx_transport_destroy(other_fp);
+}
+
+static int tcp_connect(const char *addr)
+{
+    char host[KVX_ADDR_MAX], *colon;
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+    KT_CHECK(fd >= 0);
+    snprintf(host, sizeof(host), "%s", addr);
+    colon = strrchr(host, ':');
+    *colon = '\0';
+    sa.sin_port = htons((uint16_t)atoi(colon + 1));
+    KT_CHECK(inet_pton(AF_INET, host, &sa.sin_addr) == 1);
+    if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+struct burst {
+    kvx_transport_t *t;
+    const char *addr;
+    int i, rc;
+};
+
+static void *burst_main(void *arg)
+{
+    struct burst *b = arg;
+    char id[16];
+    snprintf(id, sizeof(id), "burst-%d", b->i);
+    b->rc = kvx_peer_connect(b->t, id, b->addr, NULL);
+    return NULL;
+}
+
+/* Junk, half-open connections and floods at the listener; a real peer pairs through it all. */
+static void garbage(void)
+{
+    kt_target_args_t a = {.num_blocks = NB,
+                          .block_len = BL,
+                          .salt = 9,
+                          .threads = 1,
+                          .name = "besieged",
+                          .listen = "127.0.0.1:0"};
+    kt_target_t tg = kt_target_start(&a);
+    kvx_transport_t *t = mk("dialer", BL, NULL, NULL);
+    int half[64], nhalf = 0, refused = 0;
+    uint8_t junk[4096];
+
+    for (size_t i = 0; i < sizeof(junk); i++)
+        junk[i] = (uint8_t)(i * 131 + 7);
+    /* half-open: connected, silent, kept open */
+    for (int i = 0; i < 64; i++)
+        if ((half[nhalf] = tcp_connect(tg.listen_addr)) >= 0)
+            nhalf++;
+    KT_EQ(nhalf, 64);
+    /* junk: connect, send garbage of various sizes, close */
+    for (int i = 0; i < 200; i++) {
+        int fd = tcp_connect(tg.listen_addr);
+        if (fd < 0) {
+            refused++;
+            continue;
+        }
+        if (send(fd, junk, (size_t)(1 + (i * 97) % sizeof(junk)), MSG_NOSIGNAL) < 0)
+            refused++;
+        close(fd);
+    }
+    /* a flood of bare connects and closes */
+    for (int i = 0; i < 500; i++) {
+        int fd = tcp_connect(tg.listen_addr);
+        if (fd >= 0)
+            close(fd);
+        else
+            refused++;
+    }
+    kt_log("garbage: 64 half-open, 200 junk, 500 bare connects (%d refused by the kernel)",
+           refused);
+    /* a real peer, with all that still open or in flight */
+    KT_OK(kvx_peer_connect(t, "L", tg.listen_addr, NULL));
+    transfers(t, "L", &tg, 1);
+    /* a burst of kvx connects at once, from 16 threads: every one pairs */
+    {
+        pthread_t th[16];
+        struct burst b[16];
+        for (int i = 0; i < 16; i++) {
+            b[i] = (struct burst){t, tg.listen_addr, i, 1};
+            KT_CHECK(pthread_create(&th[i], NULL, burst_main, &b[i]) == 0);
+        }
+        for (int i = 0; i < 16; i++) {
+            KT_CHECK(pthread_join(th[i], NULL) == 0);
+            KT_EQ(b[i].rc, 0);
+        }
+        KT_EQ(npeers(t), 17);
+    }
+    for (int i = 0; i < nhalf; i++)
+        close(half[i]);
+    KT_OK(kvx_peer_connect(t, "L2", tg.listen_addr, NULL));
+    transfers(t, "L2", &tg, 2);
+    kvx_transport_destroy(t);
+    KT_EQ(kt_target_stop(&tg), 0); /* the target is alive and quits cleanly */
+}
+
+/* Across two "hosts" (network namespaces, tcp): host b pairs with host a by its address alone. */
+static kt_netns_t ns;
+static kt_target_t ns_tg;
+
+static int host_b(void)
+{
+    kvx_transport_t *t;
+    kvx_peer_attr_t pa = {.field_mask = KVX_PEER_ATTR_TRANSPORT};
+
+    r = kt_region_alloc(NB, BL);
+    t = mk("host-b", BL, NULL, NULL);
+    KT_OK(kvx_peer_connect(t, "a", ns_tg.listen_addr, NULL));
+    KT_OK(kvx_peer_query(t, "a", &pa));
+    kt_log("host b paired with host a at %s, data over '%s'", ns_tg.listen_addr, pa.transport);
+    KT_CHECK(strcmp(pa.transport, "tcp") == 0);
+    transfers(t, "a", &ns_tg, 1);
+    transfers(t, "a", &ns_tg, 2);
+    kvx_transport_destroy(t);
+    kt_region_free(&r);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 1 && strcmp(argv[1], "netns") == 0) {
+        kt_target_args_t a = {.num_blocks = NB,
+                              .block_len = BL,
+                              .salt = 4,
+                              .threads = 1,
+                              .name = "host-a",
+                              .listen = "yes"};
+        return kt_two_hosts(&ns, &ns_tg, &a, host_b, 60);
+    }
+    r = kt_region_alloc(NB, BL);
+    two_processes(false);
+    two_processes(true);
+    refusals();
+    garbage();
+    kt_region_free(&r);
+    return 0;
+}
