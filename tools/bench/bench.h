@@ -68,8 +68,9 @@ typedef struct msg_hdr {
     uint32_t len;
 } msg_hdr_t;
 
-/* MSG_REGION and MSG_REFILL carry {block_len, num_blocks}; MSG_BARRIER {id, n}; MSG_CPU nothing,
- * answered with the server process's CPU time in ns (u64). */
+/* MSG_REGION and MSG_REFILL carry {block_len, num_blocks}; MSG_REGION is answered with the port
+ * (u32) that region's transport listens on, at the server's address. MSG_BARRIER {id, n};
+ * MSG_CPU nothing, answered with the server process's CPU time in ns (u64). */
 typedef struct verify_req {
     uint64_t block_len, num_blocks, salt, round;
     uint32_t n;

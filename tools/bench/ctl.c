@@ -1,6 +1,7 @@
 /*
  * kvx-bench's control channel: framed messages over TCP between the initiator and the server
- * (metadata exchange, verification, barriers), and the sockets under it.
+ * (region sizes and the port its transport listens on, verification, barriers, CPU figures),
+ * and the sockets under it. The metadata itself travels over kvx's own pairing (listen.c).
  */
 #include "bench.h"
 

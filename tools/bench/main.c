@@ -77,8 +77,11 @@ void *region_alloc(uint64_t bytes)
 
 static void usage(void)
 {
-    printf("usage: kvx-bench [options]              serve target regions (port %d)\n"
-           "       kvx-bench [options] host[:port]  run against a server (several: one per peer)\n"
+    printf("usage: kvx-bench --listen [host[:port]] [options]  serve target regions\n"
+           "                        (default 127.0.0.1:%d; also without --listen)\n"
+           "       kvx-bench [options] host[:port]  run against a server (several: one per peer);\n"
+           "                        it pairs with each region's transport by address\n"
+           "                        (kvx_peer_connect to the listener kvx runs beside it)\n"
            "       kvx-bench --loopback [options]   fork the server(s) here and run\n"
            "options:\n"
            "  -s, --sizes LIST      block sizes, e.g. 4K,64K,1M,4M (default 64K,1M)\n"
@@ -119,20 +122,37 @@ static void usage(void)
 
 int main(int argc, char **argv)
 {
-    static const struct option lo[] = {{"sizes", 1, 0, 's'},        {"region", 1, 0, 'r'},
-                                       {"blocks", 1, 0, 'b'},       {"pattern", 1, 0, 'P'},
-                                       {"op", 1, 0, 'o'},           {"iters", 1, 0, 'n'},
-                                       {"warmup", 1, 0, 'w'},       {"inflight", 1, 0, 'q'},
-                                       {"threads", 1, 0, 't'},      {"target-threads", 1, 0, 'T'},
-                                       {"peers", 1, 0, 'N'},        {"port", 1, 0, 'p'},
-                                       {"loopback", 0, 0, 'L'},     {"json", 0, 0, 'J'},
-                                       {"no-verify", 0, 0, 'V'},    {"same-block", 0, 0, 'S'},
-                                       {"quiet", 0, 0, 'Q'},        {"help", 0, 0, 'h'},
-                                       {"client-index", 1, 0, 'K'}, {"clients", 1, 0, 'C'},
-                                       {"initiators", 1, 0, 'C'},   {"wait", 0, 0, 'W'},
-                                       {"load", 1, 0, 'D'},         {"bind", 1, 0, 'B'},
-                                       {"max-region", 1, 0, 'M'},   {"integrity", 0, 0, 'G'},
-                                       {"owned", 0, 0, 'O'},        {0, 0, 0, 0}};
+    static const struct option lo[] = {{"sizes", 1, 0, 's'},
+                                       {"region", 1, 0, 'r'},
+                                       {"blocks", 1, 0, 'b'},
+                                       {"pattern", 1, 0, 'P'},
+                                       {"op", 1, 0, 'o'},
+                                       {"iters", 1, 0, 'n'},
+                                       {"warmup", 1, 0, 'w'},
+                                       {"inflight", 1, 0, 'q'},
+                                       {"threads", 1, 0, 't'},
+                                       {"target-threads", 1, 0, 'T'},
+                                       {"peers", 1, 0, 'N'},
+                                       {"port", 1, 0, 'p'},
+                                       {"loopback", 0, 0, 'L'},
+                                       {"json", 0, 0, 'J'},
+                                       {"no-verify", 0, 0, 'V'},
+                                       {"same-block", 0, 0, 'S'},
+                                       {"quiet", 0, 0, 'Q'},
+                                       {"help", 0, 0, 'h'},
+                                       {"client-index", 1, 0, 'K'},
+                                       {"clients", 1, 0, 'C'},
+                                       {"initiators", 1, 0, 'C'},
+                                       {"wait", 0, 0, 'W'},
+                                       {"load", 1, 0, 'D'},
+                                       {"bind", 1, 0, 'B'},
+                                       {"max-region", 1, 0, 'M'},
+                                       {"integrity", 0, 0, 'G'},
+                                       {"owned", 0, 0, 'O'},
+                                       {"listen", 2, 0, 'l'},
+                                       {0, 0, 0, 0}};
+    bool listen_mode = false;
+    const char *listen_at = NULL;
     int c;
 
     while ((c = getopt_long(argc, argv, "s:r:b:P:o:n:w:q:t:T:N:I:p:h", lo, NULL)) != -1) {
@@ -204,6 +224,10 @@ int main(int argc, char **argv)
         case 'O':
             o.owned = true;
             break;
+        case 'l':
+            listen_mode = true;
+            listen_at = optarg;
+            break;
         case 'Q':
             o.quiet = true;
             break;
@@ -245,6 +269,26 @@ int main(int argc, char **argv)
         if (o.naddrs == MAX_PEERS)
             die("too many addresses");
         o.addrs[o.naddrs++] = argv[i];
+    }
+    if (listen_mode) {
+        /* --listen [host[:port]]: serve there (the address may also follow as an argument) */
+        static char host[64];
+        const char *colon;
+        if (listen_at == NULL && o.naddrs == 1)
+            listen_at = o.addrs[0];
+        else if (o.naddrs > 0 || o.loopback)
+            die("--listen serves: it takes no server address and no --loopback");
+        o.naddrs = 0;
+        if (listen_at != NULL) {
+            colon = strrchr(listen_at, ':');
+            snprintf(host, sizeof(host), "%.*s",
+                     (int)(colon != NULL ? (size_t)(colon - listen_at) : strlen(listen_at)),
+                     listen_at);
+            if (host[0] != '\0')
+                o.bind = host;
+            if (colon != NULL)
+                o.port = atoi(colon + 1);
+        }
     }
     signal(SIGPIPE, SIG_IGN);
 

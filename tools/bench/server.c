@@ -26,8 +26,7 @@ typedef struct srv_region {
     uint64_t block_len, num_blocks;
     uint8_t *base;
     kvx_transport_t *t;
-    uint8_t *md;
-    size_t md_len;
+    uint32_t port; /* where its transport listens for initiators (kvx_transport_listen) */
 } srv_region_t;
 
 static srv_region_t srv_regions[MAX_REGIONS];
@@ -106,15 +105,18 @@ static srv_region_t *srv_region_get(uint64_t block_len, uint64_t num_blocks, con
         for (uint64_t i = 0; i < num_blocks; i++)
             kvx_pattern_fill(r->base + i * block_len, block_len, SERVER_SALT, i, 0);
     if (rc == 0) {
-        r->md_len = 0;
-        kvx_transport_metadata(r->t, NULL, &r->md_len);
-        r->md = malloc(r->md_len);
-        if (r->md == NULL || kvx_transport_metadata(r->t, r->md, &r->md_len) < 0)
-            rc = -ENOMEM;
+        /* initiators pair with it by address, at the control channel's address, any port */
+        kvx_transport_attr_t la = {.field_mask = KVX_TRANSPORT_ATTR_LISTEN};
+        char at[KVX_ADDR_MAX];
+        snprintf(at, sizeof(at), "%s:0", o.bind != NULL ? o.bind : "127.0.0.1");
+        rc = kvx_transport_listen(r->t, at);
+        if (rc == 0)
+            rc = kvx_transport_query(r->t, &la);
+        if (rc == 0)
+            r->port = (uint32_t)strtoul(strrchr(la.listen_addr, ':') + 1, NULL, 10);
     }
     if (rc < 0) {
         kvx_transport_destroy(r->t);
-        free(r->md);
         if (!o.owned)
             munmap(r->base, block_len * num_blocks);
         *why = kvx_strerror(rc);
@@ -170,7 +172,7 @@ static const char *srv_handle(srv_client_t *c)
         r = srv_region_get(geo[0], geo[1], &why);
         if (r == NULL)
             return why;
-        srv_send(c, MSG_REGION, r->md, (uint32_t)r->md_len);
+        srv_send(c, MSG_REGION, &r->port, sizeof(r->port));
         return NULL;
     case MSG_VERIFY: {
         verify_req_t q;
@@ -344,7 +346,6 @@ int server_run(int lfd, bool once)
         kvx_transport_destroy(srv_regions[i].t); /* an owned region goes with it */
         if (!o.owned)
             munmap(srv_regions[i].base, srv_regions[i].block_len * srv_regions[i].num_blocks);
-        free(srv_regions[i].md);
     }
     close(lfd);
     return 0;
