@@ -402,15 +402,59 @@ KVX_API int kvx_peer_remove_ex(kvx_transport_t *transport, const char *peer_id, 
  * kvx_peer_add returns, or -EINVAL (bad address), -ECONNREFUSED / -EHOSTUNREACH (nothing
  * listens there, or unreachable), -EACCES (the listener requires a secret this transport does
  * not hold, or its metadata is not signed with ours), -ETIMEDOUT (no answer in time).
+ *
+ * A peer paired this way heals: when its connection fails (its process died, the stall limit, a
+ * lost link), its transfers in flight fail as for any peer (-ECONNRESET, -ETIMEDOUT), and kvx
+ * pairs with the address again, at once and then with a backoff that doubles from 10 ms up to
+ * 500 ms between attempts, until it succeeds or the peer is removed or re-added. Meanwhile the
+ * peer's state is KVX_PEER_RECONNECTING and transfers submitted to it wait (their remote
+ * indices checked against the region last known) until the new connection takes them or their
+ * deadline fails them; a transfer whose blocks lie beyond the new region fails with -EINVAL.
+ * The listener's new metadata passes kvx_peer_add's checks (an incompatible one is refused and
+ * kvx keeps trying). kvx_peer_event_poll reports KVX_PEER_EVENT_DOWN, then RESTARTED (a newer
+ * generation: kvx_peer_attr_t.generation changed, the remote region's contents are gone) or
+ * RECONNECTED. A peer added with kvx_peer_add (a metadata blob) keeps failing as before.
  */
 KVX_API int kvx_peer_connect(kvx_transport_t *transport, const char *peer_id, const char *addr,
                              const kvx_peer_params_t *params);
+
+/** Kinds of kvx_peer_event_t. */
+typedef enum kvx_peer_event_type {
+    /** a peer paired by address lost its connection; kvx pairs with the address again */
+    KVX_PEER_EVENT_DOWN = 1,
+    /** ... and paired again with a transport of a newer generation: the process restarted, and
+     *  the contents of its region did not survive */
+    KVX_PEER_EVENT_RESTARTED = 2,
+    /** ... and paired again with the same transport (the same generation): its region is intact,
+     *  but writes that failed when the connection did may or may not have landed */
+    KVX_PEER_EVENT_RECONNECTED = 3
+} kvx_peer_event_type_t;
+
+/** What happened to a peer paired by address (kvx_peer_event_poll). */
+typedef struct kvx_peer_event {
+    char peer_id[KVX_PEER_ID_MAX + 1];
+    int type;            /**< kvx_peer_event_type_t */
+    int error;           /**< DOWN: why the connection failed (a negative errno) */
+    uint64_t generation; /**< the peer's generation after the event */
+} kvx_peer_event_t;
+
+/** How many peer events wait at most; when more come, the oldest are dropped. */
+#define KVX_PEER_EVENTS_MAX 256
+
+/**
+ * Copy out up to max events of peers paired by address, oldest first. Returns how many (0: none),
+ * or -EINVAL / -ESHUTDOWN. Never waits.
+ */
+KVX_API int kvx_peer_event_poll(kvx_transport_t *transport, kvx_peer_event_t *out, size_t max);
 
 /** State of a peer's connection (kvx_peer_attr_t.state). */
 typedef enum kvx_peer_state {
     KVX_PEER_CONNECTED = 0, /**< transfers can be submitted */
     KVX_PEER_FAILED = 1,    /**< the connection failed (see error); remove or re-add the peer */
-    KVX_PEER_REMOVED = 2    /**< removed; still holds completions not yet polled */
+    KVX_PEER_REMOVED = 2,   /**< removed; still holds completions not yet polled */
+    /** paired by address (kvx_peer_connect), its connection failed, and kvx is pairing with
+     *  that address again; transfers submitted meanwhile wait for it, within their deadlines */
+    KVX_PEER_RECONNECTING = 3
 } kvx_peer_state_t;
 
 /** Bits of kvx_peer_attr_t.field_mask. */

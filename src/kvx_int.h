@@ -94,6 +94,7 @@ typedef struct kvx_xfer kvx_xfer_t;
 typedef struct kvx_rconn kvx_rconn_t;
 typedef struct kvx_writer kvx_writer_t;
 typedef struct kvx_send kvx_send_t;
+typedef struct kvx_pairing kvx_pairing_t;
 typedef struct kvx_ucx kvx_ucx_t;       /* backend state of a transport (ucx.c) */
 typedef struct kvx_ucx_ep kvx_ucx_ep_t; /* backend state of an endpoint (ucx.c) */
 
@@ -249,6 +250,14 @@ struct kvx_peer {
     uint64_t bytes_written, bytes_read, xfers_done, xfers_failed, lat_sum_ns, lat_max_ns;
     char last_agent[KVX_NAME_MAX + 1];
     uint64_t last_base, last_num_blocks, last_generation;
+    /* paired by address (kvx_peer_connect): where it listens, and, once its connection failed,
+     * the pairing again (listen.c) */
+    char *addr;
+    bool reconnecting;
+    uint64_t next_try_ns, backoff_ns;
+    kvx_pairing_t *pg;         /* the attempt under way */
+    kvx_list_t reconnect_link; /* t->reconnects */
+    kvx_list_t parked;         /* transfers submitted meanwhile (QUEUED, no connection) */
 };
 
 /* ---- the receiving side (recv.c) ------------------------------------------------------------ */
@@ -386,7 +395,11 @@ struct kvx_transport {
     bool listening;
     char listen_addr[KVX_ADDR_MAX];
     kvx_list_t pairings;
-    unsigned naccepted; /* pairings the listener accepted that are not yet freed */
+    unsigned naccepted;         /* pairings the listener accepted that are not yet freed */
+    kvx_list_t reconnects;      /* peers paired by address whose connection failed */
+    uint64_t next_reconnect_ns; /* when one of them is due (UINT64_MAX: none) */
+    kvx_peer_event_t events[KVX_PEER_EVENTS_MAX]; /* a ring */
+    size_t ev_head, ev_count;
 
     /* transfers: objects are pooled (free_xfers); the pool keeps what recent peaks needed */
     kvx_idmap_t ids;
@@ -615,6 +628,12 @@ void kvx_wire_ack_put(uint8_t *entries, uint32_t i, uint64_t xfer_id, uint32_t b
 int kvx_peer_check(const kvx_transport_t *t, const kvx_md_t *md, const kvx_peer_params_t *expect,
                    const char **why);
 kvx_peer_t *kvx_peer_lookup(const kvx_transport_t *t, const char *id);
+/* Install a new connection from md on a peer paired by address whose connection failed, without
+ * waiting (its handshake completes in the background); the transfers parked meanwhile move to
+ * it. Returns 0 or a negative errno (nothing changed). */
+int kvx_peer_reinstall(kvx_transport_t *t, kvx_peer_t *p, const kvx_md_t *md);
+int kvx_peer_add_at(kvx_transport_t *t, const char *peer_id, const void *metadata,
+                    size_t metadata_len, const kvx_peer_params_t *params, const char *addr);
 bool kvx_peer_id_ok(const char *id);
 void kvx_peer_maybe_free(kvx_transport_t *t, kvx_peer_t *p);
 void kvx_peer_free_all(kvx_transport_t *t);
@@ -637,6 +656,9 @@ void kvx_idtab_release(kvx_idtab_t *tab, uint32_t id);
 void kvx_xfer_post(kvx_conn_t *c, size_t budget_bytes);
 void kvx_xfer_forget(kvx_xfer_t *x);
 void kvx_xfer_fail_conn(kvx_conn_t *c, int err);
+/* A reconnected peer's parked transfers go to its new connection c (those beyond its region
+ * fail with -EINVAL); or they all fail with err (c NULL: the peer was removed or closed). */
+void kvx_xfer_unpark(kvx_peer_t *p, kvx_conn_t *c, int err);
 void kvx_xfer_complete(kvx_xfer_t *x, int status);
 void kvx_xfer_release(kvx_xfer_t *x);
 void kvx_xfer_check_deadlines(kvx_transport_t *t, uint64_t now);
@@ -681,11 +703,12 @@ enum { KVX_DROP_MALFORMED, KVX_DROP_CAPABILITY, KVX_DROP_UNKNOWN, KVX_DROP_RNDV 
 /* One exchange over an endpoint of UCX's connection manager: the listener's side (accepted) sends
  * a nonce, the connecting side answers with a proof of the secret over it, the listener answers
  * with its metadata. Freed once its endpoint has closed and UCX holds nothing of it. */
-typedef struct kvx_pairing {
+struct kvx_pairing {
     kvx_transport_t *t;
     kvx_ucx_ep_t *ucx;
-    bool accepted; /* the listener's side (else a kvx_peer_connect call's) */
-    bool answered; /* accepted: MD sent; connecting: MD (or an error) received */
+    kvx_peer_t *peer; /* a reconnection's (else a kvx_peer_connect call's or the listener's) */
+    bool accepted;    /* the listener's side (else a kvx_peer_connect call's) */
+    bool answered;    /* accepted: MD sent; connecting: MD (or an error) received */
     bool closing;
     bool abandoned; /* connecting: the call has gone; free once closed */
     int err;
@@ -695,7 +718,7 @@ typedef struct kvx_pairing {
     uint64_t expires_ns;
     unsigned refs;   /* UCX callbacks still to come */
     kvx_list_t link; /* t->pairings */
-} kvx_pairing_t;
+};
 
 void kvx_listen_on_request(kvx_transport_t *t, void *conn_req);
 void kvx_listen_on_message(kvx_pairing_t *pg, const kvx_msg_t *m, const uint8_t *data,
@@ -707,6 +730,12 @@ void kvx_listen_housekeeping(kvx_transport_t *t, uint64_t now);
 void kvx_listen_close_all(kvx_transport_t *t); /* at close: every pairing's endpoint */
 bool kvx_listen_closing(const kvx_transport_t *t);
 void kvx_listen_free_all(kvx_transport_t *t); /* after the worker is gone */
+/* Reconnection of peers paired by address: start it (the peer's connection failed), stop it
+ * (removed, re-added, closing), and its step (from kvx_progress_step when due). */
+void kvx_listen_peer_lost(kvx_transport_t *t, kvx_peer_t *p, int err);
+void kvx_listen_peer_forget(kvx_transport_t *t, kvx_peer_t *p);
+void kvx_listen_reconnect(kvx_transport_t *t, uint64_t now);
+void kvx_listen_event(kvx_transport_t *t, const kvx_peer_t *p, int type, int err);
 
 /* ---- progress (progress.c) ------------------------------------------------------------------ */
 

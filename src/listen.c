@@ -23,6 +23,9 @@
 
 /* An exchange not finished in this time is closed (at the next housekeeping, 0.1-1 s later). */
 #define KVX_PAIR_TIMEOUT_NS (2ull * 1000000000ull)
+/* Pairing again: at once, then after pauses that double from the first to the last. */
+#define KVX_RECONNECT_MIN_NS 10000000ull
+#define KVX_RECONNECT_MAX_NS 500000000ull
 /* Connections the listener keeps at once; more are rejected until some finish or expire. */
 #define KVX_ACCEPTED_MAX 256
 
@@ -121,6 +124,8 @@ static void kvx_pair_close(kvx_pairing_t *pg, int err)
         pg->err = err;
     kvx_ucx_ep_close(pg->ucx, &pg->refs);
     pg->t->conn_event = true; /* a kvx_peer_connect call waiting on it looks again */
+    if (pg->peer != NULL)
+        pg->t->next_reconnect_ns = 0; /* a reconnection: its peer looks at once */
 }
 
 void kvx_listen_on_sent(kvx_pairing_t *pg, int status)
@@ -275,6 +280,8 @@ static void kvx_connect_on_md(kvx_pairing_t *pg, const kvx_msg_t *m, const uint8
         pg->md_len = data_len;
     }
     pg->t->conn_event = true;
+    if (pg->peer != NULL)
+        pg->t->next_reconnect_ns = 0;
 }
 
 void kvx_listen_on_message(kvx_pairing_t *pg, const kvx_msg_t *m, const uint8_t *data,
@@ -296,10 +303,33 @@ void kvx_listen_on_message(kvx_pairing_t *pg, const kvx_msg_t *m, const uint8_t 
     kvx_pair_maybe_free(pg);
 }
 
+/* Open a pairing to a listener's address. Lock held. */
+static int kvx_pair_dial(kvx_transport_t *t, const struct sockaddr_storage *ss, socklen_t len,
+                         kvx_pairing_t **pg_p)
+{
+    kvx_pairing_t *pg = calloc(1, sizeof(*pg));
+    int rc;
+
+    if (pg == NULL)
+        return -ENOMEM;
+    pg->t = t;
+    kvx_list_init(&pg->link);
+    rc = kvx_ucx_pair_open(t, NULL, (const struct sockaddr *)ss, len, pg, &pg->ucx);
+    if (rc < 0) {
+        free(pg);
+        return rc;
+    }
+    kvx_list_add_tail(&t->pairings, &pg->link);
+    pg->expires_ns = kvx_now_ns() + KVX_PAIR_TIMEOUT_NS;
+    *pg_p = pg;
+    return 0;
+}
+
 int kvx_peer_connect(kvx_transport_t *t, const char *peer_id, const char *addr,
                      const kvx_peer_params_t *params)
 {
     struct sockaddr_storage ss;
+    char numeric[KVX_ADDR_MAX];
     kvx_pairing_t *pg;
     uint8_t *md = NULL;
     size_t md_len = 0;
@@ -311,25 +341,18 @@ int kvx_peer_connect(kvx_transport_t *t, const char *peer_id, const char *addr,
     rc = kvx_addr_parse(addr, false, &ss, &len);
     if (rc < 0)
         return rc;
-    pg = calloc(1, sizeof(*pg));
-    if (pg == NULL)
-        return -ENOMEM;
-    pg->t = t;
-    kvx_list_init(&pg->link);
+    /* the peer remembers the address resolved: pairing again never waits on a name lookup */
+    kvx_addr_format(&ss, numeric, sizeof(numeric));
     kvx_lock(t);
     if (t->closed) {
         kvx_unlock(t);
-        free(pg);
         return -ESHUTDOWN;
     }
-    rc = kvx_ucx_pair_open(t, NULL, (const struct sockaddr *)&ss, len, pg, &pg->ucx);
+    rc = kvx_pair_dial(t, &ss, len, &pg);
     if (rc < 0) {
         kvx_unlock(t);
-        free(pg);
         return rc;
     }
-    kvx_list_add_tail(&t->pairings, &pg->link);
-    pg->expires_ns = kvx_now_ns() + KVX_PAIR_TIMEOUT_NS;
     t->busy++;
     while (!t->closed && !pg->answered && !pg->closing && kvx_now_ns() < pg->expires_ns)
         kvx_progress_wait_event(t, pg->expires_ns);
@@ -354,9 +377,159 @@ int kvx_peer_connect(kvx_transport_t *t, const char *peer_id, const char *addr,
     kvx_pair_maybe_free(pg);
     kvx_unlock(t);
     if (rc == 0)
-        rc = kvx_peer_add(t, peer_id, md, md_len, params);
+        rc = kvx_peer_add_at(t, peer_id, md, md_len, params, numeric);
     free(md);
     return rc;
+}
+
+/* ---- pairing again: peers paired by address whose connection failed ------------------------- */
+
+void kvx_listen_event(kvx_transport_t *t, const kvx_peer_t *p, int type, int err)
+{
+    kvx_peer_event_t *e;
+
+    if (t->ev_count == KVX_PEER_EVENTS_MAX) { /* the oldest goes */
+        t->ev_head = (t->ev_head + 1) % KVX_PEER_EVENTS_MAX;
+        t->ev_count--;
+    }
+    e = &t->events[(t->ev_head + t->ev_count) % KVX_PEER_EVENTS_MAX];
+    memset(e, 0, sizeof(*e));
+    snprintf(e->peer_id, sizeof(e->peer_id), "%s", p->id);
+    e->type = type;
+    e->error = err;
+    e->generation = p->last_generation;
+    t->ev_count++;
+}
+
+int kvx_peer_event_poll(kvx_transport_t *t, kvx_peer_event_t *out, size_t max)
+{
+    size_t n = 0;
+
+    if (t == NULL || (out == NULL && max != 0))
+        return -EINVAL;
+    kvx_lock(t);
+    if (t->closed) {
+        kvx_unlock(t);
+        return -ESHUTDOWN;
+    }
+    while (n < max && n < INT32_MAX && t->ev_count > 0) {
+        out[n++] = t->events[t->ev_head];
+        t->ev_head = (t->ev_head + 1) % KVX_PEER_EVENTS_MAX;
+        t->ev_count--;
+    }
+    kvx_unlock(t);
+    return (int)n;
+}
+
+static void kvx_reconnect_due(kvx_transport_t *t, uint64_t at)
+{
+    if (at < t->next_reconnect_ns) {
+        t->next_reconnect_ns = at;
+        kvx_progress_kick(t, at);
+    }
+}
+
+void kvx_listen_peer_lost(kvx_transport_t *t, kvx_peer_t *p, int err)
+{
+    if (p->reconnecting)
+        return;
+    p->reconnecting = true;
+    p->backoff_ns = KVX_RECONNECT_MIN_NS;
+    p->next_try_ns = kvx_now_ns();
+    kvx_list_add_tail(&t->reconnects, &p->reconnect_link);
+    kvx_info(t, "peer %s: connection failed (%s); pairing again with %s", p->id, kvx_strerror(err),
+             p->addr);
+    kvx_listen_event(t, p, KVX_PEER_EVENT_DOWN, err);
+    kvx_reconnect_due(t, p->next_try_ns);
+}
+
+/* The attempt under way is over (its outcome taken or not wanted). */
+static void kvx_reconnect_drop_attempt(kvx_peer_t *p)
+{
+    kvx_pairing_t *pg = p->pg;
+
+    if (pg == NULL)
+        return;
+    p->pg = NULL;
+    pg->peer = NULL;
+    pg->abandoned = true;
+    kvx_pair_close(pg, 0);
+    kvx_pair_maybe_free(pg);
+}
+
+void kvx_listen_peer_forget(kvx_transport_t *t, kvx_peer_t *p)
+{
+    (void)t;
+    if (!p->reconnecting)
+        return;
+    p->reconnecting = false;
+    kvx_list_del(&p->reconnect_link);
+    kvx_reconnect_drop_attempt(p);
+}
+
+/* An attempt that finished: 0 when the peer is back, else why not. */
+static int kvx_reconnect_outcome(kvx_transport_t *t, kvx_peer_t *p)
+{
+    kvx_pairing_t *pg = p->pg;
+    kvx_md_t md;
+    int rc;
+
+    if (pg->err < 0)
+        return pg->err;
+    if (pg->md == NULL)
+        return -ETIMEDOUT;
+    rc = kvx_md_decode(pg->md, pg->md_len, &md);
+    if (rc == 0)
+        rc = kvx_md_verify(pg->md, pg->md_len, &md, t->secret, t->secret_len);
+    if (rc == 0)
+        rc = kvx_peer_reinstall(t, p, &md); /* md points into pg->md, alive until below */
+    return rc;
+}
+
+void kvx_listen_reconnect(kvx_transport_t *t, uint64_t now)
+{
+    uint64_t next = UINT64_MAX;
+
+    for (kvx_list_t *n = t->reconnects.next, *nx; n != &t->reconnects; n = nx) {
+        kvx_peer_t *p = kvx_container_of(n, kvx_peer_t, reconnect_link);
+        kvx_pairing_t *pg = p->pg;
+        nx = n->next;
+        if (pg != NULL && !pg->answered && !pg->closing && now < pg->expires_ns) {
+            next = pg->expires_ns < next ? pg->expires_ns : next;
+            continue;
+        }
+        if (pg != NULL) {
+            int rc = kvx_reconnect_outcome(t, p);
+            kvx_reconnect_drop_attempt(p);
+            if (rc == 0) {
+                p->reconnecting = false;
+                kvx_list_del(&p->reconnect_link);
+                continue;
+            }
+            kvx_debug(t, "peer %s: pairing again with %s: %s; next try in %llu ms", p->id, p->addr,
+                      kvx_strerror(rc), (unsigned long long)(p->backoff_ns / 1000000));
+            p->next_try_ns = now + p->backoff_ns;
+            p->backoff_ns =
+                p->backoff_ns * 2 < KVX_RECONNECT_MAX_NS ? p->backoff_ns * 2 : KVX_RECONNECT_MAX_NS;
+        }
+        if (now >= p->next_try_ns) {
+            struct sockaddr_storage ss;
+            socklen_t len;
+            int rc = kvx_addr_parse(p->addr, false, &ss, &len); /* numeric: no lookup */
+            if (rc == 0)
+                rc = kvx_pair_dial(t, &ss, len, &p->pg);
+            if (rc == 0) {
+                p->pg->peer = p;
+                next = p->pg->expires_ns < next ? p->pg->expires_ns : next;
+                continue;
+            }
+            p->next_try_ns = now + p->backoff_ns;
+            p->backoff_ns =
+                p->backoff_ns * 2 < KVX_RECONNECT_MAX_NS ? p->backoff_ns * 2 : KVX_RECONNECT_MAX_NS;
+        }
+        next = p->next_try_ns < next ? p->next_try_ns : next;
+    }
+    t->next_reconnect_ns = next;
 }
 
 /* ---- housekeeping and close ------------------------------------------------------------------ */

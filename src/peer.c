@@ -82,6 +82,7 @@ void kvx_peer_maybe_free(kvx_transport_t *t, kvx_peer_t *p)
     if (!p->removed || p->conn != NULL || p->nxfers != 0 || p->turn_now != p->turn_next)
         return;
     kvx_peer_unlink(t, p);
+    free(p->addr);
     free(p->id);
     free(p);
 }
@@ -92,6 +93,7 @@ void kvx_peer_free_all(kvx_transport_t *t)
         kvx_peer_t *p, *next;
         for (p = t->ptab[i]; p != NULL; p = next) {
             next = p->hnext;
+            free(p->addr);
             free(p->id);
             free(p);
         }
@@ -186,6 +188,9 @@ void kvx_conn_fail(kvx_conn_t *c, int err)
     c->state = KVX_CONN_CLOSING;
     c->err = err;
     c->t->conn_event = true;
+    /* a peer paired by address pairs again (listen.c); its transfers fail all the same */
+    if (c->peer != NULL && c->peer->conn == c && c->peer->addr != NULL && !c->t->closed)
+        kvx_listen_peer_lost(c->t, c->peer, err);
     kvx_list_del(&c->work_link);
     kvx_idtab_release(&c->t->conn_ids, c->id);
     kvx_info(c->t, "connection to %s closing: %s", c->agent_name, kvx_strerror(err));
@@ -488,6 +493,8 @@ static kvx_peer_t *kvx_peer_new(kvx_transport_t *t, const char *peer_id)
     p->removed = true; /* until a connection is installed */
     kvx_list_init(&p->cq);
     kvx_list_init(&p->ready_link);
+    kvx_list_init(&p->reconnect_link);
+    kvx_list_init(&p->parked);
     return p;
 }
 
@@ -575,6 +582,14 @@ static void kvx_conn_retire(kvx_conn_t *old, int err)
 int kvx_peer_add(kvx_transport_t *t, const char *peer_id, const void *metadata, size_t metadata_len,
                  const kvx_peer_params_t *params)
 {
+    return kvx_peer_add_at(t, peer_id, metadata, metadata_len, params, NULL);
+}
+
+/* kvx_peer_add; addr: where the peer listens (kvx_peer_connect), or NULL (a metadata blob). */
+int kvx_peer_add_at(kvx_transport_t *t, const char *peer_id, const void *metadata,
+                    size_t metadata_len, const kvx_peer_params_t *params, const char *addr)
+{
+    char *addr_copy = NULL;
     kvx_md_t md;
     kvx_conn_t *c, *old;
     kvx_peer_t *p;
@@ -616,6 +631,10 @@ int kvx_peer_add(kvx_transport_t *t, const char *peer_id, const void *metadata, 
     rc = kvx_peer_turn_begin(t, p);
     if (rc < 0)
         goto out; /* closing: close frees p */
+    if (addr != NULL && (addr_copy = strdup(addr)) == NULL) {
+        rc = -ENOMEM;
+        goto out_turn;
+    }
     /* metadata older than the peer's: a stale copy (of a process since restarted, say) */
     if (p->conn != NULL && md.generation < p->conn->generation) {
         kvx_error(t, "peer %s (%s) rejected: its metadata is older than the peer's (%s)", peer_id,
@@ -694,6 +713,13 @@ int kvx_peer_add(kvx_transport_t *t, const char *peer_id, const void *metadata, 
     p->last_base = c->remote_base;
     p->last_num_blocks = c->remote_num_blocks;
     p->last_generation = c->generation;
+    /* paired by address or not from now on; a reconnection under way is over, and the
+     * transfers it parked go to this connection */
+    free(p->addr);
+    p->addr = addr_copy;
+    addr_copy = NULL;
+    kvx_listen_peer_forget(t, p);
+    kvx_xfer_unpark(p, c, 0);
     kvx_info(t, "peer %s: connected to %s over %s (messages of %zu bytes)%s", peer_id,
              c->agent_name, c->transport, c->seg, c->watched ? ", watching its process" : "");
     if (old != NULL) {
@@ -706,7 +732,73 @@ out_turn:
     kvx_peer_maybe_free(t, p); /* an entry made for an add that failed */
 out:
     kvx_unlock(t);
+    free(addr_copy);
     return rc;
+}
+
+int kvx_peer_reinstall(kvx_transport_t *t, kvx_peer_t *p, const kvx_md_t *md)
+{
+    const char *why;
+    kvx_conn_t *c, *old = p->conn;
+    bool restarted;
+    int rc, watch;
+
+    rc = kvx_peer_check(t, md, NULL, &why);
+    if (rc < 0) {
+        kvx_error(t, "peer %s (%s) at %s refused: %s", p->id, md->agent_name, p->addr, why);
+        return rc;
+    }
+    if (md->generation < p->last_generation) {
+        kvx_error(t, "peer %s at %s refused: its metadata is older than the peer's", p->id,
+                  p->addr);
+        return -ESTALE;
+    }
+    c = kvx_conn_new(t, md);
+    if (c == NULL)
+        return -ENOMEM;
+    watch = kvx_host_watch(&t->host, &md->host, &c->pidfd);
+    if (watch < 0) {
+        free(c);
+        return watch;
+    }
+    c->watched = watch == 1;
+    rc = kvx_idtab_alloc(&t->conn_ids, c, &c->id);
+    if (rc == 0) {
+        rc = kvx_ucx_ep_open(t, md->worker_addr, md->agent_name, c, false, &c->ucx);
+        if (rc < 0)
+            kvx_idtab_release(&t->conn_ids, c->id);
+    }
+    if (rc < 0) {
+        if (c->pidfd >= 0)
+            close(c->pidfd);
+        free(c);
+        return rc;
+    }
+    kvx_ucx_ep_describe(c->ucx, c->transport, sizeof(c->transport), &c->rma_hw, &c->seg);
+    if (md->rkey != NULL && c->watched)
+        kvx_conn_map(c, md); /* not prefaulted: the first copies fault the pages in */
+    kvx_list_add_tail(&t->conns, &c->all_link);
+    c->last_progress_ns = kvx_now_ns();
+    rc = kvx_conn_hello(c);
+    if (rc < 0) {
+        kvx_conn_fail(c, rc); /* not the peer's: no reconnection of its own */
+        return rc;
+    }
+    /* installed at once: transfers wait behind the handshake, as after a slow kvx_peer_add */
+    p->conn = c;
+    c->peer = p;
+    memcpy(p->last_agent, c->agent_name, sizeof(p->last_agent));
+    p->last_base = c->remote_base;
+    p->last_num_blocks = c->remote_num_blocks;
+    restarted = c->generation != p->last_generation;
+    p->last_generation = c->generation;
+    kvx_info(t, "peer %s: paired again with %s at %s over %s (generation %s)", p->id, c->agent_name,
+             p->addr, c->transport, restarted ? "new: it restarted" : "the same");
+    kvx_listen_event(t, p, restarted ? KVX_PEER_EVENT_RESTARTED : KVX_PEER_EVENT_RECONNECTED, 0);
+    kvx_xfer_unpark(p, c, 0);
+    if (old != NULL)
+        kvx_conn_release(old, -ECONNABORTED); /* failed already: it only goes */
+    return 0;
 }
 
 static int kvx_peer_remove_impl(kvx_transport_t *t, const char *peer_id, unsigned flags)
@@ -740,10 +832,10 @@ static int kvx_peer_remove_impl(kvx_transport_t *t, const char *peer_id, unsigne
     if (flags & KVX_PEER_REMOVE_PURGE) {
         /* forget what finished and was not polled yet (p keeps its connection meanwhile, so
          * releasing cannot free it), and mark what is in flight to be forgotten as it ends */
-        kvx_list_t *lists[] = {&c->queue, &c->waiting};
+        kvx_list_t *lists[] = {&c->queue, &c->waiting, &p->parked};
         while (!kvx_list_empty(&p->cq))
             kvx_xfer_release(kvx_list_first(&p->cq, kvx_xfer_t, conn_link));
-        for (size_t i = 0; i < 2; i++)
+        for (size_t i = 0; i < 3; i++)
             for (kvx_list_t *n = lists[i]->next; n != lists[i]; n = n->next)
                 kvx_container_of(n, kvx_xfer_t, conn_link)->purged = true;
     }
@@ -751,6 +843,10 @@ static int kvx_peer_remove_impl(kvx_transport_t *t, const char *peer_id, unsigne
     p->removed = true;
     p->last_err = c->err;
     t->nconnected--;
+    free(p->addr); /* no more pairing again */
+    p->addr = NULL;
+    kvx_listen_peer_forget(t, p);
+    kvx_xfer_unpark(p, NULL, -ECONNABORTED);
     kvx_conn_retire(c, -ECONNABORTED);
     kvx_peer_turn_end(t, p);
     kvx_peer_maybe_free(t, p);
@@ -799,6 +895,7 @@ int kvx_peer_query(kvx_transport_t *t, const char *peer_id, kvx_peer_attr_t *att
     }
     if (m & KVX_PEER_ATTR_STATE) {
         attr->state = c == NULL                   ? KVX_PEER_REMOVED
+                      : p->reconnecting           ? KVX_PEER_RECONNECTING
                       : c->state != KVX_CONN_OPEN ? KVX_PEER_FAILED
                       : c->pending_err != 0       ? KVX_PEER_FAILED
                                                   : KVX_PEER_CONNECTED;

@@ -26,7 +26,7 @@
  * every idle tick otherwise); the transfer pool is trimmed once per KVX_POOL_PERIOD_NS. */
 #define KVX_POOL_PERIOD_NS 1000000000ull
 
-static void kvx_progress_sleep(kvx_transport_t *t, int fd, uint64_t now, uint64_t until_ns,
+static bool kvx_progress_sleep(kvx_transport_t *t, int fd, uint64_t now, uint64_t until_ns,
                                bool stalled);
 
 static void kvx_progress_housekeeping(kvx_transport_t *t, uint64_t now)
@@ -58,6 +58,8 @@ unsigned kvx_progress_step(kvx_transport_t *t)
         n += kvx_recv_work(t);
     now = kvx_now_ns();
     kvx_xfer_check_deadlines(t, now);
+    if (now >= t->next_reconnect_ns) /* peers paired by address pairing again */
+        kvx_listen_reconnect(t, now);
     if (now >= t->next_housekeeping_ns)
         kvx_progress_housekeeping(t, now);
     /* API calls waiting on a connection (kvx_peer_add, kvx_peer_remove) look again */
@@ -110,6 +112,8 @@ static uint64_t kvx_progress_tick(kvx_transport_t *t, uint64_t now)
                                (kvx_list_empty(&t->active) ? 1 : KVX_KEEPALIVE_DIVISOR);
     if (!kvx_list_empty(&t->active) && t->next_housekeeping_ns < until)
         until = t->next_housekeeping_ns;
+    if (t->next_reconnect_ns < until)
+        until = t->next_reconnect_ns;
     return t->next_deadline_ns < until ? t->next_deadline_ns : until;
 }
 
@@ -119,10 +123,20 @@ static uint64_t kvx_progress_tick(kvx_transport_t *t, uint64_t now)
  * shared-memory FIFO, which UCX does not signal freeing) keeps the loop spinning, but once
  * nothing has moved for KVX_SPIN_NS the peer is slow or stopped: the loop then looks again after
  * pauses that double up to KVX_STALL_MAX_NS instead of burning a core until the deadline.
+ *
+ * UCX can also refuse to let the loop sleep while having nothing for it: after a peer died with
+ * kvx's messages in its full shared-memory FIFO, UCX retries flushing that endpoint for good
+ * (uct_mm_ep_flush ignores UCT_FLUSH_FLAG_CANCEL, 1.13 to 1.19) and ucp_worker_arm answers busy
+ * every time. After KVX_BUSY_IDLE_MAX such refusals in a row with no work found, the loop pauses
+ * as when stalled, up to KVX_BUSY_PAUSE_MAX_NS: events then wait at most that long.
  */
+#define KVX_BUSY_IDLE_MAX 2
+#define KVX_BUSY_PAUSE_MAX_NS 1000000ull
+
 typedef struct kvx_rest {
     uint64_t last_work;
     uint64_t pause;
+    unsigned busy_idle; /* sleeps UCX refused in a row while the steps found nothing */
 } kvx_rest_t;
 
 /* After a step that did n things: 0 to step again at once, else the time to sleep until, with
@@ -132,27 +146,44 @@ static uint64_t kvx_progress_rest(kvx_transport_t *t, kvx_rest_t *r, unsigned n,
 {
     uint64_t tick = kvx_progress_tick(t, now);
 
+    uint64_t max = KVX_STALL_MAX_NS;
+
     if (n > 0) {
         r->last_work = now;
         r->pause = KVX_STALL_MIN_NS;
+        r->busy_idle = 0;
         return 0;
     }
     if (now - r->last_work < t->spin_ns)
         return 0;
     *stalled = kvx_progress_busy(t);
+    if (!*stalled && r->busy_idle >= KVX_BUSY_IDLE_MAX) {
+        *stalled = true;
+        max = KVX_BUSY_PAUSE_MAX_NS;
+    }
     if (!*stalled)
         return tick;
     now += r->pause;
-    r->pause = r->pause * 2 < KVX_STALL_MAX_NS ? r->pause * 2 : KVX_STALL_MAX_NS;
+    r->pause = r->pause * 2 < max ? r->pause * 2 : max;
     return now < tick ? now : tick;
+}
+
+/* After a sleep: busy says whether UCX refused it (events pending, found or not by the next
+ * step). A real sleep ends in a burst of events, likely: spin again. */
+static void kvx_rest_woke(kvx_rest_t *r, bool stalled, bool busy)
+{
+    if (busy)
+        r->busy_idle++;
+    else if (!stalled)
+        r->last_work = kvx_now_ns();
 }
 
 /*
  * Arm the worker's event fd and sleep, with the lock released, until UCX has events, fd is
- * readable, or until_ns. If UCX has events pending already, return at once, unless stalled: then
- * pause until until_ns or fd anyway. Lock held on entry and on return.
+ * readable, or until_ns. If UCX has events pending already, return at once (true), unless
+ * stalled: then pause until until_ns or fd anyway. Lock held on entry and on return.
  */
-static void kvx_progress_sleep(kvx_transport_t *t, int fd, uint64_t now, uint64_t until_ns,
+static bool kvx_progress_sleep(kvx_transport_t *t, int fd, uint64_t now, uint64_t until_ns,
                                bool stalled)
 {
     struct pollfd fds[2] = {{.fd = fd, .events = POLLIN},
@@ -164,20 +195,21 @@ static void kvx_progress_sleep(kvx_transport_t *t, int fd, uint64_t now, uint64_
 
     if (kvx_ucx_arm(t) == -EBUSY) {
         if (!stalled)
-            return;
+            return true;
         nfds = 1;
     } else if (kvx_ucx_progress(t) > 0) {
         /* ucp_worker_arm arms only the interfaces in use. One whose last endpoint just went
          * (a peer removed) is re-armed by a callback that the next ucp_worker_progress runs;
          * asleep before that, a message arriving on it (a peer connecting again) would wake
          * nobody until the next tick. This progress runs it; if it found work, look again. */
-        return;
+        return false;
     }
     pthread_mutex_unlock(&t->lock);
     if (ppoll(fds, nfds, &ts, NULL) > 0 && (fds[0].revents & POLLIN) &&
         read(fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
         kvx_warn(t, "progress: reading fd %d: %s", fd, strerror(errno));
     pthread_mutex_lock(&t->lock);
+    return false;
 }
 
 static void *kvx_progress_main(void *arg)
@@ -185,7 +217,7 @@ static void *kvx_progress_main(void *arg)
     kvx_transport_t *t = arg;
     kvx_rest_t rest = {.last_work = kvx_now_ns(), .pause = KVX_STALL_MIN_NS};
     uint64_t now, until;
-    bool stalled;
+    bool stalled, busy;
 
     pthread_mutex_lock(&t->lock);
     while (!t->thread_stop) {
@@ -216,10 +248,9 @@ static void *kvx_progress_main(void *arg)
         }
         t->thread_sleeping = true;
         t->thread_wake_at_ns = until;
-        kvx_progress_sleep(t, t->wake_fd, now, until, stalled);
+        busy = kvx_progress_sleep(t, t->wake_fd, now, until, stalled);
         t->thread_sleeping = false;
-        if (!stalled)
-            rest.last_work = kvx_now_ns(); /* events come in bursts: spin again after a wake */
+        kvx_rest_woke(&rest, stalled, busy);
     }
     pthread_mutex_unlock(&t->lock);
     return NULL;
@@ -279,9 +310,8 @@ int kvx_transport_wait(kvx_transport_t *t, const char *peer_id, int timeout_ms)
             continue;
         }
         t->cq_signaled = false;
-        kvx_progress_sleep(t, t->cq_fd, now, until < end ? until : end, stalled);
-        if (!stalled)
-            rest.last_work = kvx_now_ns();
+        kvx_rest_woke(&rest, stalled,
+                      kvx_progress_sleep(t, t->cq_fd, now, until < end ? until : end, stalled));
     }
     t->waiters--;
     if (t->closed)

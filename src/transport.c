@@ -181,6 +181,8 @@ int kvx_transport_create(const kvx_params_t *params, kvx_transport_t **transport
     kvx_list_init(&t->ready);
     kvx_list_init(&t->conns);
     kvx_list_init(&t->pairings);
+    kvx_list_init(&t->reconnects);
+    t->next_reconnect_ns = UINT64_MAX;
     kvx_list_init(&t->work);
     kvx_list_init(&t->active);
     kvx_list_init(&t->rwork);
@@ -331,6 +333,8 @@ int kvx_transport_close(kvx_transport_t *t)
     for (size_t i = 0; i < t->ptab_cap; i++) {
         for (kvx_peer_t *p = t->ptab[i]; p != NULL; p = p->hnext) {
             kvx_conn_t *c = p->conn;
+            kvx_listen_peer_forget(t, p);
+            kvx_xfer_unpark(p, NULL, -ECONNABORTED);
             if (c == NULL)
                 continue;
             p->conn = NULL;

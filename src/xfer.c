@@ -107,14 +107,16 @@ static int kvx_xfer_submit(kvx_transport_t *t, int op, const char *peer_id, cons
         goto out;
     }
     c = p->conn;
-    if (c->state != KVX_CONN_OPEN) {
+    if (c->state != KVX_CONN_OPEN && !p->reconnecting) {
         rc = -ENOTCONN;
         goto out;
     }
     rc = kvx_xfer_alloc(t, &x);
     if (rc < 0)
         goto out;
-    rc = kvx_xfer_build_runs(t, x, c->remote_num_blocks, local, remote, count);
+    /* a peer pairing again: checked against the region last known, and again when it is back */
+    rc = kvx_xfer_build_runs(t, x, p->reconnecting ? p->last_num_blocks : c->remote_num_blocks,
+                             local, remote, count);
     if (rc < 0) {
         kvx_xfer_free(t, x);
         goto out;
@@ -122,7 +124,7 @@ static int kvx_xfer_submit(kvx_transport_t *t, int op, const char *peer_id, cons
     now = kvx_now_ns();
     x->op = (uint8_t)op;
     x->peer = p;
-    x->conn = c;
+    x->conn = p->reconnecting ? NULL : c;
     x->bytes = (uint64_t)count * t->block_len;
     x->tag = (fm & KVX_XFER_PARAM_TAG) ? params->tag : 0;
     x->notify = (flags & KVX_XFER_NOTIFY) != 0;
@@ -149,6 +151,11 @@ static int kvx_xfer_submit(kvx_transport_t *t, int op, const char *peer_id, cons
     if (x->deadline_ns != 0 && x->deadline_ns < t->next_deadline_ns) {
         t->next_deadline_ns = x->deadline_ns;
         kvx_progress_kick(t, x->deadline_ns);
+    }
+    if (p->reconnecting) { /* it waits for the new connection (kvx_xfer_unpark) */
+        kvx_list_add_tail(&p->parked, &x->conn_link);
+        rc = 0;
+        goto out;
     }
     was_idle = kvx_list_empty(&c->queue);
     kvx_list_add_tail(&c->queue, &x->conn_link);
@@ -188,8 +195,10 @@ static void kvx_xfer_detach(kvx_xfer_t *x)
 {
     kvx_conn_t *c = x->conn;
 
-    if (c == NULL)
+    if (c == NULL) { /* parked (or never queued): only its list */
+        kvx_list_del(&x->conn_link);
         return;
+    }
     c->unacked -= x->posted - x->done;
     x->done = x->posted;
     if (x->noticed) {
@@ -236,6 +245,32 @@ void kvx_xfer_forget(kvx_xfer_t *x)
         x->peer->inflight--;
     }
     kvx_xfer_release(x);
+}
+
+void kvx_xfer_unpark(kvx_peer_t *p, kvx_conn_t *c, int err)
+{
+    bool any = false;
+
+    while (!kvx_list_empty(&p->parked)) {
+        kvx_xfer_t *x = kvx_list_first(&p->parked, kvx_xfer_t, conn_link);
+        bool fits = c != NULL;
+
+        for (uint32_t i = 0; fits && i < x->nruns; i++)
+            fits = (uint64_t)x->runs[i].remote + x->runs[i].count <= c->remote_num_blocks;
+        if (!fits) {
+            kvx_xfer_finish(x, c != NULL ? -EINVAL : err);
+            continue;
+        }
+        kvx_list_del(&x->conn_link);
+        x->conn = c;
+        x->epoch = c->wired ? c->epoch : UINT64_MAX;
+        kvx_list_add_tail(&c->queue, &x->conn_link);
+        any = true;
+    }
+    if (any && c->state == KVX_CONN_OPEN && c->wired && !kvx_list_linked(&c->work_link)) {
+        kvx_list_add_tail(&c->t->work, &c->work_link);
+        kvx_progress_kick(c->t, 0);
+    }
 }
 
 /* Every transfer of a failed connection fails at once: its replies are dropped from now on, and

@@ -4,7 +4,8 @@
  *    left a zombie (its parent has not called wait). With no deadline and no stall limit, every
  *    transfer comes out of poll failed within 1.5 x keepalive + 0.5 s of the kill (UCX's
  *    keepalive misses a zombie: kvx watches same-host peers itself), a healthy second peer's
- *    transfers all succeed, and a restarted target added under the same id works;
+ *    transfers all succeed, a restarted target added under the same id works, and the process
+ *    is idle afterwards (UCX's endless flush of the dead peer's full FIFO does not spin it);
  *  - stalled peer: a SIGSTOPped target. Transfers fail with -ETIMEDOUT at their deadline, each
  *    alone (the connection stays), enforced by the progress thread with nobody polling (and
  *    without spinning meanwhile), each reported once even after the target resumes and answers
@@ -166,6 +167,17 @@ static void peer_death(bool reap)
     KT_OK(kvx_peer_add(t, "A", a2.md, a2.md_len, NULL));
     check_written(t, &a2, "A", 40);
     check_written(t, &b, "B", 10);
+    {
+        /* Idle now. UCX keeps trying to flush the dead peer's full shared-memory FIFO for good
+         * (it discards the endpoint only once the flush completes): that must not keep this
+         * process's progress thread spinning. */
+        double cpu0 = kt_cpu_s(), cpu;
+        usleep(1000000);
+        cpu = kt_cpu_s() - cpu0;
+        kt_log("peer death (%s): idle afterwards, %.1f ms of CPU in 1 s",
+               reap ? "reaped" : "zombie", cpu * 1e3);
+        KT_CHECK(cpu < 0.2);
+    }
 
     kvx_transport_destroy(t);
     free(a.md);

@@ -52,7 +52,9 @@ FINGERPRINT_MAX = 64
 TRANSPORT_NAME_MAX = 64
 ERRNO_OFFSET = 1000
 EINCOMPAT = ERRNO_OFFSET + 1
-PEER_STATES = {0: "connected", 1: "failed", 2: "removed"}
+PEER_STATES = {0: "connected", 1: "failed", 2: "removed", 3: "reconnecting"}
+PEER_EVENTS = {1: "down", 2: "restarted", 3: "reconnected"}
+PEER_ID_MAX = 255
 
 LOG_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p)
 
@@ -117,6 +119,15 @@ class Notice(ctypes.Structure):
         ("bytes", ctypes.c_uint64),
         ("status", ctypes.c_int32),
         ("reserved", ctypes.c_uint32),
+    ]
+
+
+class PeerEvent(ctypes.Structure):
+    _fields_ = [
+        ("peer_id", ctypes.c_char * (PEER_ID_MAX + 1)),
+        ("type", ctypes.c_int),
+        ("error", ctypes.c_int),
+        ("generation", ctypes.c_uint64),
     ]
 
 
@@ -250,6 +261,7 @@ def _declare(lib):
         "kvx_transport_query": (ctypes.c_int, [t, ctypes.POINTER(TransportAttr)]),
         "kvx_fence": (ctypes.c_int, [t, ctypes.c_char_p, c_uint64_p, ctypes.c_size_t]),
         "kvx_notice_poll": (ctypes.c_int, [t, ctypes.POINTER(Notice), ctypes.c_size_t]),
+        "kvx_peer_event_poll": (ctypes.c_int, [t, ctypes.POINTER(PeerEvent), ctypes.c_size_t]),
     }
     for name, (res, args) in sig.items():
         f = getattr(lib, name)

@@ -418,7 +418,10 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
         """Pair with the transport listening at addr and call it peer_id: its metadata comes
         over UCX's connection manager, then the peer is added as add_remote_peer does (the same
         checks: ValueError when incompatible, refused, or stale; PeerUnreachableError when
-        nothing answers there, or not within 2 s)."""
+        nothing answers there, or not within 2 s). Such a peer heals: when its connection fails,
+        kvx pairs with the address again by itself (peer_info's state is "reconnecting"
+        meanwhile, and transfers submitted then wait, within their deadlines), and
+        poll_peer_events() tells what happened."""
         h = self._h()
         rc = self._lib.kvx_peer_connect(h, str(peer_id).encode(), str(addr).encode(), None)
         if rc == 0:
@@ -636,6 +639,21 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
             if n < _NOTICE_BATCH:
                 break
         return () if out is None else tuple(out)
+
+    def poll_peer_events(self) -> list:
+        """What happened to peers paired by address (connect), oldest first, each once: dicts
+        of peer_id, event ("down": its connection failed and kvx pairs again; "restarted": back,
+        with a newer generation, its region's contents gone; "reconnected": back, the same
+        transport), error (for "down", a negative errno) and generation."""
+        h = self._h()
+        buf = (_lib.PeerEvent * 64)()
+        out = []
+        while True:
+            n = self._check("poll_peer_events", self._lib.kvx_peer_event_poll(h, buf, 64))
+            out.extend({"peer_id": e.peer_id.decode(), "event": _lib.PEER_EVENTS.get(e.type, str(e.type)),
+                        "error": e.error, "generation": e.generation} for e in buf[:n])
+            if n < 64:
+                return out
 
     def counters(self) -> dict:
         """What peers did to this transport's region, and what kvx refused them: bytes_landed,

@@ -149,6 +149,43 @@ class TestPairing(unittest.TestCase):
             loc.close()
             a.quit()
 
+    def test_restarted_listener_comes_back(self):
+        a = Target("first", salt=3)
+        loc = Local("dialer")
+        b = None
+        try:
+            addr = a.listen("127.0.0.1:0")
+            loc.t.connect("A", addr)
+            gen = loc.t.peer_info("A")["generation"]
+            os.kill(a.pid, signal.SIGKILL)
+            a.proc.join(10)
+            end = time.time() + 5
+            while loc.t.peer_info("A")["state"] != "reconnecting" and time.time() < end:
+                time.sleep(0.001)
+            self.assertEqual(loc.t.peer_info("A")["state"], "reconnecting")
+            # a write submitted now waits for the peer to come back
+            src, dst = [1, 2, 3], [40, 41, 42]
+            for i in src:
+                loc.region[i * BL:(i + 1) * BL] = block_pattern(BL, SALT, i, 9)
+            tid = loc.t.write_blocks("A", src, dst, deadline_ms=10000)
+            self.assertIsNotNone(tid)
+            b = Target("second", salt=4)
+            self.assertEqual(b.listen(addr), addr)  # the same address, a new process
+            self.assertEqual(poll_until(loc.t, 1, "A", timeout=10), ([tid], []))
+            self.assertEqual(b.verify(dst, src, SALT, 9), [])
+            info = loc.t.peer_info("A")
+            self.assertEqual((info["state"], info["agent_name"]), ("connected", "second"))
+            self.assertGreater(info["generation"], gen)
+            events = loc.t.poll_peer_events()
+            self.assertEqual([(e["peer_id"], e["event"]) for e in events],
+                             [("A", "down"), ("A", "restarted")])
+            self.assertEqual(events[1]["generation"], info["generation"])
+        finally:
+            loc.close()
+            a.quit()
+            if b is not None:
+                b.quit()
+
 
 def poll_until(t, want, peer_id=None, timeout=10.0):
     """Poll until `want` ids came out (done or failed); each must come out once."""
