@@ -62,6 +62,10 @@ const char *kvx_strerror(int err)
         return "resource temporarily unavailable";
     case EIO:
         return "I/O error";
+    case EADDRINUSE:
+        return "address in use (another listener has it)";
+    case EALREADY:
+        return "already listening";
     default:
         return "unknown error";
     }

@@ -334,7 +334,8 @@ int kvx_ucx_init(kvx_transport_t *t)
     static const char *const seg[] = {"UCX_SYSV_SEG_SIZE", "UCX_POSIX_SEG_SIZE", NULL};
     static const char *const fifo[] = {"UCX_SYSV_FIFO_SIZE", "UCX_POSIX_FIFO_SIZE", NULL};
     static const char *const tx[] = {"UCX_TCP_TX_SEG_SIZE", "UCX_TX_SEG_SIZE", NULL};
-    kvx_ucx_setting_t set[8];
+    static const char *const reuse[] = {"UCX_TCP_CM_REUSEADDR", NULL};
+    kvx_ucx_setting_t set[10];
     size_t nset = 0;
     unsigned major, minor, release;
     kvx_ucx_t *u;
@@ -375,6 +376,13 @@ int kvx_ucx_init(kvx_transport_t *t)
             -1,
             false};
     }
+    /* A listener (kvx_transport_listen) of a process that restarted binds its address again
+     * while connections of the last one linger in TIME_WAIT (SO_REUSEADDR; Linux still refuses
+     * a second live listener). UCX 1.13 takes this only from its environment
+     * (UCX_TCP_CM_REUSEADDR=y), not from ucp_config_modify in either form: measured with
+     * getsockopt on the listening socket. */
+    if (!(major == 1 && minor <= 13))
+        set[nset++] = (kvx_ucx_setting_t){{"TCP_CM_REUSEADDR", NULL}, reuse, "y", -1, false};
     if (t->keepalive_ms != 0) {
         kvx_ucx_setting_t *st = &set[nset++];
         *st = (kvx_ucx_setting_t){{"KEEPALIVE_INTERVAL", NULL}, NULL, "", -1, false};

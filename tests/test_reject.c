@@ -415,7 +415,7 @@ static void error_names(void)
     const int codes[] = {EINVAL,    ENOENT,          ENOMEM,    ENOSPC,        EEXIST,
                          EBADMSG,   EPROTONOSUPPORT, ETIMEDOUT, ECONNRESET,    ECONNABORTED,
                          ECANCELED, ENOTCONN,        ESHUTDOWN, KVX_EINCOMPAT, EACCES,
-                         EPROTO,    KVX_EFENCED,     ESTALE};
+                         EPROTO,    KVX_EFENCED,     ESTALE,    EADDRINUSE,    EALREADY};
     for (size_t i = 0; i < sizeof(codes) / sizeof(codes[0]); i++) {
         KT_CHECK(strcmp(kvx_strerror(-codes[i]), "unknown error") != 0);
         KT_CHECK(strcmp(kvx_strerror(-codes[i]), kvx_strerror(codes[i])) == 0);

@@ -19,6 +19,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <signal.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -84,6 +85,10 @@ int main(void)
     uint64_t gen, fds0 = 0, maps0 = 0;
     double worst_fail = 0, worst_back = 0;
 
+    /* UCX 1.13 sets SO_REUSEADDR on a listener only from its environment (kvx applies it on
+     * later versions): without it, a restarted target can find its port held by a connection of
+     * the last one in TIME_WAIT. The targets inherit this. */
+    setenv("UCX_TCP_CM_REUSEADDR", "y", 0);
     r = kt_region_alloc(NB, BL);
     p.base = r.base;
     KT_OK(kvx_transport_create(&p, &t));
