@@ -659,6 +659,8 @@ void kvx_xfer_fail_conn(kvx_conn_t *c, int err);
 /* A reconnected peer's parked transfers go to its new connection c (those beyond its region
  * fail with -EINVAL); or they all fail with err (c NULL: the peer was removed or closed). */
 void kvx_xfer_unpark(kvx_peer_t *p, kvx_conn_t *c, int err);
+/* A peer's connection failed before its handshake: its transfers (none posted yet) wait again. */
+void kvx_xfer_repark(kvx_conn_t *c, kvx_peer_t *p);
 void kvx_xfer_complete(kvx_xfer_t *x, int status);
 void kvx_xfer_release(kvx_xfer_t *x);
 void kvx_xfer_check_deadlines(kvx_transport_t *t, uint64_t now);

@@ -188,9 +188,13 @@ void kvx_conn_fail(kvx_conn_t *c, int err)
     c->state = KVX_CONN_CLOSING;
     c->err = err;
     c->t->conn_event = true;
-    /* a peer paired by address pairs again (listen.c); its transfers fail all the same */
-    if (c->peer != NULL && c->peer->conn == c && c->peer->addr != NULL && !c->t->closed)
+    /* a peer paired by address pairs again (listen.c); its transfers in flight fail all the
+     * same, but those of a connection that never finished its handshake sent nothing: they
+     * wait for the next one */
+    if (c->peer != NULL && c->peer->conn == c && c->peer->addr != NULL && !c->t->closed) {
         kvx_listen_peer_lost(c->t, c->peer, err);
+        kvx_xfer_repark(c, c->peer);
+    }
     kvx_list_del(&c->work_link);
     kvx_idtab_release(&c->t->conn_ids, c->id);
     kvx_info(c->t, "connection to %s closing: %s", c->agent_name, kvx_strerror(err));

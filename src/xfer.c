@@ -247,6 +247,17 @@ void kvx_xfer_forget(kvx_xfer_t *x)
     kvx_xfer_release(x);
 }
 
+void kvx_xfer_repark(kvx_conn_t *c, kvx_peer_t *p)
+{
+    /* before the handshake nothing of them was posted (kvx_xfer_post waits for it) */
+    while (!c->wired && !kvx_list_empty(&c->queue)) {
+        kvx_xfer_t *x = kvx_list_first(&c->queue, kvx_xfer_t, conn_link);
+        kvx_xfer_detach(x);
+        x->conn = NULL;
+        kvx_list_add_tail(&p->parked, &x->conn_link);
+    }
+}
+
 void kvx_xfer_unpark(kvx_peer_t *p, kvx_conn_t *c, int err)
 {
     bool any = false;
