@@ -1,8 +1,12 @@
 /*
  * The receiving side in charge of its region, over shared memory, every block verified:
- *  - late writes: 100 connections (10 rounds of 10) each have writes queued to a SIGSTOPped
- *    receiver; they fail by deadline; the receiver resumes and fences the writer; the writer
- *    rewrites the same blocks over a new connection; 2 s later every block holds the new data;
+ *  - late writes: 100 connections (10 rounds of 10) each have a write of old data that reaches
+ *    the receiver only after it fenced the writer: with the receiver SIGSTOPped, another writer
+ *    fills its FIFO, so UCX keeps the late writer's messages (it has no progress thread: they
+ *    move only when it is polled); they fail by deadline; the receiver resumes and fences; the
+ *    writer's next poll hands them over and the receiver drops every one (100 fenced messages,
+ *    the blocks keep their contents); the writer rewrites the same blocks over a new connection;
+ *    2 s later every block holds the new data;
  *  - fence semantics: on a receiver whose messages wait unprocessed (no progress thread), a fence
  *    of one tag drops the queued write of that tag (its writer sees -KVX_EFENCED) and lets the
  *    other tag's land; the writer's next write of the fenced tag lands without a re-add;
@@ -23,15 +27,22 @@
 
 static kt_region_t r;
 
-static kvx_transport_t *writer(const char *name, int integrity)
+/* A writer on the test's region; threads: its progress threads; stall_ms 0: the default. */
+static kvx_transport_t *writer(const char *name, int integrity, unsigned threads, uint64_t stall_ms)
 {
     kvx_transport_t *t;
-    kvx_params_t p = {.field_mask = KVX_PARAM_REGION | KVX_PARAM_AGENT_NAME | KVX_PARAM_INTEGRITY,
+    kvx_params_t p = {.field_mask = KVX_PARAM_REGION | KVX_PARAM_AGENT_NAME | KVX_PARAM_INTEGRITY |
+                                    KVX_PARAM_NUM_THREADS,
                       .base = r.base,
                       .num_blocks = NB,
                       .block_len = BL,
                       .agent_name = name,
-                      .integrity = integrity};
+                      .integrity = integrity,
+                      .num_threads = threads};
+    if (stall_ms != 0) {
+        p.field_mask |= KVX_PARAM_STALL;
+        p.stall_ms = stall_ms;
+    }
     KT_OK(kvx_transport_create(&p, &t));
     return t;
 }
@@ -59,43 +70,131 @@ static int wait_one(kvx_transport_t *t, const char *peer, uint64_t id)
     return c.status;
 }
 
-/* 10 rounds of 10 connections: writes queued to a stopped receiver fail by deadline; it
- * resumes and fences; new writes over new connections; 2 s later only the new data is there. */
+/* The receiver's shared-memory FIFO: kvx sets UCX's MM_FIFO_SIZE to 128 elements of
+ * MM_SEG_SIZE = 32 KiB, and each of kvx's WRITE messages fills one element (kvx cuts them to
+ * the segment: xfer.c, kvx_xfer_post_write). Every sender to a receiver shares its one FIFO. */
+#define FIFO_ELEMS 128
+/* Filler writes per round, one message each (4 blocks, 16 KiB). Each submit hands its message
+ * to UCX at once unless UCX holds KVX_MAX_REQS (16) of the connection's messages already
+ * (xfer.c, kvx_xfer_submit and kvx_xfer_post); those the FIFO takes do not count. With the
+ * receiver stopped, the FIFO is therefore full after at most FIFO_ELEMS of them, whatever room
+ * it had; the rest wait in the filler's UCX and kvx until the receiver resumes. */
+#define FILLERS (FIFO_ELEMS + 32)
+#define FILL_GROUPS 16     /* fillers write remote blocks FILL_DST.. in groups of 4 */
+#define FILL_DST 192       /* .. up to NB - 1 */
+#define STALE_DEADLINE 100 /* ms */
+
+/* What remote block S_i = dst[i][k] holds before round `round` writes it: the target's own
+ * pattern, then the new data of the round before. */
+static uint64_t prev_salt(int round) { return round == 0 ? 3 : SALT; }
+static uint64_t prev_round(int round) { return round == 0 ? 0 : 2ull * round; }
+
+/*
+ * 10 rounds of 10 connections. The late writer has no progress thread: its UCX moves only
+ * while the test calls it. With the receiver stopped, a filler transport fills the receiver's
+ * FIFO; the writer's 10 writes of old data then find it full, so UCX keeps each one's single
+ * message on the writer's side. They miss their deadline; the receiver resumes and fences the
+ * writer, and only then does the writer's next poll hand them over: each reaches the receiver
+ * after its fence, which drops it. The writer then rewrites the blocks over new connections.
+ */
 static void late_writes(void)
 {
     kt_target_args_t a = {.num_blocks = NB, .block_len = BL, .salt = 3, .threads = 1};
     kt_target_t tg;
-    kvx_transport_t *t = writer("late-writer", 0);
+    kt_region_t fr = kt_region_alloc(4 * FILL_GROUPS, BL);
+    /* no progress thread; and a stall limit far above the ~0.1 s from the writes' deadline to
+     * the poll after the fence, so that even a loaded machine cannot make kvx give up (fail the
+     * connection, which purges UCX's messages) writes UCX still holds before they could reach
+     * the receiver (xfer.c, kvx_xfer_finish and kvx_xfer_check_deadlines) */
+    kvx_transport_t *t = writer("late-writer", 0, 0, 20000), *fill;
+    kvx_completion_t fc[FILLERS];
     kvx_recv_counters_t rc;
     uint64_t stale = 0;
 
     a.name = "late-target";
     tg = kt_target_start(&a);
+    /* the filler is another writer (the fence spares it) with a progress thread of its own */
+    fill = kt_transport(&fr, "late-filler", 1);
+    KT_OK(kvx_peer_add(fill, "t", tg.md, tg.md_len, NULL));
     for (int round = 0; round < 10; round++) {
         uint64_t ids[10];
         char peer[10][8];
-        uint32_t old_l[10][4], new_l[10][4], dst[10][4];
+        uint32_t old_l[10][4], new_l[10][4], probe_l[10][4], dst[10][4];
+        uint32_t fill_l[FILL_GROUPS][4], fill_d[FILL_GROUPS][4];
+        kvx_completion_t c[10];
 
-        /* old data in local blocks 0..39, new data in 40..79, both to remote S_i */
+        /* old data in local blocks 0..39, new data in 40..79, both to remote S_i; 80..119
+         * take S_i's contents back before the round */
         for (int i = 0; i < 10; i++)
             for (int k = 0; k < 4; k++) {
                 old_l[i][k] = (uint32_t)(i * 4 + k);
                 new_l[i][k] = (uint32_t)(40 + i * 4 + k);
+                probe_l[i][k] = (uint32_t)(80 + i * 4 + k);
                 dst[i][k] = (uint32_t)(100 + i * 4 + k);
                 kt_fill(&r, old_l[i][k], SALT, old_l[i][k], 2ull * round + 1);
                 kt_fill(&r, new_l[i][k], SALT, new_l[i][k], 2ull * round + 2);
             }
+        for (int g = 0; g < FILL_GROUPS; g++)
+            for (int k = 0; k < 4; k++) {
+                fill_l[g][k] = (uint32_t)(g * 4 + k);
+                fill_d[g][k] = (uint32_t)(FILL_DST + g * 4 + k);
+                kt_fill(&fr, fill_l[g][k], SALT, fill_l[g][k], 100ull + round);
+            }
         for (int i = 0; i < 10; i++) {
             snprintf(peer[i], sizeof(peer[i]), "a%d", i);
             KT_OK(kvx_peer_add(t, peer[i], tg.md, tg.md_len, NULL));
+            /* a read that completes: the connection is wired up, so that its write below goes
+             * straight to UCX; and S_i holds what it held before this round */
+            KT_OK(kvx_xfer_read(t, peer[i], probe_l[i], dst[i], 4, NULL, &ids[i]));
+            KT_EQ(wait_one(t, peer[i], ids[i]), 0);
+            for (int k = 0; k < 4; k++)
+                KT_EQ(kt_check(&r, probe_l[i][k], prev_salt(round),
+                               round == 0 ? dst[i][k] : new_l[i][k], prev_round(round)),
+                      0);
+        }
+        if (round == 0) { /* the FIFO above is shared memory's */
+            kvx_peer_attr_t pa = {.field_mask = KVX_PEER_ATTR_TRANSPORT};
+            KT_OK(kvx_peer_query(t, peer[0], &pa));
+            kt_log("late writes travel over %s", pa.transport);
+            KT_CHECK(strncmp(pa.transport, "sysv", 4) == 0 ||
+                     strncmp(pa.transport, "posix", 5) == 0);
         }
         kt_stop(&tg.proc);
+        /* fill the stopped receiver's FIFO */
+        for (int f = 0; f < FILLERS; f++)
+            put(fill, "t", fill_l[f % FILL_GROUPS], fill_d[f % FILL_GROUPS], 4, 0, 0, false);
+        /* each write is one message that UCX cannot put in the full FIFO: it holds it */
         for (int i = 0; i < 10; i++)
-            ids[i] = put(t, peer[i], old_l[i], dst[i], 4, 100, 0, false);
+            ids[i] = put(t, peer[i], old_l[i], dst[i], 4, STALE_DEADLINE, 0, false);
+        usleep((STALE_DEADLINE + 50) * 1000);
+        /* past their deadline they failed, but none is reported while UCX still holds its
+         * message (xfer.c, kvx_xfer_finish): had one gone into the FIFO, it would be here */
+        KT_EQ(kt_poll_n(t, NULL, c, 10, 20), 0);
+        kt_cont(&tg.proc);
+        usleep(50000); /* time to drain its FIFO: the late messages are not in it */
+        KT_CHECK(kt_target_fence(&tg, "late-writer", NULL, 0) >= 10);
+        /* now the writer's UCX moves again: each message leaves for the FIFO, after the
+         * fence, and only then is its write reported */
         for (int i = 0; i < 10; i++)
             KT_ERR(wait_one(t, peer[i], ids[i]), -ETIMEDOUT);
-        kt_cont(&tg.proc);
-        KT_CHECK(kt_target_fence(&tg, "late-writer", NULL, 0) >= 10);
+        /* the receiver drops all 10 as fenced, and S_i keeps what it held */
+        for (uint64_t end = kt_now_ns() + 10000000000ull;;) {
+            kt_target_counters(&tg, &rc);
+            if (rc.drop_fenced >= 10ull * (round + 1) || kt_now_ns() > end)
+                break;
+            usleep(1000);
+        }
+        KT_EQ(rc.drop_fenced, 10ull * (round + 1));
+        for (int i = 0; i < 10; i++)
+            KT_EQ(kt_target_verify(&tg, dst[i], round == 0 ? dst[i] : new_l[i], 4, prev_salt(round),
+                                   prev_round(round)),
+                  0);
+        /* every filler landed */
+        KT_EQ(kt_poll_n(fill, "t", fc, FILLERS, 10000), FILLERS);
+        for (int f = 0; f < FILLERS; f++)
+            KT_EQ(fc[f].status, 0);
+        for (int g = 0; g < FILL_GROUPS; g++)
+            KT_EQ(kt_target_verify(&tg, fill_d[g], fill_l[g], 4, SALT, 100ull + round), 0);
         for (int i = 0; i < 10; i++) {
             KT_OK(kvx_peer_add(t, peer[i], tg.md, tg.md_len, NULL)); /* a new connection */
             ids[i] = put(t, peer[i], new_l[i], dst[i], 4, 0, 0, false);
@@ -112,13 +211,14 @@ static void late_writes(void)
     kt_log("late writes: 100 runs, %llu stale blocks; the receiver dropped %llu fenced messages",
            (unsigned long long)stale, (unsigned long long)rc.drop_fenced);
     KT_EQ(stale, 0);
-    /* the stopped receiver's FIFO held the failed writes and the fence dropped them. (Over shared
-     * memory they would not have been stale without it either: the FIFO hands them over before
-     * the rewrite. Over tcp they can be: test_linkcut.c, whose control run shows it.) */
-    KT_CHECK(rc.drop_fenced > 0);
+    /* every one of the 100 old writes reached the receiver after its fence, and the fence alone
+     * kept its bytes out (checked in each round, before the rewrite); nothing else was fenced */
+    KT_EQ(rc.drop_fenced, 100);
     KT_EQ(kt_target_canaries(&tg), 0);
+    kvx_transport_destroy(fill);
     kvx_transport_destroy(t);
     KT_EQ(kt_target_stop(&tg), 0);
+    kt_region_free(&fr);
 }
 
 /* A receiver without a progress thread: writes wait in its FIFO until it polls, so a fence
@@ -128,7 +228,7 @@ static void fence_tags_and_notices(void)
     kt_target_args_t a = {
         .num_blocks = NB, .block_len = BL, .salt = 4, .threads = 0, .name = "lazy-target"};
     kt_target_t tg = kt_target_start(&a);
-    kvx_transport_t *t = writer("tagged-writer", 0);
+    kvx_transport_t *t = writer("tagged-writer", 0, 1, 0);
     kvx_notice_t nt[8];
     kvx_recv_counters_t rc;
     uint32_t l7[3] = {1, 2, 3}, d7[3] = {10, 11, 12}, l8[2] = {4, 5}, d8[2] = {20, 21};
@@ -180,7 +280,7 @@ static void no_notice_for_failures(void)
     kt_target_args_t a = {
         .num_blocks = NB, .block_len = BL, .salt = 5, .threads = 1, .name = "stopped-target"};
     kt_target_t tg = kt_target_start(&a);
-    kvx_transport_t *t = writer("failing-writer", 0);
+    kvx_transport_t *t = writer("failing-writer", 0, 1, 0);
     kvx_notice_t nt[8];
     uint32_t l[2] = {1, 2}, d[2] = {30, 31};
     uint64_t id;
@@ -206,7 +306,7 @@ static void integrity(void)
     kt_target_args_t a = {
         .num_blocks = NB, .block_len = BL, .salt = 6, .threads = 1, .name = "crc-target"};
     kt_target_t tg = kt_target_start(&a);
-    kvx_transport_t *t = writer("crc-writer", 1);
+    kvx_transport_t *t = writer("crc-writer", 1, 1, 0);
     kvx_recv_counters_t rc;
     uint32_t l[64], d[64], back[64];
     uint64_t id;
