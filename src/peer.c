@@ -414,7 +414,7 @@ void kvx_conn_housekeeping(kvx_transport_t *t, uint64_t now)
             kvx_info(t, "connection to %s: its process %u has exited", c->agent_name,
                      (unsigned)c->host.pid);
             kvx_conn_fail(c, -ECONNRESET);
-        } else if (t->stall_ns != 0 && kvx_conn_busy(c) &&
+        } else if (t->stall_ns != 0 && kvx_conn_busy(c) && now > c->last_progress_ns &&
                    now - c->last_progress_ns > t->stall_ns) {
             kvx_warn(t, "connection to %s made no progress for %llu ms: failing it", c->agent_name,
                      (unsigned long long)((now - c->last_progress_ns) / 1000000ull));

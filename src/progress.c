@@ -62,8 +62,10 @@ unsigned kvx_progress_step(kvx_transport_t *t)
         n += kvx_recv_work(t);
     now = kvx_now_ns();
     kvx_xfer_check_deadlines(t, now);
-    if (now >= t->next_reconnect_ns) /* peers paired by address pairing again */
+    if (now >= t->next_reconnect_ns) { /* peers paired by address pairing again */
         kvx_listen_reconnect(t, now);
+        now = kvx_now_ns(); /* a connection it made counts its progress from later than now */
+    }
     if (now >= t->next_housekeeping_ns)
         kvx_progress_housekeeping(t, now);
     /* API calls waiting on a connection (kvx_peer_add, kvx_peer_remove) look again */
