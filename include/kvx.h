@@ -310,8 +310,9 @@ KVX_API int kvx_transport_query(kvx_transport_t *transport, kvx_transport_attr_t
  * holds the secret (an answer over a fresh random nonce, HMAC-SHA256), and without one, anyone
  * who can reach the address gets it. Connections that do not finish the exchange within 2 s are
  * closed, and at most 256 wait at once (more are rejected), so junk and floods of connections
- * do not keep real peers out for long. Returns 0, or -EINVAL (bad address), -EALREADY (already
- * listening), -EADDRINUSE, -ESHUTDOWN, or what UCX reported.
+ * do not keep real peers out for long (a client that keeps opening them does: see
+ * docs/security.md). addr need only stay valid during the call. Returns 0, or -EINVAL (bad
+ * address), -EALREADY (already listening), -EADDRINUSE, -ESHUTDOWN, or what UCX reported.
  */
 KVX_API int kvx_transport_listen(kvx_transport_t *transport, const char *addr);
 
@@ -398,10 +399,13 @@ KVX_API int kvx_peer_remove_ex(kvx_transport_t *transport, const char *peer_id, 
  * secret if this transport has one, receives the listener's metadata, closes that connection,
  * and adds the peer with that metadata exactly as kvx_peer_add does (the same checks, errors,
  * replacement rules, and the same data path: shared memory between processes on one host).
- * Waits up to 2 s for the listener's answer, without holding up other calls. Returns what
+ * Waits up to 2 s for the listener's answer, without holding up other calls. addr and params
+ * need only stay valid during the call; a name is resolved once (its first address), and the
+ * peer pairs again at that address. Returns what
  * kvx_peer_add returns, or -EINVAL (bad address), -ECONNREFUSED / -EHOSTUNREACH (nothing
  * listens there, or unreachable), -EACCES (the listener requires a secret this transport does
- * not hold, or its metadata is not signed with ours), -ETIMEDOUT (no answer in time).
+ * not hold, or its answer is not signed with ours for this exchange), -EPROTO (an answer that
+ * is not one), -ETIMEDOUT (no answer in time).
  *
  * A peer paired this way heals: when its connection fails (its process died, the stall limit, a
  * lost link), its transfers in flight fail as for any peer (-ECONNRESET, -ETIMEDOUT), and kvx

@@ -395,6 +395,7 @@ struct kvx_transport {
     bool listening;
     char listen_addr[KVX_ADDR_MAX];
     kvx_list_t pairings;
+    bool pair_work;             /* a pairing has something for kvx_listen_work */
     unsigned naccepted;         /* pairings the listener accepted that are not yet freed */
     kvx_list_t reconnects;      /* peers paired by address whose connection failed */
     uint64_t next_reconnect_ns; /* when one of them is due (UINT64_MAX: none) */
@@ -542,6 +543,8 @@ enum kvx_msg_type {
 #define KVX_READ_REQ_MAX ((uint64_t)256 * 1024) /* bytes one READ_REQ asks for */
 #define KVX_WIRE_NONCE_LEN 16
 #define KVX_WIRE_MAX_MD (64u * 1024) /* the metadata one MD carries */
+#define KVX_WIRE_MD_REQ_LEN 64
+#define KVX_WIRE_MD_LEN 72
 
 typedef struct kvx_wire_run {
     uint64_t offset;
@@ -603,10 +606,13 @@ typedef struct kvx_msg {
         } challenge;
         struct {
             const uint8_t *proof; /* NULL without KVX_MSGF_PROOF */
+            const uint8_t *cnonce;
         } md_req;
         struct {
             int32_t status;
             uint32_t len; /* of the metadata, the payload */
+            const uint8_t *cnonce;
+            const uint8_t *mac; /* NULL without KVX_MSGF_PROOF */
         } md;
     } u;
 } kvx_msg_t;
@@ -708,14 +714,21 @@ enum { KVX_DROP_MALFORMED, KVX_DROP_CAPABILITY, KVX_DROP_UNKNOWN, KVX_DROP_RNDV 
 struct kvx_pairing {
     kvx_transport_t *t;
     kvx_ucx_ep_t *ucx;
+    void *conn_req;   /* accepted: UCX's request, until kvx_listen_work opens the endpoint */
     kvx_peer_t *peer; /* a reconnection's (else a kvx_peer_connect call's or the listener's) */
     bool accepted;    /* the listener's side (else a kvx_peer_connect call's) */
     bool answered;    /* accepted: MD sent; connecting: MD (or an error) received */
     bool closing;
     bool abandoned; /* connecting: the call has gone; free once closed */
+    bool asked;     /* accepted: MD_REQ came; connecting: CHALLENGE came */
+    bool secret_needed, has_proof;
+    bool want_answer, want_request, work; /* for kvx_listen_work */
     int err;
-    uint8_t nonce[KVX_WIRE_NONCE_LEN];
-    uint8_t *md; /* connecting: the metadata received */
+    int fail_err; /* the endpoint failed (1: closed after the answer) or sent out of turn */
+    uint8_t nonce[KVX_WIRE_NONCE_LEN];  /* the listener's */
+    uint8_t cnonce[KVX_WIRE_NONCE_LEN]; /* the connecting side's */
+    uint8_t proof[KVX_PROOF_LEN];       /* accepted: MD_REQ's */
+    uint8_t *md;                        /* connecting: the metadata received */
     size_t md_len;
     uint64_t expires_ns;
     unsigned refs;   /* UCX callbacks still to come */
@@ -729,6 +742,7 @@ void kvx_listen_on_sent(kvx_pairing_t *pg, int status);
 void kvx_listen_on_error(kvx_pairing_t *pg, int status);
 void kvx_listen_on_closed(kvx_pairing_t *pg);
 void kvx_listen_housekeeping(kvx_transport_t *t, uint64_t now);
+unsigned kvx_listen_work(kvx_transport_t *t);
 void kvx_listen_close_all(kvx_transport_t *t); /* at close: every pairing's endpoint */
 bool kvx_listen_closing(const kvx_transport_t *t);
 void kvx_listen_free_all(kvx_transport_t *t); /* after the worker is gone */

@@ -2,11 +2,13 @@
  * Pairing by address, without a control plane: a transport listens on UCX's connection manager
  * (kvx_transport_listen), another connects to it (kvx_peer_connect), receives its metadata over
  * that connection and adds it exactly as kvx_peer_add does. The exchange, on an endpoint of the
- * connection manager (messages in wire.c):
+ * connection manager (messages in wire.c), with s and c fresh random nonces of each side:
  *
- *   listener   -> CHALLENGE  a fresh random nonce; flag KVX_MSGF_SECRET if a proof is required
- *   connecting -> MD_REQ     HMAC-SHA256(secret, "kvx-pair-v1" || nonce), with a secret
- *   listener   -> MD         its metadata (signed with the secret, if any), or -EACCES
+ *   listener   -> CHALLENGE  s; flag KVX_MSGF_SECRET if a proof is required
+ *   connecting -> MD_REQ     c, and with a secret HMAC-SHA256(secret, "kvx-pair-req-v1" || s || c)
+ *   listener   -> MD         c again, its metadata (signed with the secret, if any) or -EACCES,
+ *                            and with a secret HMAC-SHA256(secret, "kvx-pair-md-v1" || s || c ||
+ *                            metadata): an answer to this exchange, not a recorded one
  *
  * and the connecting side closes the endpoint. The listener sends nothing but the nonce before
  * the proof checks out. Data never travels here: kvx_peer_add opens the usual connection from
@@ -29,14 +31,10 @@
 /* Connections the listener keeps at once; more are rejected until some finish or expire. */
 #define KVX_ACCEPTED_MAX 256
 
-static const char kvx_pair_label[] = "kvx-pair-v1";
-
-static void kvx_pair_proof(const kvx_transport_t *t, const uint8_t *nonce, uint8_t out[32])
-{
-    kvx_iov_t parts[2] = {{(void *)kvx_pair_label, sizeof(kvx_pair_label) - 1},
-                          {(void *)nonce, KVX_WIRE_NONCE_LEN}};
-    kvx_hmac_sha256(t->secret, t->secret_len, parts, 2, out);
-}
+/* What the MACs of an exchange cover, after the label: the listener's nonce, the connecting
+ * side's, and for MD the metadata. */
+static const char kvx_pair_req_label[] = "kvx-pair-req-v1";
+static const char kvx_pair_md_label[] = "kvx-pair-md-v1";
 
 /* "host:port" or "[v6 address]:port" to a socket address: 0, or -EINVAL. */
 static int kvx_addr_parse(const char *addr, bool any_port, struct sockaddr_storage *ss,
@@ -100,7 +98,12 @@ static void kvx_addr_format(const struct sockaddr_storage *ss, char *out, size_t
     snprintf(out, cap, ss->ss_family == AF_INET6 ? "[%s]:%s" : "%s:%s", host, port);
 }
 
-/* ---- a pairing's life ------------------------------------------------------------------------ */
+/* ---- a pairing's life ------------------------------------------------------------------------
+ *
+ * UCX calls back (a connection request, a message, an error, a send or close completed) inside its
+ * progress; the callbacks only record what happened, and kvx_listen_work, run by the progress
+ * step right after, makes the UCX calls (endpoint, sends, close), as for kvx's connections.
+ */
 
 static void kvx_pair_maybe_free(kvx_pairing_t *pg)
 {
@@ -114,7 +117,8 @@ static void kvx_pair_maybe_free(kvx_pairing_t *pg)
     free(pg);
 }
 
-/* Close the pairing's endpoint (forcibly: nothing is owed to the other side). */
+/* Close the pairing's endpoint (forcibly: nothing is owed to the other side). Not from a UCX
+ * callback. pg stays allocated; the caller frees it with kvx_pair_maybe_free. */
 static void kvx_pair_close(kvx_pairing_t *pg, int err)
 {
     if (pg->closing)
@@ -122,27 +126,42 @@ static void kvx_pair_close(kvx_pairing_t *pg, int err)
     pg->closing = true;
     if (pg->err == 0)
         pg->err = err;
+    /* UCX may complete the pairing's queued sends inside the close: they must not free it */
+    pg->refs++;
     kvx_ucx_ep_close(pg->ucx, &pg->refs);
+    pg->refs--;
     pg->t->conn_event = true; /* a kvx_peer_connect call waiting on it looks again */
     if (pg->peer != NULL)
         pg->t->next_reconnect_ns = 0; /* a reconnection: its peer looks at once */
 }
 
+/* Something for kvx_listen_work to do about pg. */
+static void kvx_pair_want_work(kvx_pairing_t *pg)
+{
+    pg->work = true;
+    pg->t->pair_work = true;
+}
+
 void kvx_listen_on_sent(kvx_pairing_t *pg, int status)
 {
     pg->refs--;
-    if (status < 0 && status != -ECANCELED)
-        kvx_pair_close(pg, status);
+    if (status < 0 && status != -ECANCELED && !pg->closing) {
+        pg->fail_err = status;
+        kvx_pair_want_work(pg);
+    }
     kvx_pair_maybe_free(pg);
 }
 
 void kvx_listen_on_error(kvx_pairing_t *pg, int status)
 {
+    if (pg->closing)
+        return;
     /* the connecting side closing after the answer is the normal end of an accepted pairing */
     if (!pg->accepted && !pg->answered)
         kvx_debug(pg->t, "pairing: the connection failed: %s", kvx_strerror(status));
-    kvx_pair_close(pg, pg->answered ? 0 : status);
-    kvx_pair_maybe_free(pg);
+    pg->fail_err = pg->answered ? 1 : status; /* 1: closed after the answer, no error */
+    pg->t->conn_event = true;
+    kvx_pair_want_work(pg);
 }
 
 void kvx_listen_on_closed(kvx_pairing_t *pg)
@@ -181,11 +200,10 @@ int kvx_transport_listen(kvx_transport_t *t, const char *addr)
     return rc;
 }
 
+/* In UCX's callback: keep the request for kvx_listen_work, or refuse it at once. */
 void kvx_listen_on_request(kvx_transport_t *t, void *conn_req)
 {
-    uint8_t hdr[KVX_WIRE_HDR_LEN + KVX_WIRE_NONCE_LEN];
     kvx_pairing_t *pg = NULL;
-    int rc;
 
     if (t->closed || !t->listening || t->naccepted >= KVX_ACCEPTED_MAX ||
         (pg = calloc(1, sizeof(*pg))) == NULL ||
@@ -197,42 +215,68 @@ void kvx_listen_on_request(kvx_transport_t *t, void *conn_req)
     }
     pg->t = t;
     pg->accepted = true;
-    kvx_list_init(&pg->link);
-    /* a failed ucp_ep_create releases the request itself */
-    if (kvx_ucx_pair_open(t, conn_req, NULL, 0, pg, &pg->ucx) < 0) {
-        free(pg);
-        return;
-    }
+    pg->conn_req = conn_req;
     pg->expires_ns = kvx_now_ns() + KVX_PAIR_TIMEOUT_NS;
     kvx_list_add_tail(&t->pairings, &pg->link);
     t->naccepted++;
+    kvx_pair_want_work(pg);
+}
+
+/* The endpoint from the request, and the challenge. */
+static void kvx_listen_accept(kvx_pairing_t *pg)
+{
+    kvx_transport_t *t = pg->t;
+    uint8_t hdr[KVX_WIRE_HDR_LEN + KVX_WIRE_NONCE_LEN];
+    void *req = pg->conn_req;
+    int rc;
+
+    pg->conn_req = NULL;
+    /* a failed ucp_ep_create releases the request itself */
+    rc = kvx_ucx_pair_open(t, req, NULL, 0, pg, &pg->ucx);
+    if (rc < 0) {
+        pg->closing = true; /* nothing to close */
+        return;
+    }
     kvx_wire_put_hdr(hdr, KVX_MSG_CHALLENGE, t->secret != NULL ? KVX_MSGF_SECRET : 0, 0, 0);
     memcpy(hdr + KVX_WIRE_HDR_LEN, pg->nonce, sizeof(pg->nonce));
     rc = kvx_ucx_send_pair(pg->ucx, hdr, sizeof(hdr), NULL, 0, &pg->refs);
-    if (rc < 0) {
+    if (rc < 0)
         kvx_pair_close(pg, rc);
-        kvx_pair_maybe_free(pg);
-    }
 }
 
-/* MD_REQ: the metadata, if the proof holds (or no secret is needed). */
-static void kvx_listen_answer(kvx_pairing_t *pg, const kvx_msg_t *m)
+/* The MAC that binds an exchange's two nonces to what it carries (a request: nothing). */
+static void kvx_pair_mac(const kvx_transport_t *t, const char *label, const uint8_t *snonce,
+                         const uint8_t *cnonce, const void *data, size_t len, uint8_t out[32])
+{
+    kvx_iov_t parts[4] = {{(void *)label, strlen(label)},
+                          {(void *)snonce, KVX_WIRE_NONCE_LEN},
+                          {(void *)cnonce, KVX_WIRE_NONCE_LEN},
+                          {(void *)data, len}};
+    kvx_hmac_sha256(t->secret, t->secret_len, parts, len > 0 ? 4 : 3, out);
+}
+
+/* MD_REQ (kept in pg): the metadata, if the proof holds (or no secret is needed). */
+static void kvx_listen_answer(kvx_pairing_t *pg)
 {
     kvx_transport_t *t = pg->t;
-    uint8_t hdr[24], want[KVX_PROOF_LEN];
+    uint8_t hdr[KVX_WIRE_MD_LEN] = {0}, want[KVX_PROOF_LEN];
     int32_t status = 0;
     int rc;
 
     if (t->secret != NULL) {
-        kvx_pair_proof(t, pg->nonce, want);
-        if (m->u.md_req.proof == NULL || !kvx_equal_ct(m->u.md_req.proof, want, sizeof(want))) {
+        kvx_pair_mac(t, kvx_pair_req_label, pg->nonce, pg->cnonce, NULL, 0, want);
+        if (!pg->has_proof || !kvx_equal_ct(pg->proof, want, sizeof(want))) {
             kvx_warn(t, "listener: a peer without the shared secret was refused");
             status = -EACCES;
         }
     }
-    kvx_wire_put_hdr(hdr, KVX_MSG_MD, 0, 0, 0);
+    kvx_wire_put_hdr(hdr, KVX_MSG_MD, status == 0 && t->secret != NULL ? KVX_MSGF_PROOF : 0, 0, 0);
     kvx_put32(hdr + 16, (uint32_t)status);
     kvx_put32(hdr + 20, status == 0 ? (uint32_t)t->metadata_len : 0);
+    memcpy(hdr + 24, pg->cnonce, KVX_WIRE_NONCE_LEN);
+    if (status == 0 && t->secret != NULL)
+        kvx_pair_mac(t, kvx_pair_md_label, pg->nonce, pg->cnonce, t->metadata, t->metadata_len,
+                     hdr + 40);
     pg->answered = true;
     pg->expires_ns = kvx_now_ns() + KVX_PAIR_TIMEOUT_NS; /* for the other side to close */
     rc = kvx_ucx_send_pair(pg->ucx, hdr, sizeof(hdr), status == 0 ? t->metadata : NULL,
@@ -245,13 +289,13 @@ static void kvx_listen_answer(kvx_pairing_t *pg, const kvx_msg_t *m)
 
 /* ---- the connecting side --------------------------------------------------------------------- */
 
-static void kvx_connect_on_challenge(kvx_pairing_t *pg, const kvx_msg_t *m)
+static void kvx_connect_request(kvx_pairing_t *pg)
 {
     kvx_transport_t *t = pg->t;
-    uint8_t hdr[KVX_WIRE_HDR_LEN + KVX_PROOF_LEN] = {0};
+    uint8_t hdr[KVX_WIRE_MD_REQ_LEN] = {0};
     int rc;
 
-    if ((m->flags & KVX_MSGF_SECRET) && t->secret == NULL) {
+    if (pg->secret_needed && t->secret == NULL) {
         /* it would refuse us: say so without asking */
         pg->answered = true;
         pg->err = -EACCES;
@@ -260,47 +304,100 @@ static void kvx_connect_on_challenge(kvx_pairing_t *pg, const kvx_msg_t *m)
     }
     kvx_wire_put_hdr(hdr, KVX_MSG_MD_REQ, t->secret != NULL ? KVX_MSGF_PROOF : 0, 0, 0);
     if (t->secret != NULL)
-        kvx_pair_proof(t, m->u.challenge.nonce, hdr + KVX_WIRE_HDR_LEN);
-    memcpy(pg->nonce, m->u.challenge.nonce, sizeof(pg->nonce)); /* asked: nonzero from now */
+        kvx_pair_mac(t, kvx_pair_req_label, pg->nonce, pg->cnonce, NULL, 0, hdr + KVX_WIRE_HDR_LEN);
+    memcpy(hdr + KVX_WIRE_HDR_LEN + KVX_PROOF_LEN, pg->cnonce, KVX_WIRE_NONCE_LEN);
     rc = kvx_ucx_send_pair(pg->ucx, hdr, sizeof(hdr), NULL, 0, &pg->refs);
     if (rc < 0)
         kvx_pair_close(pg, rc);
 }
 
+/* MD, in UCX's callback: its metadata must answer this exchange (our nonce, and with a secret,
+ * the listener's MAC over both nonces and the metadata). */
 static void kvx_connect_on_md(kvx_pairing_t *pg, const kvx_msg_t *m, const uint8_t *data,
                               size_t data_len)
 {
+    kvx_transport_t *t = pg->t;
+    uint8_t want[KVX_PROOF_LEN];
+
     pg->answered = true;
-    if (m->u.md.status < 0) {
-        pg->err = m->u.md.status;
+    if (!kvx_equal_ct(m->u.md.cnonce, pg->cnonce, KVX_WIRE_NONCE_LEN)) {
+        pg->err = -EPROTO; /* not an answer to this exchange */
+    } else if (m->u.md.status < 0) {
+        pg->err = m->u.md.status == -EACCES ? -EACCES : -EPROTO;
+    } else if (t->secret != NULL &&
+               (m->u.md.mac == NULL ||
+                (kvx_pair_mac(t, kvx_pair_md_label, pg->nonce, pg->cnonce, data, data_len, want),
+                 !kvx_equal_ct(m->u.md.mac, want, sizeof(want))))) {
+        pg->err = -EACCES;
     } else if ((pg->md = malloc(data_len)) == NULL) {
         pg->err = -ENOMEM;
     } else {
         memcpy(pg->md, data, data_len);
         pg->md_len = data_len;
     }
-    pg->t->conn_event = true;
+    if (pg->err < 0)
+        kvx_pair_want_work(pg); /* close it */
+    t->conn_event = true;
     if (pg->peer != NULL)
-        pg->t->next_reconnect_ns = 0;
+        t->next_reconnect_ns = 0;
 }
 
 void kvx_listen_on_message(kvx_pairing_t *pg, const kvx_msg_t *m, const uint8_t *data,
                            size_t data_len)
 {
-    static const uint8_t zero[KVX_WIRE_NONCE_LEN];
-    bool asked = memcmp(pg->nonce, zero, sizeof(zero)) != 0;
-
-    if (pg->closing)
+    if (pg->closing || pg->fail_err != 0)
         return;
-    if (pg->accepted && m->type == KVX_MSG_MD_REQ && !pg->answered)
-        kvx_listen_answer(pg, m);
-    else if (!pg->accepted && m->type == KVX_MSG_CHALLENGE && !asked)
-        kvx_connect_on_challenge(pg, m);
-    else if (!pg->accepted && m->type == KVX_MSG_MD && asked && !pg->answered)
+    if (pg->accepted && m->type == KVX_MSG_MD_REQ && !pg->asked && pg->ucx != NULL) {
+        pg->asked = true;
+        pg->has_proof = m->u.md_req.proof != NULL;
+        if (pg->has_proof)
+            memcpy(pg->proof, m->u.md_req.proof, KVX_PROOF_LEN);
+        memcpy(pg->cnonce, m->u.md_req.cnonce, KVX_WIRE_NONCE_LEN);
+        pg->want_answer = true;
+        kvx_pair_want_work(pg);
+    } else if (!pg->accepted && m->type == KVX_MSG_CHALLENGE && !pg->asked) {
+        pg->asked = true;
+        memcpy(pg->nonce, m->u.challenge.nonce, KVX_WIRE_NONCE_LEN);
+        pg->secret_needed = (m->flags & KVX_MSGF_SECRET) != 0;
+        pg->want_request = true;
+        kvx_pair_want_work(pg);
+    } else if (!pg->accepted && m->type == KVX_MSG_MD && pg->asked && !pg->answered) {
         kvx_connect_on_md(pg, m, data, data_len);
-    else /* out of turn: the other side is not kvx, or not well */
-        kvx_pair_close(pg, -EPROTO);
-    kvx_pair_maybe_free(pg);
+    } else { /* out of turn: the other side is not kvx, or not well */
+        pg->fail_err = -EPROTO;
+        kvx_pair_want_work(pg);
+    }
+}
+
+/* After UCX progress: what the callbacks recorded. Returns the pairings served. */
+unsigned kvx_listen_work(kvx_transport_t *t)
+{
+    unsigned n = 0;
+
+    for (kvx_list_t *l = t->pairings.next, *next; l != &t->pairings; l = next) {
+        kvx_pairing_t *pg = kvx_container_of(l, kvx_pairing_t, link);
+        next = l->next;
+        if (!pg->work)
+            continue;
+        pg->work = false;
+        n++;
+        if (pg->conn_req != NULL)
+            kvx_listen_accept(pg);
+        if (!pg->closing && pg->fail_err != 0)
+            kvx_pair_close(pg, pg->fail_err < 0 ? pg->fail_err : 0);
+        else if (!pg->closing && !pg->accepted && pg->err < 0)
+            kvx_pair_close(pg, pg->err);
+        if (!pg->closing && pg->want_answer) {
+            pg->want_answer = false;
+            kvx_listen_answer(pg);
+        }
+        if (!pg->closing && pg->want_request) {
+            pg->want_request = false;
+            kvx_connect_request(pg);
+        }
+        kvx_pair_maybe_free(pg);
+    }
+    return n;
 }
 
 /* Open a pairing to a listener's address. Lock held. */
@@ -314,6 +411,11 @@ static int kvx_pair_dial(kvx_transport_t *t, const struct sockaddr_storage *ss, 
         return -ENOMEM;
     pg->t = t;
     kvx_list_init(&pg->link);
+    /* our nonce, which the answer must carry: random from the start */
+    if (getrandom(pg->cnonce, sizeof(pg->cnonce), 0) != (ssize_t)sizeof(pg->cnonce)) {
+        free(pg);
+        return -EIO;
+    }
     rc = kvx_ucx_pair_open(t, NULL, (const struct sockaddr *)ss, len, pg, &pg->ucx);
     if (rc < 0) {
         free(pg);
@@ -494,6 +596,11 @@ void kvx_listen_reconnect(kvx_transport_t *t, uint64_t now)
         kvx_peer_t *p = kvx_container_of(n, kvx_peer_t, reconnect_link);
         kvx_pairing_t *pg = p->pg;
         nx = n->next;
+        if (p->turn_now != p->turn_next) {
+            /* an add or remove of this id is under way (the lock released): it decides */
+            next = now + KVX_RECONNECT_MIN_NS < next ? now + KVX_RECONNECT_MIN_NS : next;
+            continue;
+        }
         if (pg != NULL && !pg->answered && !pg->closing && now < pg->expires_ns) {
             next = pg->expires_ns < next ? pg->expires_ns : next;
             continue;
@@ -548,6 +655,15 @@ void kvx_listen_housekeeping(kvx_transport_t *t, uint64_t now)
 
 void kvx_listen_close_all(kvx_transport_t *t)
 {
+    /* requests not taken yet are refused while the listener is still there */
+    for (kvx_list_t *n = t->pairings.next; n != &t->pairings; n = n->next) {
+        kvx_pairing_t *pg = kvx_container_of(n, kvx_pairing_t, link);
+        if (pg->conn_req != NULL) {
+            kvx_ucx_reject(t, pg->conn_req);
+            pg->conn_req = NULL;
+            pg->closing = true; /* no endpoint */
+        }
+    }
     kvx_ucx_unlisten(t);
     t->listening = false;
     for (kvx_list_t *n = t->pairings.next, *next; n != &t->pairings; n = next) {

@@ -57,6 +57,11 @@ unsigned kvx_progress_step(kvx_transport_t *t)
         kvx_conn_handle_work(kvx_list_first(&todo, kvx_conn_t, work_link));
         n++;
     }
+    /* pairing by address: what UCX's callbacks recorded */
+    if (t->pair_work) {
+        t->pair_work = false;
+        n += kvx_listen_work(t);
+    }
     /* the receiving side: handshakes, acknowledgements, read data */
     if (!kvx_list_empty(&t->rwork) || !kvx_list_empty(&t->hellos))
         n += kvx_recv_work(t);

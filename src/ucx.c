@@ -328,6 +328,27 @@ static int kvx_ucx_start(kvx_transport_t *t, kvx_ucx_t *u, kvx_ucx_setting_t *se
     return retry;
 }
 
+/*
+ * A listener (kvx_transport_listen) of a process that restarted must bind its address again while
+ * connections of the last one linger in TIME_WAIT: SO_REUSEADDR (Linux still refuses a second
+ * live listener). UCX 1.19 takes TCP_CM_REUSEADDR from ucp_config_modify (kvx_ucx_init); 1.13
+ * takes it only from its environment, read when the worker is created (measured with getsockopt
+ * on the listening socket). So on 1.13 kvx sets UCX_TCP_CM_REUSEADDR=y once, before its first
+ * worker, unless the environment says otherwise.
+ */
+static void kvx_ucx_reuseaddr_env(kvx_transport_t *t)
+{
+    static bool done;
+
+    pthread_mutex_lock(&kvx_ucx_capture_lock);
+    if (!done && getenv("UCX_TCP_CM_REUSEADDR") == NULL) {
+        if (setenv("UCX_TCP_CM_REUSEADDR", "y", 0) == 0)
+            kvx_debug(t, "ucx: UCX_TCP_CM_REUSEADDR=y (this UCX reads it from the environment)");
+    }
+    done = true;
+    pthread_mutex_unlock(&kvx_ucx_capture_lock);
+}
+
 int kvx_ucx_init(kvx_transport_t *t)
 {
     static const char *const eh[] = {"UCX_SYSV_ERROR_HANDLING", "UCX_POSIX_ERROR_HANDLING", NULL};
@@ -362,6 +383,8 @@ int kvx_ucx_init(kvx_transport_t *t)
      */
     memset(set, 0, sizeof(set));
     ucp_get_version(&major, &minor, &release);
+    if (major == 1 && minor <= 13)
+        kvx_ucx_reuseaddr_env(t);
     if (kvx_ucx_tls_uses_shm()) {
         set[nset++] = (kvx_ucx_setting_t){{"MM_ERROR_HANDLING", NULL}, eh, "y", -1, false};
         set[nset++] = (kvx_ucx_setting_t){{"MM_SEG_SIZE", NULL}, seg, "32k", -1, false};
@@ -376,11 +399,7 @@ int kvx_ucx_init(kvx_transport_t *t)
             -1,
             false};
     }
-    /* A listener (kvx_transport_listen) of a process that restarted binds its address again
-     * while connections of the last one linger in TIME_WAIT (SO_REUSEADDR; Linux still refuses
-     * a second live listener). UCX 1.13 takes this only from its environment
-     * (UCX_TCP_CM_REUSEADDR=y), not from ucp_config_modify in either form: measured with
-     * getsockopt on the listening socket. */
+    /* SO_REUSEADDR for a listener (kvx_ucx_reuseaddr_env says why; on 1.13, done there) */
     if (!(major == 1 && minor <= 13))
         set[nset++] = (kvx_ucx_setting_t){{"TCP_CM_REUSEADDR", NULL}, reuse, "y", -1, false};
     if (t->keepalive_ms != 0) {

@@ -24,9 +24,11 @@
  *   BYE        (nothing more)
  * and, on an endpoint of UCX's connection manager only (pairing by address, listen.c):
  *   CHALLENGE  16 u8[16] nonce (flag KVX_MSGF_SECRET: a proof is required)
- *   MD_REQ     16 u8[32] proof of the secret over the nonce (flag KVX_MSGF_PROOF; else zero)
- *   MD         16 i32 status 20 u32 metadata length; the payload is the metadata (none when
- *              status < 0)
+ *   MD_REQ     16 u8[32] proof of the secret over both nonces (flag KVX_MSGF_PROOF; else zero)
+ *              48 u8[16] the connecting side's nonce
+ *   MD         16 i32 status 20 u32 metadata length 24 u8[16] the connecting side's nonce
+ *              40 u8[32] MAC over both nonces and the metadata (flag KVX_MSGF_PROOF; else
+ *              zero); the payload is the metadata (none when status < 0)
  * A run is {u64 offset into the receiver's region, u32 length, u32 crc32c (KVX_MSGF_CRC)}.
  */
 #include "kvx_int.h"
@@ -62,9 +64,9 @@ static size_t kvx_wire_fixed_len(int type)
     case KVX_MSG_CHALLENGE:
         return KVX_WIRE_HDR_LEN + KVX_WIRE_NONCE_LEN;
     case KVX_MSG_MD_REQ:
-        return KVX_WIRE_HDR_LEN + KVX_PROOF_LEN;
+        return KVX_WIRE_MD_REQ_LEN;
     case KVX_MSG_MD:
-        return 24;
+        return KVX_WIRE_MD_LEN;
     default:
         return 0;
     }
@@ -139,12 +141,12 @@ int kvx_wire_decode(const void *hdr, size_t hdr_len, size_t data_len, kvx_msg_t 
         return -EBADMSG;
     /* flags each type may carry */
     if ((m->type == KVX_MSG_HELLO && (m->flags & ~KVX_MSGF_PROOF)) ||
-        (m->type == KVX_MSG_MD_REQ && (m->flags & ~KVX_MSGF_PROOF)) ||
+        ((m->type == KVX_MSG_MD_REQ || m->type == KVX_MSG_MD) && (m->flags & ~KVX_MSGF_PROOF)) ||
         (m->type == KVX_MSG_CHALLENGE && (m->flags & ~KVX_MSGF_SECRET)) ||
         ((m->type == KVX_MSG_WRITE || m->type == KVX_MSG_READ_REQ) && (m->flags & ~KVX_MSGF_CRC)) ||
         (m->type == KVX_MSG_READ_DATA && (m->flags & ~KVX_MSGF_CRC)) ||
         (m->type != KVX_MSG_HELLO && m->type != KVX_MSG_WRITE && m->type != KVX_MSG_READ_REQ &&
-         m->type != KVX_MSG_READ_DATA && m->type != KVX_MSG_MD_REQ &&
+         m->type != KVX_MSG_READ_DATA && m->type != KVX_MSG_MD_REQ && m->type != KVX_MSG_MD &&
          m->type != KVX_MSG_CHALLENGE && m->flags != 0))
         return -EBADMSG;
     /* only WRITE, READ_DATA and MD carry a payload */
@@ -257,6 +259,7 @@ int kvx_wire_decode(const void *hdr, size_t hdr_len, size_t data_len, kvx_msg_t 
         return 0;
     case KVX_MSG_MD_REQ:
         m->u.md_req.proof = (m->flags & KVX_MSGF_PROOF) ? p + 16 : NULL;
+        m->u.md_req.cnonce = p + 48;
         for (size_t i = 0; m->u.md_req.proof == NULL && i < KVX_PROOF_LEN; i++)
             if (p[16 + i] != 0)
                 return -EBADMSG;
@@ -264,6 +267,11 @@ int kvx_wire_decode(const void *hdr, size_t hdr_len, size_t data_len, kvx_msg_t 
     case KVX_MSG_MD:
         m->u.md.status = (int32_t)kvx_get32(p + 16);
         m->u.md.len = kvx_get32(p + 20);
+        m->u.md.cnonce = p + 24;
+        m->u.md.mac = (m->flags & KVX_MSGF_PROOF) ? p + 40 : NULL;
+        for (size_t i = 0; m->u.md.mac == NULL && i < KVX_PROOF_LEN; i++)
+            if (p[40 + i] != 0)
+                return -EBADMSG;
         if (m->u.md.status > 0 || (m->u.md.status == 0 ? m->u.md.len != data_len || data_len == 0 ||
                                                              data_len > KVX_WIRE_MAX_MD
                                                        : m->u.md.len != 0 || data_len != 0))

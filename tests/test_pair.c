@@ -6,6 +6,8 @@
  *  - refusals, each with its documented error and nothing changed on either side: block length,
  *    fingerprint, secret (missing, different, unexpected), bad addresses, nothing listening,
  *    listening twice or on a port in use;
+ *  - exchanges that never finish (UCX clients that stop after wiring up): the listener closes
+ *    them after 2 s and serves real peers meanwhile, and closes cleanly with some under way;
  *  - garbage at the listener (raw tcp junk, half-open connections, floods of connects): a real
  *    peer still pairs and transfers during and after it;
  *  - with the argument "netns": across two network namespaces (tcp), by address alone.
@@ -14,10 +16,14 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <ucp/api/ucp.h>
 #include <unistd.h>
 
 #define BL 65536
@@ -197,6 +203,22 @@ static void refusals(void)
     KT_OK(kvx_peer_connect(ds, "guarded", a_guarded, NULL));
     KT_EQ(npeers(d), 1);
     KT_EQ(npeers(ds), 1);
+    /* a refused connect under an existing id leaves that peer as it was */
+    {
+        kvx_peer_attr_t pa = {.field_mask = KVX_PEER_ATTR_AGENT_NAME | KVX_PEER_ATTR_STATE |
+                                            KVX_PEER_ATTR_GENERATION};
+        uint64_t gen;
+        KT_OK(kvx_peer_query(d, "plain", &pa));
+        gen = pa.generation;
+        KT_ERR(kvx_peer_connect(d, "plain", a_small, NULL), -KVX_EINCOMPAT);
+        KT_ERR(kvx_peer_connect(d, "plain", a_guarded, NULL), -EACCES);
+        KT_ERR(kvx_peer_connect(d, "plain", "127.0.0.1:1", NULL), -ECONNREFUSED);
+        KT_OK(kvx_peer_query(d, "plain", &pa));
+        KT_CHECK(strcmp(pa.agent_name, "plain") == 0);
+        KT_EQ(pa.state, KVX_PEER_CONNECTED);
+        KT_EQ(pa.generation, gen);
+        KT_EQ(npeers(d), 1);
+    }
     {
         kvx_peer_params_t ex = {.field_mask = KVX_PEER_PARAM_EXPECT_REGION,
                                 .base_addr = (uintptr_t)r.base,
@@ -339,8 +361,110 @@ static int host_b(void)
     return 0;
 }
 
+/* A UCX client of the listener's connection manager that wires up for a moment, then stops
+ * progressing: an exchange that never finishes. Its own process image ("test_pair lazy ADDR FD":
+ * UCX does not survive a fork). */
+static void lazy_err(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    (void)arg, (void)ep, (void)status;
+}
+
+static ucs_status_t lazy_am(void *arg, const void *hdr, size_t hdr_len, void *data, size_t len,
+                            const ucp_am_recv_param_t *param)
+{
+    (void)arg, (void)hdr, (void)hdr_len, (void)data, (void)len, (void)param;
+    return UCS_OK; /* the listener's challenge: heard, never answered */
+}
+
+static int lazy_client(const char *addr, int sock)
+{
+    ucp_context_h ctx;
+    ucp_worker_h w;
+    ucp_ep_h ep;
+    ucp_params_t pp = {.field_mask = UCP_PARAM_FIELD_FEATURES, .features = UCP_FEATURE_AM};
+    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+                              .thread_mode = UCS_THREAD_MODE_SINGLE};
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    char host[KVX_ADDR_MAX], *colon;
+    uint8_t go = 1;
+
+    snprintf(host, sizeof(host), "%s", addr);
+    colon = strrchr(host, ':');
+    *colon = '\0';
+    sa.sin_port = htons((uint16_t)atoi(colon + 1));
+    KT_CHECK(inet_pton(AF_INET, host, &sa.sin_addr) == 1);
+    KT_CHECK(ucp_init(&pp, NULL, &ctx) == UCS_OK);
+    KT_CHECK(ucp_worker_create(ctx, &wp, &w) == UCS_OK);
+    ucp_am_handler_param_t hp = {.field_mask =
+                                     UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB,
+                                 .id = 0x4b, /* kvx's (src/ucx.c) */
+                                 .cb = lazy_am};
+    KT_CHECK(ucp_worker_set_am_recv_handler(w, &hp) == UCS_OK);
+    ucp_ep_params_t ep_params = {
+        .field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER,
+        .flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER,
+        .err_mode = UCP_ERR_HANDLING_MODE_PEER, /* as kvx's listener wants */
+        .err_handler = {.cb = lazy_err},
+        .sockaddr = {.addr = (struct sockaddr *)&sa, .addrlen = sizeof(sa)}};
+    KT_CHECK(ucp_ep_create(w, &ep_params, &ep) == UCS_OK);
+    for (int i = 0; i < 20; i++) { /* the listener accepts and sends its challenge meanwhile */
+        ucp_worker_progress(w);
+        usleep(1000);
+    }
+    kt_send(sock, &go, 1);
+    pause(); /* never progresses again: killed by the test */
+    return 0;
+}
+
+static int lazy_client_main(int sock, void *arg)
+{
+    char fd[16];
+    snprintf(fd, sizeof(fd), "%d", sock);
+    fcntl(sock, F_SETFD, 0); /* kept across exec */
+    execl("/proc/self/exe", "test_pair", "lazy", (const char *)arg, fd, (char *)NULL);
+    return 127;
+}
+
+/* Exchanges that never finish: the listener closes them after 2 s (at its next look) and serves
+ * real peers meanwhile; a transport closed while some are under way closes cleanly. */
+static void lazy_clients(void)
+{
+    kvx_transport_t *l = mk("patient", BL, NULL, NULL), *d = mk("dialer", BL, NULL, NULL);
+    kt_proc_t lazy[8];
+    char at[KVX_ADDR_MAX];
+    uint8_t go;
+
+    KT_OK(kvx_transport_listen(l, "127.0.0.1:0"));
+    addr_of(l, at);
+    for (int i = 0; i < 8; i++) {
+        lazy[i] = kt_spawn(lazy_client_main, at, 60);
+        kt_recv(lazy[i].sock, &go, 1);
+    }
+    KT_OK(kvx_peer_connect(d, "L", at, NULL)); /* served alongside them */
+    usleep(3500000);                           /* theirs expire */
+    KT_OK(kvx_peer_connect(d, "L", at, NULL));
+    for (int i = 0; i < 8; i++) {
+        kt_kill(&lazy[i], SIGKILL);
+        kt_wait(&lazy[i]);
+    }
+    /* and closing while exchanges are under way */
+    for (int i = 0; i < 4; i++) {
+        lazy[i] = kt_spawn(lazy_client_main, at, 60);
+        kt_recv(lazy[i].sock, &go, 1);
+    }
+    kvx_transport_destroy(l);
+    for (int i = 0; i < 4; i++) {
+        kt_kill(&lazy[i], SIGKILL);
+        kt_wait(&lazy[i]);
+    }
+    kvx_transport_destroy(d);
+}
+
 int main(int argc, char **argv)
 {
+    if (argc == 4 && strcmp(argv[1], "lazy") == 0)
+        return lazy_client(argv[2], atoi(argv[3]));
     if (argc > 1 && strcmp(argv[1], "netns") == 0) {
         kt_target_args_t a = {.num_blocks = NB,
                               .block_len = BL,
@@ -354,6 +478,7 @@ int main(int argc, char **argv)
     two_processes(false);
     two_processes(true);
     refusals();
+    lazy_clients();
     garbage();
     kt_region_free(&r);
     return 0;

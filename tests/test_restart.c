@@ -1,8 +1,8 @@
 /*
  * A peer paired by address comes back on its own after its process restarts, 20 times in a row:
  *  - writes and reads in flight when the target is SIGKILLed all come out of poll, failed,
- *    within the dead-peer bound (kvx watches a peer on this host; 5 s is the test's limit, the
- *    time taken is logged);
+ *    within the dead-peer bound: with no deadline, kvx's watch of the peer's process fails them
+ *    (under 1.5 s is asserted, README says 0.1-0.2 s; the time taken is logged);
  *  - the peer goes to KVX_PEER_RECONNECTING; a write submitted then waits (with a deadline of
  *    10 s) instead of failing;
  *  - a new target process starts listening at the same address: kvx pairs with it again by itself,
@@ -75,20 +75,19 @@ static kt_target_t start_target(const char *listen, uint64_t salt)
 int main(void)
 {
     kvx_transport_t *t;
-    kvx_params_t p = {.field_mask = KVX_PARAM_REGION | KVX_PARAM_AGENT_NAME | KVX_PARAM_NUM_THREADS,
+    /* no deadline: only kvx's watch of the dead process may fail the transfers in flight */
+    kvx_params_t p = {.field_mask = KVX_PARAM_REGION | KVX_PARAM_AGENT_NAME |
+                                    KVX_PARAM_NUM_THREADS | KVX_PARAM_DEADLINE,
                       .num_blocks = NB,
                       .block_len = BL,
                       .agent_name = "initiator",
-                      .num_threads = 1};
+                      .num_threads = 1,
+                      .deadline_ms = 0};
     kt_target_t tg;
     char addr[KVX_ADDR_MAX];
     uint64_t gen, fds0 = 0, maps0 = 0;
     double worst_fail = 0, worst_back = 0;
 
-    /* UCX 1.13 sets SO_REUSEADDR on a listener only from its environment (kvx applies it on
-     * later versions): without it, a restarted target can find its port held by a connection of
-     * the last one in TIME_WAIT. The targets inherit this. */
-    setenv("UCX_TCP_CM_REUSEADDR", "y", 0);
     r = kt_region_alloc(NB, BL);
     p.base = r.base;
     KT_OK(kvx_transport_create(&p, &t));
@@ -126,11 +125,15 @@ int main(void)
             int got = kt_poll_n(t, "p", c, 16 - n, 5000);
             KT_CHECK(got > 0);
             for (int i = 0; i < got; i++)
-                failed += c[i].status != 0;
+                failed += c[i].status == -ECONNRESET; /* the watch, not a deadline */
             n += got;
         }
         out_ms = (double)(kt_now_ns() - t_kill) / 1e6;
         KT_EQ(failed, 16);
+        /* kvx checks a watched peer's process every 100 ms while transfers are in flight, and the
+         * stall limit (2 s) did not get to act: README's "within 0.1-0.2 s", with a margin for
+         * a loaded machine */
+        KT_CHECK(out_ms < 1500);
         worst_fail = out_ms > worst_fail ? out_ms : worst_fail;
         /* the peer is pairing again; a write submitted now waits for it */
         for (uint64_t end = kt_now_ns() + 5000000000ull;
