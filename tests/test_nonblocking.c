@@ -174,10 +174,12 @@ int main(void)
     pthread_t th;
     char ready;
 
-    a.name = "healthy";
-    healthy = kt_target_start(&a);
+    /* stopped first: its metadata is older than healthy's, so that the later add of the same id
+     * (healthy's) replaces it (an add of older metadata is refused: -ESTALE) */
     a.name = "stopped";
     stopped = kt_target_start(&a);
+    a.name = "healthy";
+    healthy = kt_target_start(&a);
     a.name = "stuck";
     stuck = kt_target_start(&a);
     r = kt_region_alloc(NB, BL);
