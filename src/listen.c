@@ -465,9 +465,14 @@ int kvx_peer_connect(kvx_transport_t *t, const char *peer_id, const char *addr,
     } else if (pg->err < 0) {
         rc = pg->err;
     } else if (pg->answered) {
+        char lanes[KVX_TRANSPORT_NAME_MAX];
+        int hw;
+        size_t seg;
         md = pg->md;
         md_len = pg->md_len;
         pg->md = NULL;
+        kvx_ucx_ep_describe(pg->ucx, lanes, sizeof(lanes), &hw, &seg);
+        kvx_debug(t, "peer %s: the pairing connection to %s ran over '%s'", peer_id, addr, lanes);
     } else {
         rc = -ETIMEDOUT;
     }
