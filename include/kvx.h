@@ -34,7 +34,9 @@ extern "C" {
  * messages (UCX active messages), and the receiving kvx checks each one before it applies it.
  * Bytes land only inside the region, only from peers that hold its metadata (a random
  * capability in it, and the shared secret when one is set), and never after the receiver has
- * fenced them (kvx_fence). Nothing of the region is exposed to UCX's one-sided operations.
+ * fenced them (kvx_fence). Nothing of the region is exposed to UCX's one-sided operations. The
+ * exception is a region kvx allocates (KVX_PARAM_OWN_REGION): peers on the same host map it and
+ * copy into it themselves, bounded by kvx's index checks and the segment (docs/security.md).
  *
  * Return values: every function returning int returns >= 0 on success (a count where documented)
  * and a negative errno on failure. kvx-specific codes live above KVX_ERRNO_OFFSET.

@@ -783,7 +783,7 @@ int kvx_ucx_region_alloc(kvx_transport_t *t, size_t len, void **base_p, const vo
                          size_t *rkey_len_p);
 void kvx_ucx_region_free(kvx_transport_t *t);
 int kvx_ucx_map(kvx_ucx_ep_t *ep, const void *rkey, size_t rkey_len, uint64_t raddr, uint64_t len,
-                void **ptr_p);
+                uint32_t owner, void **ptr_p);
 void kvx_ucx_unmap(kvx_ucx_ep_t *ep);
 /* An endpoint to a worker address, whose errors and sends report to owner (a connection of the
  * initiator's side when rconn is false, else a receiver's connection). */

@@ -227,7 +227,8 @@ static void kvx_conn_map(kvx_conn_t *c, const kvx_md_t *md)
     void *ptr;
     size_t n;
 
-    if (kvx_ucx_map(c->ucx, md->rkey, md->rkey_len, md->base, c->remote_len, &ptr) < 0) {
+    if (kvx_ucx_map(c->ucx, md->rkey, md->rkey_len, md->base, c->remote_len, md->host.pid, &ptr) <
+        0) {
         kvx_info(c->t, "peer %s: its region gives no mapping here; messages carry the data",
                  md->agent_name);
         return;

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/shm.h>
 #include <ucp/api/ucp.h>
 #include <ucs/debug/log_def.h>
 
@@ -588,14 +589,50 @@ static bool kvx_ucx_shared_mapping(uintptr_t p, uint64_t len)
 }
 
 /*
+ * Whether [p, p + len) is the start of a System V segment that process owner created and that
+ * holds len bytes. The key in a peer's metadata names a segment id and an address: UCX attaches
+ * whatever segment the id names and offsets into it without a check, so without this a forged
+ * key could aim kvx's copies at any segment this process may attach (another process's, or
+ * UCX's own FIFOs). The mapping's inode in /proc/self/maps is the segment's id; IPC_STAT says who
+ * created it and how large it is.
+ */
+static bool kvx_ucx_owner_segment(uintptr_t p, uint64_t len, uint32_t owner)
+{
+    FILE *f = fopen("/proc/self/maps", "re");
+    char line[512];
+    bool ok = false;
+
+    if (f == NULL)
+        return false;
+    while (fgets(line, sizeof(line), f) != NULL) {
+        unsigned long lo, hi, off, inode;
+        unsigned dmaj, dmin;
+        char perms[8];
+        struct shmid_ds ds;
+        if (sscanf(line, "%lx-%lx %7s %lx %x:%x %lu", &lo, &hi, perms, &off, &dmaj, &dmin,
+                   &inode) != 7 ||
+            p < lo || p >= hi)
+            continue;
+        ok = p == lo && off == 0 && perms[0] == 'r' && perms[1] == 'w' && perms[3] == 's' &&
+             len <= hi - lo && strstr(line, "/SYSV") != NULL && inode <= INT32_MAX &&
+             shmctl((int)inode, IPC_STAT, &ds) == 0 && ds.shm_cpid == (pid_t)owner &&
+             ds.shm_segsz >= len;
+        break;
+    }
+    fclose(f);
+    return ok;
+}
+
+/*
  * Map a peer's owned region into this process: unpack its key on the endpoint and ask UCX for a
- * pointer to raddr (ucp_rkey_ptr: only a shared-memory key gives one). All of [raddr, raddr +
- * len) must lie in the one shared mapping the key attached (checked in /proc/self/maps: a peer
- * whose metadata claims more blocks than its segment holds gets no mapping). Returns 0 and sets
+ * pointer to raddr (ucp_rkey_ptr: only a shared-memory key gives one). [raddr, raddr + len) must
+ * be the start of a System V segment the peer's process (owner, its pid here) created, holding
+ * len bytes (kvx_ucx_owner_segment): a peer whose metadata claims more blocks than its segment
+ * holds, or whose key names a segment that is not its own, gets no mapping. Returns 0 and sets
  * *ptr_p, or -EOPNOTSUPP (no usable mapping: messages carry the data instead).
  */
 int kvx_ucx_map(kvx_ucx_ep_t *e, const void *rkey, size_t rkey_len, uint64_t raddr, uint64_t len,
-                void **ptr_p)
+                uint32_t owner, void **ptr_p)
 {
     void *first = NULL;
     ucs_status_t s;
@@ -610,9 +647,10 @@ int kvx_ucx_map(kvx_ucx_ep_t *e, const void *rkey, size_t rkey_len, uint64_t rad
         return -EOPNOTSUPP;
     }
     s = ucp_rkey_ptr(e->rkey, raddr, &first);
-    if (s != UCS_OK || !kvx_ucx_shared_mapping((uintptr_t)first, len)) {
+    if (s != UCS_OK || !kvx_ucx_owner_segment((uintptr_t)first, len, owner)) {
         kvx_info(e->t, "ucx: the peer's region gives no mapping of %llu bytes here%s%s",
-                 (unsigned long long)len, s != UCS_OK ? ": " : " (larger than its segment)",
+                 (unsigned long long)len,
+                 s != UCS_OK ? ": " : " (not the start of a segment of its own that holds it)",
                  s != UCS_OK ? ucs_status_string(s) : "");
         kvx_ucx_unmap(e);
         return -EOPNOTSUPP;

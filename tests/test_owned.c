@@ -19,6 +19,7 @@
 #include <errno.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/shm.h>
 #include <unistd.h>
 
 /* NB * BL is not a multiple of 4096: the rest of the region's last page is the owner's canary */
@@ -111,6 +112,72 @@ static void kt_forged(kvx_transport_t *t, const kt_target_t *tg)
     free(f);
 }
 
+/* Another process's segment, which this process may attach (the same user): it holds it until
+ * told to quit. */
+static int kt_victim_main(int sock, void *arg)
+{
+    int id = shmget(IPC_PRIVATE, (size_t)NB * BL, IPC_CREAT | 0600);
+    uint8_t go;
+    (void)arg;
+    KT_CHECK(id >= 0);
+    kt_send(sock, &id, sizeof(id));
+    kt_recv(sock, &go, 1);
+    shmctl(id, IPC_RMID, NULL);
+    return 0;
+}
+
+/* Metadata whose region key names that segment instead of the owner's (the segment id in UCX's
+ * packed key, next to the region's address): kvx must not map it, and no write may reach it. */
+static void kt_forged_key(kvx_transport_t *t, kt_target_t *tg, kt_region_t *r)
+{
+    kt_proc_t victim = kt_spawn(kt_victim_main, NULL, 60);
+    uint8_t *f = malloc(tg->md_len), *v, go = 1;
+    uint32_t l[4] = {0, 1, 2, 3}, rr[4] = {0, 1, 2, 3};
+    kvx_peer_attr_t pa = {.field_mask = KVX_PEER_ATTR_TRANSPORT};
+    uint64_t base = kvx_get64(tg->md + 16), id;
+    size_t nl = tg->md[104], fl = tg->md[105], changed = 0;
+    uint32_t wl = kvx_get32(tg->md + 108), rl = kvx_get32(tg->md + 112);
+    kvx_completion_t c;
+    bool found = false;
+    int vid;
+
+    KT_CHECK(f != NULL);
+    kt_recv(victim.sock, &vid, sizeof(vid));
+    v = shmat(vid, NULL, 0);
+    KT_CHECK(v != (void *)-1);
+    memset(v, 0xAA, (size_t)NB * BL);
+    memcpy(f, tg->md, tg->md_len);
+    for (uint32_t i = 4; i + 8 <= rl; i++) { /* sysv: {int shmid, u64 owner address} */
+        uint8_t *k = f + 120 + nl + fl + wl + i;
+        if (kvx_get64(k) == base) {
+            kvx_put32(k - 4, (uint32_t)vid);
+            found = true;
+            break;
+        }
+    }
+    KT_CHECK(found);
+    memset(f + 12, 0, 4);
+    kvx_put32(f + 12, kvx_crc32(f, tg->md_len));
+    KT_OK(kvx_peer_add(t, "forged-key", f, tg->md_len, NULL));
+    KT_OK(kvx_peer_query(t, "forged-key", &pa));
+    kt_log("a key naming another process's segment: transport %s", pa.transport);
+    KT_CHECK(strstr(pa.transport, "-mapped") == NULL);
+    for (int i = 0; i < 4; i++)
+        kt_fill(r, l[i], 9, l[i], 3);
+    KT_OK(kvx_xfer_write(t, "forged-key", l, rr, 4, NULL, &id));
+    KT_EQ(kt_poll_n(t, "forged-key", &c, 1, 5000), 1);
+    KT_EQ(c.status, 0); /* by messages, into the owner's own region */
+    for (size_t i = 0; i < (size_t)NB * BL; i++)
+        changed += v[i] != 0xAA;
+    KT_EQ(changed, 0);
+    KT_EQ(kt_target_verify(tg, rr, l, 4, 9, 3), 0);
+    KT_EQ(kvx_peer_remove(t, "forged-key"), 1);
+    shmdt(v);
+    kt_send(victim.sock, &go, 1);
+    KT_EQ(kt_wait(&victim), 0);
+    free(f);
+}
+
 static void kt_expect_mapped(kvx_transport_t *t, const char *peer)
 {
     kvx_peer_attr_t pa = {.field_mask = KVX_PEER_ATTR_TRANSPORT};
@@ -180,6 +247,7 @@ static void kt_stopped_owner(void)
     /* the owner sees every byte; its memory past the region is untouched */
     KT_EQ(kt_target_verify(&tg, ri, li, NB, 7, 1), 0);
     KT_EQ(kt_target_canaries(&tg), 0);
+    kt_forged_key(t, &tg, &r);
     KT_EQ(kvx_peer_remove(t, "o"), 1);
     KT_EQ(kt_target_stop(&tg), 0);
     kvx_transport_destroy(t);
