@@ -112,8 +112,8 @@ static void kt_forged(kvx_transport_t *t, const kt_target_t *tg)
     free(f);
 }
 
-/* Another process's segment, which this process may attach (the same user): it holds it until
- * told to quit. */
+/* Another process's segment, which this process may attach (the same user). It is marked for
+ * removal as soon as the test has attached it: it goes with the last detach, whatever happens. */
 static int kt_victim_main(int sock, void *arg)
 {
     int id = shmget(IPC_PRIVATE, (size_t)NB * BL, IPC_CREAT | 0600);
@@ -144,6 +144,8 @@ static void kt_forged_key(kvx_transport_t *t, kt_target_t *tg, kt_region_t *r)
     KT_CHECK(f != NULL);
     kt_recv(victim.sock, &vid, sizeof(vid));
     v = shmat(vid, NULL, 0);
+    kt_send(victim.sock, &go, 1); /* attached (or not): the victim removes it now */
+    KT_EQ(kt_wait(&victim), 0);
     KT_CHECK(v != (void *)-1);
     memset(v, 0xAA, (size_t)NB * BL);
     memcpy(f, tg->md, tg->md_len);
@@ -173,8 +175,6 @@ static void kt_forged_key(kvx_transport_t *t, kt_target_t *tg, kt_region_t *r)
     KT_EQ(kt_target_verify(tg, rr, l, 4, 9, 3), 0);
     KT_EQ(kvx_peer_remove(t, "forged-key"), 1);
     shmdt(v);
-    kt_send(victim.sock, &go, 1);
-    KT_EQ(kt_wait(&victim), 0);
     free(f);
 }
 
