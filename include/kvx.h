@@ -448,8 +448,9 @@ typedef struct kvx_peer_event {
 #define KVX_PEER_EVENTS_MAX 256
 
 /**
- * Copy out up to max events of peers paired by address, oldest first. Returns how many (0: none),
- * or -EINVAL / -ESHUTDOWN. Never waits.
+ * Copy out up to max events of peers paired by address, oldest first, into out (max entries; it
+ * need only stay valid during the call, and may be NULL when max is 0). Each event comes out
+ * once. Returns how many (0: none), or -EINVAL / -ESHUTDOWN. Never waits.
  */
 KVX_API int kvx_peer_event_poll(kvx_transport_t *transport, kvx_peer_event_t *out, size_t max);
 

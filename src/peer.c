@@ -575,6 +575,54 @@ static int kvx_conn_hello(kvx_conn_t *c)
 
 /* Detach a connection from its peer, fail it, and wait (lock released) for it to close, so that
  * its transfers have failed when kvx_peer_add / kvx_peer_remove return. */
+/*
+ * A new connection from md: its process watched when on this host, its endpoint, its mapping of
+ * an owned region, listed, and its handshake sent. Not yet any peer's. Returns 0 with *c_p set,
+ * or a negative errno (logged for peer_id) with nothing of it left to the caller.
+ */
+static int kvx_conn_open(kvx_transport_t *t, const char *peer_id, const kvx_md_t *md,
+                         kvx_conn_t **c_p)
+{
+    kvx_conn_t *c = kvx_conn_new(t, md);
+    int rc, watch;
+
+    if (c == NULL)
+        return -ENOMEM;
+    watch = kvx_host_watch(&t->host, &md->host, &c->pidfd);
+    if (watch < 0) {
+        kvx_error(t, "peer %s (%s): its process %u on this host has exited", peer_id,
+                  md->agent_name, (unsigned)md->host.pid);
+        free(c);
+        return watch;
+    }
+    c->watched = watch == 1;
+    rc = kvx_idtab_alloc(&t->conn_ids, c, &c->id);
+    if (rc == 0) {
+        rc = kvx_ucx_ep_open(t, md->worker_addr, md->agent_name, c, false, &c->ucx);
+        if (rc < 0)
+            kvx_idtab_release(&t->conn_ids, c->id);
+    }
+    if (rc < 0) {
+        if (c->pidfd >= 0)
+            close(c->pidfd);
+        free(c);
+        return rc;
+    }
+    kvx_ucx_ep_describe(c->ucx, c->transport, sizeof(c->transport), &c->rma_hw, &c->seg);
+    if (md->rkey != NULL && c->watched)
+        kvx_conn_map(c, md);
+    kvx_list_add_tail(&t->conns, &c->all_link);
+    c->last_progress_ns = kvx_now_ns();
+    rc = kvx_conn_hello(c);
+    if (rc < 0) {
+        kvx_error(t, "peer %s (%s): handshake: %s", peer_id, md->agent_name, kvx_strerror(rc));
+        kvx_conn_fail(c, rc);
+        return rc;
+    }
+    *c_p = c;
+    return 0;
+}
+
 static void kvx_conn_retire(kvx_conn_t *old, int err)
 {
     old->pins++;
@@ -599,7 +647,7 @@ int kvx_peer_add_at(kvx_transport_t *t, const char *peer_id, const void *metadat
     kvx_conn_t *c, *old;
     kvx_peer_t *p;
     const char *why;
-    int rc, watch;
+    int rc;
 
     if (t == NULL || !kvx_peer_id_ok(peer_id) || (metadata == NULL && metadata_len != 0))
         return -EINVAL;
@@ -647,45 +695,11 @@ int kvx_peer_add_at(kvx_transport_t *t, const char *peer_id, const void *metadat
         rc = -ESTALE;
         goto out_turn;
     }
-    c = kvx_conn_new(t, &md);
-    if (c == NULL) {
-        rc = -ENOMEM;
-        goto out_turn;
-    }
-    watch = kvx_host_watch(&t->host, &md.host, &c->pidfd);
-    if (watch < 0) {
-        kvx_error(t, "peer %s (%s): its process %u on this host has exited", peer_id, md.agent_name,
-                  (unsigned)md.host.pid);
-        free(c);
-        rc = watch;
-        goto out_turn;
-    }
-    c->watched = watch == 1;
-    rc = kvx_idtab_alloc(&t->conn_ids, c, &c->id);
-    if (rc == 0) {
-        rc = kvx_ucx_ep_open(t, md.worker_addr, md.agent_name, c, false, &c->ucx);
-        if (rc < 0)
-            kvx_idtab_release(&t->conn_ids, c->id);
-    }
-    if (rc < 0) {
-        if (c->pidfd >= 0)
-            close(c->pidfd);
-        free(c);
-        goto out_turn;
-    }
-    kvx_ucx_ep_describe(c->ucx, c->transport, sizeof(c->transport), &c->rma_hw, &c->seg);
-    if (md.rkey != NULL && c->watched)
-        kvx_conn_map(c, &md);
     /* The new connection is not the peer's until it has answered (or 200 ms passed): until
      * then an existing connection of that id keeps working, and stays if this one fails. */
-    kvx_list_add_tail(&t->conns, &c->all_link);
-    c->last_progress_ns = kvx_now_ns();
-    rc = kvx_conn_hello(c);
-    if (rc < 0) {
-        kvx_error(t, "peer %s (%s): handshake: %s", peer_id, md.agent_name, kvx_strerror(rc));
-        kvx_conn_fail(c, rc);
+    rc = kvx_conn_open(t, peer_id, &md, &c);
+    if (rc < 0)
         goto out_turn;
-    }
     c->pins++;
     kvx_conn_wait(c, true, kvx_now_ns() + KVX_CONNECT_WAIT_NS);
     if (c->mapped != NULL && !t->closed)
@@ -746,7 +760,7 @@ int kvx_peer_reinstall(kvx_transport_t *t, kvx_peer_t *p, const kvx_md_t *md)
     const char *why;
     kvx_conn_t *c, *old = p->conn;
     bool restarted;
-    int rc, watch;
+    int rc;
 
     rc = kvx_peer_check(t, md, NULL, &why);
     if (rc < 0) {
@@ -758,37 +772,11 @@ int kvx_peer_reinstall(kvx_transport_t *t, kvx_peer_t *p, const kvx_md_t *md)
                   p->addr);
         return -ESTALE;
     }
-    c = kvx_conn_new(t, md);
-    if (c == NULL)
-        return -ENOMEM;
-    watch = kvx_host_watch(&t->host, &md->host, &c->pidfd);
-    if (watch < 0) {
-        free(c);
-        return watch;
-    }
-    c->watched = watch == 1;
-    rc = kvx_idtab_alloc(&t->conn_ids, c, &c->id);
-    if (rc == 0) {
-        rc = kvx_ucx_ep_open(t, md->worker_addr, md->agent_name, c, false, &c->ucx);
-        if (rc < 0)
-            kvx_idtab_release(&t->conn_ids, c->id);
-    }
-    if (rc < 0) {
-        if (c->pidfd >= 0)
-            close(c->pidfd);
-        free(c);
+    /* not prefaulted (the first copies fault the pages in); not the peer's until installed
+     * below, so a failure here starts no reconnection of its own */
+    rc = kvx_conn_open(t, p->id, md, &c);
+    if (rc < 0)
         return rc;
-    }
-    kvx_ucx_ep_describe(c->ucx, c->transport, sizeof(c->transport), &c->rma_hw, &c->seg);
-    if (md->rkey != NULL && c->watched)
-        kvx_conn_map(c, md); /* not prefaulted: the first copies fault the pages in */
-    kvx_list_add_tail(&t->conns, &c->all_link);
-    c->last_progress_ns = kvx_now_ns();
-    rc = kvx_conn_hello(c);
-    if (rc < 0) {
-        kvx_conn_fail(c, rc); /* not the peer's: no reconnection of its own */
-        return rc;
-    }
     /* installed at once: transfers wait behind the handshake, as after a slow kvx_peer_add */
     p->conn = c;
     c->peer = p;

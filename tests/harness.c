@@ -796,3 +796,28 @@ void kt_netns_link(const kt_netns_t *n, bool up)
 {
     kt_sh("ip -n %s link set %s %s", n->ns[0], n->ifname[0], up ? "up" : "down");
 }
+
+size_t kt_count_entries(const char *dir)
+{
+    DIR *d = opendir(dir);
+    size_t n = 0;
+
+    KT_CHECK(d != NULL);
+    while (readdir(d) != NULL)
+        n++;
+    closedir(d);
+    return n;
+}
+
+size_t kt_count_lines(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    size_t n = 0;
+    int ch;
+
+    KT_CHECK(f != NULL);
+    while ((ch = fgetc(f)) != EOF)
+        n += ch == '\n';
+    fclose(f);
+    return n;
+}

@@ -104,6 +104,11 @@ void kt_kill(kt_proc_t *p, int sig);
 void kt_stop(kt_proc_t *p);
 void kt_cont(kt_proc_t *p);
 
+/* Entries of a directory (/proc/self/fd: descriptors) and lines of a file (/proc/self/maps:
+ * mappings) of this process, for leak checks. */
+size_t kt_count_entries(const char *dir);
+size_t kt_count_lines(const char *path);
+
 /* Framed messages over a socket. */
 void kt_send(int fd, const void *buf, size_t len);
 size_t kt_recv(int fd, void *buf, size_t cap); /* fails the test on EOF */

@@ -15,7 +15,6 @@
 #include "harness.h"
 #include "kvx_int.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <signal.h>
 #include <string.h>
@@ -30,19 +29,6 @@
 #define KT_MAPS_SLACK 0
 #endif
 #define NB 509
-
-static size_t kt_count_lines(const char *path)
-{
-    FILE *f = fopen(path, "r");
-    size_t n = 0;
-    int ch;
-
-    KT_CHECK(f != NULL);
-    while ((ch = fgetc(f)) != EOF)
-        n += ch == '\n';
-    fclose(f);
-    return n;
-}
 
 /* Shared memory segments this process has attached. */
 static size_t kt_count_sysv(void)
@@ -67,17 +53,7 @@ static size_t kt_settle_sysv(size_t n)
     return kt_count_sysv();
 }
 
-static size_t kt_count_fds(void)
-{
-    DIR *d = opendir("/proc/self/fd");
-    size_t n = 0;
-
-    KT_CHECK(d != NULL);
-    while (readdir(d) != NULL)
-        n++;
-    closedir(d);
-    return n;
-}
+static size_t kt_count_fds(void) { return kt_count_entries("/proc/self/fd"); }
 
 static kvx_transport_t *kt_local(kt_region_t *r, const char *name)
 {

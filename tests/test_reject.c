@@ -261,6 +261,16 @@ static void peer_rejections(kt_target_t *badlen, kt_target_t *badfp, kt_target_t
     KT_ERR(kvx_peer_add(NULL, "x", good.md, good.md_len, NULL), -EINVAL);
     unchanged(1);
 
+    /* peer events: bad buffers are refused; a peer added from a blob has none */
+    {
+        kvx_peer_event_t ev;
+        KT_ERR(kvx_peer_event_poll(NULL, &ev, 1), -EINVAL);
+        KT_ERR(kvx_peer_event_poll(t, NULL, 1), -EINVAL);
+        KT_EQ(kvx_peer_event_poll(t, NULL, 0), 0);
+        KT_EQ(kvx_peer_event_poll(t, &ev, 1), 0);
+    }
+    unchanged(1);
+
     /* a rejected re-add of an existing id leaves its connection alone */
     KT_ERR(kvx_peer_add(t, "p", badlen->md, badlen->md_len, NULL), -KVX_EINCOMPAT);
     unchanged(1);
@@ -406,8 +416,12 @@ static void after_close(void)
     KT_ERR(kvx_fence(t, NULL, NULL, 0), -ESHUTDOWN);
     {
         kvx_notice_t nt;
+        kvx_peer_event_t ev;
         KT_ERR(kvx_notice_poll(t, &nt, 1), -ESHUTDOWN);
+        KT_ERR(kvx_peer_event_poll(t, &ev, 1), -ESHUTDOWN);
     }
+    KT_ERR(kvx_transport_listen(t, "127.0.0.1:0"), -ESHUTDOWN);
+    KT_ERR(kvx_peer_connect(t, "p", "127.0.0.1:1", NULL), -ESHUTDOWN);
 }
 
 static void error_names(void)

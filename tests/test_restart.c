@@ -16,7 +16,6 @@
  */
 #include "harness.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -28,29 +27,6 @@
 #define ROUNDS 20
 
 static kt_region_t r;
-
-static size_t count_entries(const char *dir)
-{
-    DIR *d = opendir(dir);
-    size_t n = 0;
-    KT_CHECK(d != NULL);
-    while (readdir(d) != NULL)
-        n++;
-    closedir(d);
-    return n;
-}
-
-static size_t count_lines(const char *path)
-{
-    FILE *f = fopen(path, "r");
-    size_t n = 0;
-    int ch;
-    KT_CHECK(f != NULL);
-    while ((ch = fgetc(f)) != EOF)
-        n += ch == '\n';
-    fclose(f);
-    return n;
-}
 
 static int peer_state(kvx_transport_t *t, uint64_t *gen)
 {
@@ -184,11 +160,11 @@ int main(void)
         for (int k = 0; k < 16; k++)
             KT_EQ(kt_check(&r, back[k], 0x33, li[k], (uint64_t)round), 0);
         if (round == 5) {
-            fds0 = count_entries("/proc/self/fd");
-            maps0 = count_lines("/proc/self/maps");
+            fds0 = kt_count_entries("/proc/self/fd");
+            maps0 = kt_count_lines("/proc/self/maps");
         } else if (round > 5) {
-            KT_CHECK(count_entries("/proc/self/fd") <= fds0);
-            KT_CHECK(count_lines("/proc/self/maps") <= maps0 + 2); /* + the allocator's own */
+            KT_CHECK(kt_count_entries("/proc/self/fd") <= fds0);
+            KT_CHECK(kt_count_lines("/proc/self/maps") <= maps0 + 2); /* + the allocator's own */
         }
     }
     kt_log("%d restarts: in-flight writes out within %.1f ms of the kill at worst; the peer back "
