@@ -508,7 +508,7 @@ bool kvx_equal_ct(const void *a, const void *b, size_t len);
 
 /* ---- wire format (wire.c) -------------------------------------------------------------------- */
 
-#define KVX_WIRE_VERSION 1
+#define KVX_WIRE_VERSION 2
 enum kvx_msg_type {
     KVX_MSG_HELLO = 1,
     KVX_MSG_HELLO_ACK,
@@ -523,13 +523,18 @@ enum kvx_msg_type {
     /* pairing by address, over an endpoint of UCX's connection manager (listen.c) */
     KVX_MSG_CHALLENGE,
     KVX_MSG_MD_REQ,
-    KVX_MSG_MD
+    KVX_MSG_MD,
+    /* the writer's answer to a receiver with a secret: its proof over HELLO_ACK's nonce */
+    KVX_MSG_PROOF
 };
 #define KVX_MSGF_CRC 1u    /* WRITE, READ_REQ, READ_DATA: checksums are set */
 #define KVX_MSGF_PROOF 2u  /* HELLO, MD_REQ: a proof of the shared secret ends it */
 #define KVX_MSGF_SECRET 4u /* CHALLENGE: the listener requires a proof */
 #define KVX_WIRE_HDR_LEN 16
 #define KVX_WIRE_HELLO_LEN 64
+#define KVX_WIRE_HELLO_ACK_LEN 72
+#define KVX_WIRE_PROOF_LEN 48
+#define KVX_SEG_TOKEN_LEN 16
 #define KVX_WIRE_WRITE_LEN 48
 #define KVX_WIRE_ACK_LEN 24
 #define KVX_WIRE_READ_REQ_LEN 40
@@ -571,7 +576,12 @@ typedef struct kvx_msg {
             uint32_t rconn_id;
             int32_t status;
             uint64_t token, epoch;
+            const uint8_t *seg_token; /* KVX_SEG_TOKEN_LEN bytes */
+            const uint8_t *nonce;     /* KVX_WIRE_NONCE_LEN bytes */
         } hello_ack;
+        struct {
+            const uint8_t *mac; /* KVX_PROOF_LEN bytes */
+        } proof;
         struct {
             uint64_t xfer_id, tag, epoch;
             uint32_t nruns;

@@ -31,7 +31,7 @@ typedef struct kvx_hello {
 typedef struct kvx_ctl {
     kvx_list_t link;
     size_t len;
-    uint8_t hdr[KVX_WIRE_READ_DATA_LEN];
+    uint8_t hdr[KVX_WIRE_HELLO_ACK_LEN]; /* the largest of them */
 } kvx_ctl_t;
 
 /* A read request being answered: its runs, and how far the answer got. */
@@ -519,7 +519,7 @@ static void kvx_recv_hello(kvx_transport_t *t, const uint8_t *buf, size_t len)
     kvx_msg_t m;
     kvx_writer_t *w;
     kvx_rconn_t *rc;
-    uint8_t ack[40] = {0};
+    uint8_t ack[KVX_WIRE_HELLO_ACK_LEN] = {0};
     char tl[KVX_TRANSPORT_NAME_MAX];
     int rma_hw;
 

@@ -694,6 +694,7 @@ static ucs_status_t kvx_ucx_am_cb(void *arg, const void *header, size_t header_l
     case KVX_MSG_READ_REQ:
     case KVX_MSG_NOTICE:
     case KVX_MSG_BYE:
+    case KVX_MSG_PROOF:
         kvx_recv_on_message(t, &m, header, header_length, data, length);
         break;
     case KVX_MSG_CHALLENGE:

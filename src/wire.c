@@ -5,13 +5,18 @@
  * used, and recv.c then checks what the decoder cannot know (connection, token, region bounds).
  *
  * Every message starts with a common header, little-endian:
- *    0 u8 version (1)   1 u8 type   2 u16 flags   4 u32 connection id   8 u64 token
+ *    0 u8 version (2)   1 u8 type   2 u16 flags   4 u32 connection id   8 u64 token
  * (the id and token the receiving side gave that connection; zero in HELLO). Then, by type:
  *   HELLO      16 capability[16] 32 u32 conn id 36 u32 endpoint sequence 40 u64 token
  *              48 u64 generation
  *              56 u8 name length 57 u8[3] 0 60 u32 worker address length 64 name, address
  *              [, proof[32] with KVX_MSGF_PROOF]
  *   HELLO_ACK  16 u32 receiver's connection id 20 i32 status 24 u64 its token 32 u64 epoch
+ *              40 u8[16] segment token (an owned region's: what its segment holds; else zero)
+ *              56 u8[16] nonce (with a secret: the PROOF that must come first; else zero)
+ *   PROOF      16 u8[32] HMAC-SHA256(secret, "kvx-proof" nonce connection id token) over the
+ *              HELLO_ACK's nonce and the receiver's connection id and token, the first message
+ *              a writer sends on a connection to a receiver with a secret
  *   WRITE      16 u64 transfer id 24 u64 tag 32 u64 epoch 40 u32 runs 44 u32 0 48 runs;
  *              the payload is the runs' bytes, in order
  *   ACK        16 u32 entries 20 u32 0 24 entries {u64 transfer id, u32 bytes, i32 status}
@@ -44,7 +49,7 @@ static size_t kvx_wire_fixed_len(int type)
     case KVX_MSG_HELLO:
         return KVX_WIRE_HELLO_LEN;
     case KVX_MSG_HELLO_ACK:
-        return 40;
+        return KVX_WIRE_HELLO_ACK_LEN;
     case KVX_MSG_WRITE:
         return KVX_WIRE_WRITE_LEN;
     case KVX_MSG_ACK:
@@ -61,6 +66,8 @@ static size_t kvx_wire_fixed_len(int type)
         return 32;
     case KVX_MSG_BYE:
         return KVX_WIRE_HDR_LEN;
+    case KVX_MSG_PROOF:
+        return KVX_WIRE_PROOF_LEN;
     case KVX_MSG_CHALLENGE:
         return KVX_WIRE_HDR_LEN + KVX_WIRE_NONCE_LEN;
     case KVX_MSG_MD_REQ:
@@ -154,7 +161,8 @@ int kvx_wire_decode(const void *hdr, size_t hdr_len, size_t data_len, kvx_msg_t 
         m->type != KVX_MSG_MD)
         return -EBADMSG;
     /* the pairing messages name no connection */
-    if (m->type >= KVX_MSG_CHALLENGE && (m->conn_id != 0 || m->token != 0 || hdr_len != fixed))
+    if (m->type >= KVX_MSG_CHALLENGE && m->type <= KVX_MSG_MD &&
+        (m->conn_id != 0 || m->token != 0 || hdr_len != fixed))
         return -EBADMSG;
 
     switch (m->type) {
@@ -185,6 +193,8 @@ int kvx_wire_decode(const void *hdr, size_t hdr_len, size_t data_len, kvx_msg_t 
         m->u.hello_ack.status = (int32_t)kvx_get32(p + 20);
         m->u.hello_ack.token = kvx_get64(p + 24);
         m->u.hello_ack.epoch = kvx_get64(p + 32);
+        m->u.hello_ack.seg_token = p + 40;
+        m->u.hello_ack.nonce = p + 56;
         if (m->u.hello_ack.status > 0)
             return -EBADMSG;
         return 0;
@@ -254,6 +264,11 @@ int kvx_wire_decode(const void *hdr, size_t hdr_len, size_t data_len, kvx_msg_t 
         return 0;
     case KVX_MSG_BYE:
         return hdr_len == fixed ? 0 : -EBADMSG;
+    case KVX_MSG_PROOF:
+        if (hdr_len != fixed)
+            return -EBADMSG;
+        m->u.proof.mac = p + 16;
+        return 0;
     case KVX_MSG_CHALLENGE:
         m->u.challenge.nonce = p + 16;
         return 0;

@@ -99,6 +99,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         case KVX_MSG_READ_REQ:
         case KVX_MSG_NOTICE:
         case KVX_MSG_BYE:
+        case KVX_MSG_PROOF:
             kvx_recv_on_message(t, &m, hdr, hdr_len, payload, size - 2 - hdr_len);
             break;
         default:
