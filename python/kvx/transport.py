@@ -14,7 +14,9 @@ import ctypes
 import errno
 import hashlib
 import json
+import os
 import threading
+import warnings
 from array import array
 from collections.abc import Iterable
 from typing import Any, NamedTuple, Optional
@@ -78,6 +80,27 @@ class PeerUnreachableError(ConnectionError, ValueError):
 
 def _closed_error() -> RuntimeError:
     return RuntimeError("KvxTransport is closed")
+
+
+class _Handle:
+    """The C transport's handle, destroyed (kvx_transport_destroy) when its last holder goes:
+    the KvxTransport, and for an owned region every array and view of the region too. The
+    transport's own __del__ only closes it, so that nothing of the transport has to wait for the
+    cyclic GC: no view refers back to the KvxTransport object."""
+
+    __slots__ = ("lib", "h")
+
+    def __init__(self, lib, h: int) -> None:
+        self.lib = lib
+        self.h = h
+
+    def __del__(self):
+        h, self.h = self.h, None
+        if h is not None:
+            try:
+                self.lib.kvx_transport_destroy(h)
+            except Exception:
+                pass
 
 
 def config_fingerprint(config_fields: Optional[dict]) -> str:
@@ -172,6 +195,7 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
         notice_queue: Optional[int] = None,
     ) -> None:
         owned = getattr(self, "_owned", None)  # set by KvxTransport.owned()
+        self._owned_region = owned is not None
         if owned is not None:
             self._view = None  # kvx allocates the region: _init makes the view
             self._num_blocks, self._block_len = owned
@@ -189,7 +213,10 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
         self._num_threads = num_threads
         self._agent_name = agent_name
         self._handle: Optional[int] = None
+        self._hold: Optional[_Handle] = None
         self._lib = None
+        #: why this transport is unavailable (libkvx not found, UCX could not start), or None
+        self.unavailable_reason: Optional[str] = None
         self._closed = False
         self._tls = threading.local()  # each thread's id and completion buffers
         self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
@@ -202,6 +229,9 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
                 pass
         self._init(deadline_ms, stall_ms, keepalive_ms, secret, net_devices, integrity,
                    notice_queue)
+        if self._handle is None:
+            warnings.warn(f"KvxTransport {agent_name!r} is unavailable: {self.unavailable_reason}",
+                          RuntimeWarning, stacklevel=3 if owned is not None else 2)
         if _Base is not object and owned is not None and self._view is not None:
             try:
                 super().__init__(self._view, config_fields=config_fields)
@@ -228,9 +258,29 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
 
     @property
     def view(self) -> Optional[memoryview]:
-        """The region, num_blocks x block_len bytes (None once closed, or when unavailable
-        for an owned region)."""
+        """The region as a 2-D memoryview, num_blocks x block_len bytes. A 2-D memoryview takes
+        view[i, j] (one byte) but not view[i]: use block(i) for a block. An owned region's view
+        stays valid after close() (the region stays mapped, as in C, until this object and all
+        of its views are gone); for a region the caller provided it is None once closed (the
+        transport no longer holds the caller's buffer). None for an unavailable owned one."""
         return self._view
+
+    def block(self, i: int) -> memoryview:
+        """Block i of the region as a writable 1-D memoryview of block_len bytes (no NumPy
+        needed; bytes(t.block(i)) copies it out, t.block(i)[:] = data writes it). It keeps the
+        region alive like .view does. An owned region's blocks stay readable after close();
+        for a region the caller provided, RuntimeError once closed (use the caller's buffer).
+        IndexError for i outside 0..num_blocks-1."""
+        region = self._region
+        if region is None:
+            if self._closed:
+                raise _closed_error()
+            raise RuntimeError("KvxTransport is not available: " + self._why())
+        i = int(i)
+        if not 0 <= i < self._num_blocks:
+            raise IndexError(f"block {i} outside 0..{self._num_blocks - 1}")
+        bl = self._block_len
+        return memoryview(region).cast("B")[i * bl:(i + 1) * bl]
 
     @staticmethod
     def _check_view(view) -> memoryview:
@@ -252,7 +302,9 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
               keepalive_ms: Optional[int], secret, net_devices, integrity, notice_queue) -> None:
         lib = _lib.load()
         if lib is None:
-            return  # available stays False, as the NIXL transport does when NIXL is missing
+            # available stays False, as the NIXL transport does when NIXL is missing
+            self.unavailable_reason = _lib.load_error()
+            return
         p = _lib.Params()
         p.field_mask = _lib.PARAM_REGION | _lib.PARAM_FINGERPRINT | _lib.PARAM_BACKENDS | \
             _lib.PARAM_NUM_THREADS
@@ -301,19 +353,26 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
             raise ValueError(f"KvxTransport: invalid arguments (agent name {self._agent_name!r}, "
                              f"backends {self._backends}, region {self._num_blocks} x "
                              f"{self._block_len}): {_lib.strerror(rc)}")
-        if rc < 0:
-            return  # UCX could not start here: available is False
+        if rc < 0:  # UCX could not start here: available is False
+            self.unavailable_reason = (
+                f"kvx_transport_create: {_lib.strerror(rc)} ({rc}) in this environment "
+                f"(UCX_TLS={os.environ.get('UCX_TLS', '(unset)')}, "
+                f"UCX_NET_DEVICES={os.environ.get('UCX_NET_DEVICES', '(unset)')}, net_devices="
+                f"{net_devices!r}); libkvx's log on stderr says more")
+            return
         self._handle = h.value
         self._lib = lib
+        self._hold = _Handle(lib, h.value)
         if self._region is None:  # owned: the view is of kvx's memory
             a = _lib.TransportAttr()
             a.field_mask = _lib.TRANSPORT_ATTR_REGION
             self._check("owned region", lib.kvx_transport_query(self._handle, ctypes.byref(a)))
             self._base_addr = a.base
             region = (ctypes.c_char * (self._num_blocks * self._block_len)).from_address(a.base)
-            # every view keeps the region's array alive, and the array keeps this transport
-            # (whose kvx_transport_destroy, in __del__, frees the memory) alive
-            region._kvx_owner = self
+            # every view keeps the region's array alive, and the array keeps the handle (whose
+            # kvx_transport_destroy frees the memory) alive; not this object, which would then
+            # be part of a reference cycle and wait for the cyclic GC
+            region._kvx_owner = self._hold
             self._region = region
             self._view = memoryview(region).cast("B", (self._num_blocks, self._block_len))
 
@@ -339,12 +398,14 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
     def config_fingerprint(self) -> str:
         return self._config_fingerprint
 
+    def _why(self) -> str:
+        return self.unavailable_reason or "UCX could not start"
+
     def _h(self) -> int:
         if self._closed:
             raise _closed_error()
         if self._handle is None:
-            raise RuntimeError("KvxTransport is not available: " +
-                               (_lib.load_error() or "UCX could not start"))
+            raise RuntimeError("KvxTransport is not available: " + self._why())
         return self._handle
 
     def _check(self, what: str, rc: int) -> int:
@@ -710,16 +771,17 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
                 # The handle itself is freed only when this object is (__del__): another thread
                 # may still be about to pass it to libkvx, which then answers -ESHUTDOWN.
                 self._lib.kvx_transport_close(self._handle)
-            # drop our hold on the caller's buffer, so that it can be released (an mmap closed)
-            self._region = None
-            self._view = None
+            if not self._owned_region:
+                # drop our hold on the caller's buffer, so that it can be released (an mmap
+                # closed); an owned region stays mapped, and readable, until the handle goes
+                self._region = None
+                self._view = None
 
     def __del__(self):
+        # close() stops the progress thread and releases UCX's worker now; the handle (and an
+        # owned region's memory) goes with the last of this object and the region's views
         try:
             self.close()
-            if self._handle is not None:
-                self._lib.kvx_transport_destroy(self._handle)
-                self._handle = None
         except Exception:
             pass
 

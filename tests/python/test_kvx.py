@@ -6,6 +6,7 @@ Run: PYTHONPATH=python /usr/bin/python3 -m pytest tests/python   (or -m unittest
 """
 
 import concurrent.futures
+import gc
 import errno
 import hashlib
 import json
@@ -17,6 +18,7 @@ import sys
 import threading
 import time
 import unittest
+import weakref
 from array import array
 
 import numpy as np  # Debian's python3-numpy: the NumPy index paths are part of the contract
@@ -243,10 +245,14 @@ class TestOffline(unittest.TestCase):
         """Every public method of an unavailable transport does what its docstring says."""
         os.environ["UCX_TLS"] = "no-such-transport"
         try:
-            t = kvx.KvxTransport("nodev", memoryview(bytearray(8192)).cast("B", (2, 4096)))
+            # it says why, at once: a warning and an attribute
+            with self.assertWarnsRegex(RuntimeWarning, r"'nodev' is unavailable: "
+                                       r"kvx_transport_create: .*UCX_TLS=no-such-transport"):
+                t = kvx.KvxTransport("nodev", memoryview(bytearray(8192)).cast("B", (2, 4096)))
         finally:
             del os.environ["UCX_TLS"]
         self.assertFalse(t.available)
+        self.assertIn("UCX could not start", t.unavailable_reason)
         self.assertEqual((t.num_blocks, t.block_len, t.config_fingerprint), (2, 4096, ""))
         self.assertIsInstance(t.base_addr, int)
         self.assertIsNone(t.write_blocks("p", [0], [0]))
@@ -860,15 +866,94 @@ class TestOwned(unittest.TestCase):
         self.assertEqual(tx.block(10), block_pattern(BL, SALT + 1, 5, 0))
         self.assertEqual(tx.block(11), block_pattern(BL, SALT + 1, 6, 0))
         tx.t.remove_remote_peer("O")
-        # the memory outlives close() while a view of it is alive
+        # per block without NumPy: block(i) is a 1-D view
+        self.assertEqual(bytes(o.block(40)), block_pattern(BL, SALT, 1, 0))
+        self.assertEqual((o.block(0).ndim, o.block(0).nbytes, o.block(0).readonly), (1, BL, False))
+        with self.assertRaises(IndexError):
+            o.block(NB)
+        # the memory outlives close(), as in C: the view and the blocks stay readable
         row = flat[7 * BL:8 * BL]
         del v, flat
         o.close()
-        self.assertIsNone(o.view)
         self.assertEqual(bytes(row), block_pattern(BL, SALT + 1, 7, 0))
+        self.assertEqual(o.view.shape, (NB, BL))
+        self.assertEqual(bytes(o.block(90)), block_pattern(BL, SALT, 3, 0))
+        self.assertEqual(o.view[41, 0], block_pattern(BL, SALT, 2, 0)[0])
 
     def test_owned_bad_geometry(self):
         with self.assertRaises(ValueError):
             kvx.KvxTransport.owned("owner", 0, BL)
         with self.assertRaises(ValueError):
             kvx.KvxTransport.owned("owner", NB, -1)
+
+
+def _threads(but=None):
+    """This process's threads (but: leaving out those of that name)."""
+    n = 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                n += f.read().strip() != but
+        except FileNotFoundError:  # ended meanwhile
+            pass
+    return n
+
+
+def _own_segments():
+    """System V segments this process created (UCX's FIFOs, an owned region)."""
+    me = str(os.getpid())
+    with open("/proc/sysvipc/shm") as f:
+        next(f)
+        return sum(1 for line in f if line.split()[4] == me)
+
+
+class TestLifetime(unittest.TestCase):
+    """A transport dropped without close() is freed at once, without the cyclic GC (which
+    serving engines disable or freeze)."""
+
+    def setUp(self):
+        gc.collect()
+        gc.disable()
+        self.addCleanup(gc.enable)
+
+    def test_dropped_owned_transport_is_freed_without_gc(self):
+        threads, segs = _threads(), _own_segments()
+        o = kvx.KvxTransport.owned("dropped-owner", 16, 4096)
+        self.assertTrue(o.available)
+        o.block(3)[:5] = b"hello"
+        self.assertGreater(_threads(), threads)   # its progress thread
+        self.assertGreater(_own_segments(), segs)  # its region and UCX's FIFOs
+        w = weakref.ref(o)
+        del o
+        self.assertIsNone(w(), "the transport is kept alive by a reference cycle")
+        self.assertEqual(_threads(), threads)
+        self.assertEqual(_own_segments(), segs)
+
+    def test_dropped_owned_transport_with_a_live_view(self):
+        """A view outlives the transport: its bytes stay readable, the progress thread goes at
+        once, and the region (with UCX's context, whose "async" thread maps it) goes with the
+        last view."""
+        threads, segs = _threads(), _own_segments()
+        o = kvx.KvxTransport.owned("viewed-owner", 16, 4096)
+        blk = o.block(5)
+        blk[:] = b"\x5a" * 4096
+        w = weakref.ref(o)
+        del o
+        self.assertIsNone(w())
+        self.assertEqual(_threads("async"), threads)  # the progress thread is gone
+        self.assertEqual(bytes(blk), b"\x5a" * 4096)
+        self.assertEqual(_own_segments(), segs + 1)  # the region alone
+        del blk
+        self.assertEqual(_own_segments(), segs)
+        self.assertEqual(_threads(), threads)
+
+    def test_dropped_transport_over_a_caller_buffer(self):
+        threads = _threads()
+        region = bytearray(16 * 4096)
+        t = kvx.KvxTransport("dropped-plain", memoryview(region).cast("B", (16, 4096)))
+        self.assertTrue(t.available)
+        w = weakref.ref(t)
+        del t
+        self.assertIsNone(w())
+        self.assertEqual(_threads(), threads)
+        region.extend(b"x")  # no export of the buffer is left
