@@ -10,11 +10,12 @@ then the dynamic linker's path.
 
 from ._lib import load as _load
 from ._lib import EFENCED
-from .transport import (KvxError, KvxTransport, Notice, PeerUnreachableError, PollResult,
-                        config_fingerprint)
+from ._lib import EINCOMPAT
+from .transport import (FAILURES_KEPT, Failure, KvxError, KvxTransport, Notice,
+                        PeerUnreachableError, PollResult, config_fingerprint)
 
-__all__ = ["KvxTransport", "PollResult", "Notice", "KvxError", "PeerUnreachableError",
-           "config_fingerprint", "version", "EFENCED"]
+__all__ = ["KvxTransport", "PollResult", "Notice", "Failure", "KvxError", "PeerUnreachableError",
+           "config_fingerprint", "version", "EFENCED", "EINCOMPAT", "FAILURES_KEPT"]
 
 
 def version() -> str:

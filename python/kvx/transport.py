@@ -9,6 +9,7 @@ Every method may be called from any number of threads at once.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import ctypes
 import errno
@@ -43,6 +44,19 @@ except Exception:  # pragma: no cover - depends on the environment
 _EMPTY_POLL_RESULT = PollResult(done=(), failed=())
 
 
+class Failure(NamedTuple):
+    """Why a transfer failed: status is its negative errno (-errno.ETIMEDOUT, -kvx.EFENCED,
+    ...), name its symbol ("ETIMEDOUT", "KVX_EFENCED"), text kvx's description."""
+
+    status: int
+    name: str
+    text: str
+
+
+# How many failed ids failure() remembers, per transport: the most recent ones poll() returned.
+FAILURES_KEPT = 4096
+
+
 class Notice(NamedTuple):
     """A peer's write (sent with notify=True) landed whole in this transport's region."""
 
@@ -53,6 +67,7 @@ class Notice(NamedTuple):
 
 
 _NOTICE_BATCH = 64
+_REPLACED = -errno.ECONNABORTED
 
 _POLL_BATCH = 256
 _SMALL = 64
@@ -222,6 +237,8 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
         self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._executor_lock = threading.Lock()
         self._close_lock = threading.Lock()
+        self._failures: "collections.OrderedDict[int, int]" = collections.OrderedDict()
+        self._failures_lock = threading.Lock()
         if _Base is not object and owned is None:
             try:
                 super().__init__(view, config_fields=config_fields)
@@ -529,7 +546,9 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
                     self._lib.kvx_peer_remove_ex(h, str(peer_id).encode(), _lib.PEER_REMOVE_PURGE))
 
     def peer_info(self, peer_id: str) -> Optional[dict]:
-        """Transport in use, state and counters of a peer; None if unknown."""
+        """Transport in use, state and counters of a peer; None if unknown. state is
+        "connected", "wiring" (added, its handshake not answered yet: transfers wait behind
+        it), "reconnecting" (paired by address, pairing again), "failed" or "removed"."""
         h = self._h()
         a = _lib.PeerAttr()
         a.field_mask = _lib.PEER_ATTR_ALL
@@ -631,7 +650,7 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
             comps = self._tls.comps
         except AttributeError:
             comps = self._buffers()[1]
-        done = failed = None
+        done = failed = statuses = None
         while True:
             n = self._lib.kvx_transport_poll(h, pid, comps, _POLL_BATCH)
             if n <= 0:
@@ -640,29 +659,69 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
                 break
             for i in range(n):
                 c = comps[i]
-                if c.status == 0:
+                st = c.status
+                if st == 0:
                     if done is None:
                         done = []
                     done.append(c.id)
-                else:
+                elif st != _REPLACED:
                     if failed is None:
                         failed = []
                     failed.append(c.id)
+                    why = (c.id, st)
+                    if statuses is None:
+                        statuses = [why]
+                    else:
+                        statuses.append(why)
+                # else: a transfer of a connection that a re-add replaced, purged as a
+                # remove purges it (the binding removes with purge, so only a replacement
+                # fails a transfer with -ECONNABORTED)
             if n < _POLL_BATCH:
                 break
+        if statuses is not None:
+            self._remember(statuses)
         if done is None and failed is None:
             return _EMPTY_POLL_RESULT
         return PollResult(done=tuple(done) if done is not None else (),
                           failed=tuple(failed) if failed is not None else ())
 
+    def _remember(self, statuses) -> None:
+        with self._failures_lock:
+            f = self._failures
+            for tid, st in statuses:
+                f[tid] = st
+            while len(f) > FAILURES_KEPT:
+                f.popitem(last=False)
+
+    def failure(self, transfer_id: int) -> Optional[Failure]:
+        """Why a transfer that poll() returned as failed failed: Failure(status, name, text),
+        e.g. (-kvx.EFENCED, "KVX_EFENCED", ...) for a write the receiver fenced, (-ETIMEDOUT,
+        "ETIMEDOUT", ...) for one past its deadline, -ECANCELED for one canceled ("wait"),
+        -ECONNRESET for a peer that failed. poll() itself is unchanged (ids only); this
+        remembers the last FAILURES_KEPT (4096) failed ids poll() returned on this transport,
+        about 100 bytes each, whichever thread polled. None for an id that succeeded, has not
+        come out of poll() yet, is unknown, or is older than those. Works after close()."""
+        with self._failures_lock:
+            st = self._failures.get(int(transfer_id))
+        if st is None:
+            return None
+        return Failure(st, _lib.errno_name(st), _lib.strerror(st))
+
     def fence(self, writer: Optional[str] = None, tags: Optional[Iterable[int]] = None) -> int:
-        """Fence writes into this region: when this returns, no byte of any write that writer
-        (a peer id of this transport, or the writer's agent name; None: every writer) submitted
-        before the call lands here any more; with tags, only writes carrying one of them. The
-        writer's fenced transfers fail (a failed id in its poll) and it need not re-add anything:
-        writes it submits once it heard of the fence land (kvx tells it at once; one submitted
-        before that fails too and may simply be submitted again). Returns the number of the
-        writer's connections fenced (0: it never connected). Never waits on the network."""
+        """Fence writes into this region. What it guarantees: when this returns, no byte of a
+        write that writer (a peer id of this transport, or the writer's agent name; None: every
+        writer) submitted before the call lands here any more, on every connection of that
+        writer this transport has already heard from (whose HELLO it has processed); with tags,
+        only writes carrying one of them. Bytes that landed before the call stay. What it does
+        not cover: a connection whose HELLO had not yet arrived when fence() was called is a new
+        connection, and its writes land, those submitted before the call included (a writer
+        that added this peer just before, or whose handshake is still under way: peer_info()'s
+        state "wiring" on its side). Returns the number of the writer's connections fenced
+        (0: none heard from, nothing fenced).
+        The writer's fenced transfers fail (a failed id in its poll, whose failure() is
+        KVX_EFENCED) and it need not re-add anything: writes it submits once it heard of the
+        fence land (kvx tells it at once; one submitted before that fails too and may simply be
+        submitted again). Never waits on the network."""
         h = self._h()
         name = None
         if writer is not None:

@@ -957,3 +957,78 @@ class TestLifetime(unittest.TestCase):
         self.assertIsNone(w())
         self.assertEqual(_threads(), threads)
         region.extend(b"x")  # no export of the buffer is left
+
+
+class TestWhyItFailed(unittest.TestCase):
+    """failure(tid): the status of a failed transfer, poll() unchanged. The receiver lives in
+    this process with no progress thread (num_threads=0): nothing lands in its region unless it
+    calls kvx, so a write can be held in flight while it fences."""
+
+    def test_fenced_and_timed_out_writes_say_so(self):
+        rx = Local("quiet-rx", num_threads=0)
+        tx = Local("writer")
+        self.addCleanup(rx.close)
+        self.addCleanup(tx.close)
+        tx.t.add_remote_peer("R", rx.t.get_agent_metadata(), rx.t.base_addr, NB, BL)
+
+        def pump_until_out(tid, timeout=10):
+            end = time.time() + timeout
+            while time.time() < end:
+                r = tx.t.poll("R")
+                if tid in r.done or tid in r.failed:
+                    self.assertEqual(r.done.count(tid) + r.failed.count(tid), 1)
+                    return "done" if tid in r.done else "failed"
+                rx.t.poll()  # the receiver's progress: what reached it lands or is dropped
+                time.sleep(0.0005)
+            self.fail(f"transfer {tid} never came out")
+
+        # the receiver hears of the writer's connection (its HELLO) with the first write
+        tid = tx.t.write_blocks("R", [1], [2])
+        self.assertEqual(pump_until_out(tid), "done")
+        self.assertEqual(rx.block(2), block_pattern(BL, SALT, 1, 0))
+        self.assertIsNone(tx.t.failure(tid))
+        # a write in flight, then a fence on the receiver before any of it landed
+        fenced = tx.t.write_blocks("R", [3, 4], [10, 11])
+        self.assertEqual(rx.t.fence("writer"), 1)
+        self.assertEqual(pump_until_out(fenced), "failed")
+        self.assertEqual(tx.t.failure(fenced), kvx.Failure(-kvx.EFENCED, "KVX_EFENCED",
+                                                           kvx.transport._lib.strerror(-kvx.EFENCED)))
+        for d in (10, 11):  # not a byte of it landed
+            self.assertEqual(rx.block(d), block_pattern(BL, SALT, d, 0))
+        # a write past its deadline, the receiver not progressing meanwhile
+        late = tx.t.write_blocks("R", [5], [12], deadline_ms=300)
+        end = time.time() + 10
+        failed = ()
+        while late not in failed and time.time() < end:
+            r = tx.t.poll("R")
+            self.assertNotIn(late, r.done)
+            failed = r.failed
+            time.sleep(0.005)
+        self.assertIn(late, failed)
+        f = tx.t.failure(late)
+        self.assertEqual((f.status, f.name), (-errno.ETIMEDOUT, "ETIMEDOUT"))
+        self.assertEqual(tx.t.failure(fenced).name, "KVX_EFENCED")  # still remembered
+        self.assertIsNone(tx.t.failure(123456789))
+        tx.t.close()
+        self.assertEqual(tx.t.failure(late).name, "ETIMEDOUT")
+
+    def test_failures_kept_are_bounded(self):
+        loc = Local("bounded", 4, 4096, num_threads=0)
+        self.addCleanup(loc.close)
+        t = loc.t
+        t._remember([(i, -errno.ECANCELED) for i in range(kvx.FAILURES_KEPT + 10)])
+        self.assertEqual(len(t._failures), kvx.FAILURES_KEPT)
+        self.assertIsNone(t.failure(9))  # the oldest went first
+        self.assertEqual(t.failure(10).name, "ECANCELED")
+        self.assertEqual(t.failure(kvx.FAILURES_KEPT + 9).status, -errno.ECANCELED)
+
+    def test_peer_states_are_kvx_h_s(self):
+        """peer_info's state names are kvx.h's kvx_peer_state_t, KVX_PEER_WIRING = 4 among them
+        (a connection still wiring up)."""
+        self.assertEqual(kvx.transport._lib.PEER_STATES[4], "wiring")
+        header = os.path.join(os.path.dirname(__file__), "..", "..", "include", "kvx.h")
+        with open(header) as f:
+            text = f.read()
+        import re
+        for name, value in re.findall(r"KVX_PEER_([A-Z]+) = (\d+)", text):
+            self.assertEqual(kvx.transport._lib.PEER_STATES[int(value)], name.lower())
