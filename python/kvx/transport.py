@@ -3,8 +3,9 @@
 It has the constructor shape and the methods of the NIXL-based transport it replaces, and
 follows the transport contract: None (never an exception) from write_blocks/read_blocks when a
 transfer cannot be submitted, ValueError from add_remote_peer for incompatible peers, per-peer
-poll isolation, honest cancel, idempotent close, and a clear exception for use after close.
-Every method may be called from any number of threads at once.
+poll isolation, honest cancel, idempotent close, the NIXL-based transport's answers after close
+(None, the empty result, []), and adds and removes of one peer id in call order. Every method
+may be called from any number of threads at once.
 """
 
 from __future__ import annotations
@@ -97,6 +98,55 @@ def _closed_error() -> RuntimeError:
     return RuntimeError("KvxTransport is closed")
 
 
+class _Turns:
+    """Call order of the adds and removes of each peer id: a call takes a ticket when it is
+    made and acts once every call made before it on that id has acted (the per-peer generation
+    of the NIXL-based transport, with the same effect: a late add cannot revive a peer removed
+    after it was called)."""
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._ids: dict = {}  # peer id -> [next ticket, ticket now acting]
+
+    def take(self, pid: str) -> int:
+        with self._cv:
+            e = self._ids.setdefault(pid, [0, 0])
+            e[0] += 1
+            return e[0] - 1
+
+    def begin(self, pid: str, ticket: int) -> None:
+        with self._cv:
+            e = self._ids[pid]
+            while e[1] != ticket:
+                self._cv.wait()
+
+    def latest(self, pid: str, ticket: int) -> bool:
+        """No call on pid was made after this ticket's."""
+        with self._cv:
+            e = self._ids.get(pid)  # gone: nothing outstanding, so none came after
+            return e is None or e[0] == ticket + 1
+
+    def end(self, pid: str, ticket: int) -> None:
+        with self._cv:
+            e = self._ids[pid]
+            e[1] = ticket + 1
+            if e[1] == e[0]:
+                del self._ids[pid]  # nothing outstanding: tickets start again at 0
+            self._cv.notify_all()
+
+
+def _superseded(pid) -> RuntimeError:
+    return RuntimeError(f"registration for peer {pid} was superseded (a later "
+                        f"remove_remote_peer or add of that id was called before it took effect)")
+
+
+# How long close() lets registrations already requested (add_remote_peer_async) finish.
+CLOSE_WAIT_S = 5.0
+
+# The backends kvx moves data over (NIXL's names).
+SUPPORTED_BACKENDS = ("UCX",)
+
+
 class _Handle:
     """The C transport's handle, destroyed (kvx_transport_destroy) when its last holder goes:
     the KvxTransport, and for an owned region every array and view of the region too. The
@@ -174,12 +224,19 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
 
     Threading: every method may be called from any number of threads at once: each call has its
     own buffers, and kvx serializes what must be. A slow peer in add_remote_peer or
-    remove_remote_peer holds up no other call. close() may be called while other threads are
-    inside methods: those calls (a wait() or poll() asleep, a write_blocks() in progress) end as
-    if they had been made after close(), with RuntimeError("KvxTransport is closed"); a second
-    close() returns once the first has finished. A background progress thread (num_threads > 0)
-    lets peers write into and read from this region while this process never calls kvx.
-    num_threads > 1 is accepted and runs one thread: UCX drives one worker per transport.
+    remove_remote_peer holds up no other call (but the later adds and removes of that same id,
+    which take effect in call order). close() may be called while other threads are inside
+    methods: those calls (a wait() or poll() asleep, a write_blocks() in progress) end as if
+    they had been made after close() (see close()); a second close() returns once the first
+    has finished.
+
+    backends: None or ["UCX"]; any other backend (NIXL's "MOONCAKE", "LIBFABRIC", "GDS", ...)
+    is refused with ValueError naming it. num_threads (NIXL: UCX worker threads): 0 runs no
+    progress thread, so peers' writes into this region and reads from it move only while this
+    process calls kvx (poll, wait, poll_notices, ...); any value > 0 runs one progress thread,
+    which lets peers write and read while this process never calls kvx (UCX drives one worker
+    per transport, so more threads would not help). add_remote_peer_async has its own pool of 4
+    threads either way.
 
     deadline_ms (5000), stall_ms (2000) and keepalive_ms (1000) are kvx_params_t's: a transfer
     fails at its deadline (0: none), a connection that heard nothing from its peer for stall_ms
@@ -189,9 +246,10 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
     piece of data this transport sends as an initiator, checked by the side that receives it.
     notice_queue: how many arrival notices may wait (1024).
 
-    Unavailable (UCX could not start, or libkvx is missing; available is False): write_blocks and
-    read_blocks return None, poll returns the empty result, every other method raises
-    RuntimeError saying why (add_remote_peer_async: a Future holding it).
+    Unavailable (UCX could not start, or libkvx is missing; available is False): the
+    constructor warns (RuntimeWarning) with the cause, which unavailable_reason holds;
+    write_blocks and read_blocks return None, poll returns the empty result, every other
+    method raises RuntimeError saying why.
     """
 
     def __init__(
@@ -225,6 +283,11 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
             self._base_addr = ctypes.addressof(self._region)
         self._config_fingerprint = config_fingerprint(config_fields)
         self._backends = list(backends) if backends else ["UCX"]
+        unsupported = [b for b in self._backends if b not in SUPPORTED_BACKENDS]
+        if unsupported:
+            raise ValueError(f"KvxTransport: backend{'s' if len(unsupported) > 1 else ''} "
+                             f"{', '.join(map(repr, unsupported))} not supported: kvx moves data "
+                             f"over UCX only (backends=None or ['UCX'])")
         self._num_threads = num_threads
         self._agent_name = agent_name
         self._handle: Optional[int] = None
@@ -237,6 +300,9 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
         self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._executor_lock = threading.Lock()
         self._close_lock = threading.Lock()
+        self._closing = False  # close() has begun: no new registration is taken
+        self._turns = _Turns()
+        self._pending: set = set()  # futures of add_remote_peer_async not finished yet
         self._failures: "collections.OrderedDict[int, int]" = collections.OrderedDict()
         self._failures_lock = threading.Lock()
         if _Base is not object and owned is None:
@@ -465,20 +531,41 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
         PeerUnreachableError (a ConnectionError and a ValueError) when it cannot be reached, for
         instance because its process is gone. On error nothing changes. Waits up to 200 ms for
         the peer to answer, without holding up other calls (and, when it replaces a connection of
-        that id, up to 2 s more for the old one to close); adds and removes of one id take effect
-        in the order they were called."""
-        h = self._h()
-        md = bytes(agent_metadata)
-        pp = _lib.PeerParams(_lib.PEER_PARAM_EXPECT_REGION, int(base_addr) & (2**64 - 1),
-                             int(num_blocks) & (2**64 - 1), int(block_len) & (2**64 - 1))
-        rc = self._lib.kvx_peer_add(h, str(peer_id).encode(), md, len(md), ctypes.byref(pp))
+        that id, up to 2 s more for the old one to close). Re-adding an id replaces its
+        connection and purges the old connection's transfers, as remove_remote_peer does: their
+        ids never come out of poll.
+        Adds and removes of one id take effect in the order they were called, whatever thread
+        calls them and however long each takes: a call waits for the earlier ones on that id.
+        An add that a later call on its id superseded before it took effect raises
+        RuntimeError("registration for peer ... was superseded ..."): that later call decides
+        what the peer is. RuntimeError("KvxTransport is closed") after close()."""
+        self._h()
+        pid = str(peer_id)
+        ticket = self._turns.take(pid)
+        self._registration(pid, ticket, bytes(agent_metadata), base_addr, num_blocks, block_len)
+
+    def _registration(self, pid: str, ticket: int, md: bytes, base_addr, num_blocks,
+                      block_len) -> None:
+        """One add of pid, in its turn (ticket), which it ends whatever happens."""
+        try:
+            self._turns.begin(pid, ticket)
+            if not self._turns.latest(pid, ticket):
+                raise _superseded(pid)
+            h = self._h()
+            pp = _lib.PeerParams(_lib.PEER_PARAM_EXPECT_REGION, int(base_addr) & (2**64 - 1),
+                                 int(num_blocks) & (2**64 - 1), int(block_len) & (2**64 - 1))
+            rc = self._lib.kvx_peer_add(h, pid.encode(), md, len(md), ctypes.byref(pp))
+        finally:
+            self._turns.end(pid, ticket)
         if rc == 0:
+            if not self._turns.latest(pid, ticket):
+                raise _superseded(pid)  # a later call on this id acts next
             return
         if rc == -errno.ESHUTDOWN:
             raise _closed_error()
         if -rc in _VALUE_ERRORS:
-            raise ValueError(f"add_remote_peer({peer_id!r}): {_lib.strerror(rc)}")
-        raise PeerUnreachableError(-rc, f"add_remote_peer({peer_id!r}): {_lib.strerror(rc)}")
+            raise ValueError(f"add_remote_peer({pid!r}): {_lib.strerror(rc)}")
+        raise PeerUnreachableError(-rc, f"add_remote_peer({pid!r}): {_lib.strerror(rc)}")
 
     def listen(self, addr: str) -> str:
         """Listen for peers that pair by address (connect) at "host:port" (port 0: any), on
@@ -501,7 +588,13 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
         meanwhile, and transfers submitted then wait, within their deadlines), and
         poll_peer_events() tells what happened."""
         h = self._h()
-        rc = self._lib.kvx_peer_connect(h, str(peer_id).encode(), str(addr).encode(), None)
+        pid = str(peer_id)
+        ticket = self._turns.take(pid)
+        try:
+            self._turns.begin(pid, ticket)
+            rc = self._lib.kvx_peer_connect(h, pid.encode(), str(addr).encode(), None)
+        finally:
+            self._turns.end(pid, ticket)
         if rc == 0:
             return
         if rc == -errno.ESHUTDOWN:
@@ -512,50 +605,77 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
 
     def add_remote_peer_async(self, peer_id: str, agent_metadata: bytes, base_addr: int,
                               num_blocks: int, block_len: int) -> concurrent.futures.Future:
-        """add_remote_peer on a worker thread of this transport: returns a
-        concurrent.futures.Future whose result() is None or raises what add_remote_peer would.
-        Other calls, and adds of other ids, go on meanwhile; adds and removes of one id take
-        effect in call order. After close() the future raises RuntimeError("closed")."""
-        if self._handle is None or self._closed:
-            f: concurrent.futures.Future = concurrent.futures.Future()
-            try:
-                self._h()
-            except RuntimeError as e:
-                f.set_exception(e)
-            return f
+        """add_remote_peer on a worker thread of this transport (a pool of 4, whatever
+        num_threads is): returns a concurrent.futures.Future whose result() is None or raises
+        what add_remote_peer would. Other calls, and adds of other ids, go on meanwhile. Its
+        place in the call order of its id is taken now, at the call: a remove_remote_peer (or
+        another add) of that id called afterwards supersedes it, and the future raises
+        RuntimeError("registration for peer ... was superseded ...") while the peer stays as
+        that later call leaves it (removed). close() lets registrations already requested
+        finish, for up to CLOSE_WAIT_S (5 s) in all; one still running then fails with
+        RuntimeError("KvxTransport is closed"). Called after close() has begun (or on an
+        unavailable transport), it raises RuntimeError at once, as the NIXL-based transport's
+        executor does."""
+        self._h()
+        pid = str(peer_id)
+        md = bytes(agent_metadata)
         with self._executor_lock:
+            if self._closing:
+                raise _closed_error()
             if self._executor is None:
                 self._executor = concurrent.futures.ThreadPoolExecutor(
                     max_workers=4, thread_name_prefix="kvx-add-peer")
+            # the ticket and the submission together: tickets of one id reach the pool in
+            # their order, so a worker never waits for one queued behind it
+            ticket = self._turns.take(pid)
             try:
-                return self._executor.submit(self.add_remote_peer, peer_id, agent_metadata,
-                                             base_addr, num_blocks, block_len)
-            except RuntimeError:  # the executor was shut down by close()
-                f = concurrent.futures.Future()
-                f.set_exception(_closed_error())
-                return f
+                f = self._executor.submit(self._registration, pid, ticket, md, base_addr,
+                                          num_blocks, block_len)
+            except BaseException:
+                self._turns.begin(pid, ticket)
+                self._turns.end(pid, ticket)
+                raise
+            self._pending.add(f)
+        f.add_done_callback(self._pending.discard)
+        return f
 
     def remove_remote_peer(self, peer_id: str) -> None:
         """Release the peer's connection and purge its transfers: their ids never come out of
         poll (finished ones not yet polled included), as the seed's transport does; cancel
         them first to learn their fate. Bytes of a purged transfer may still be moving until
         the connection has closed (a purged read's local blocks, a purged write's remote
-        blocks). Unknown peer: nothing happens. Other calls go on meanwhile."""
-        h = self._h()
-        self._check("remove_remote_peer",
-                    self._lib.kvx_peer_remove_ex(h, str(peer_id).encode(), _lib.PEER_REMOVE_PURGE))
+        blocks). Unknown peer: nothing happens. It takes effect after the adds of that id
+        called before it (an add_remote_peer_async still queued or running is superseded: its
+        future raises, and the peer stays removed). Other calls go on meanwhile. After close():
+        returns None, as the NIXL-based transport does."""
+        if self._closed:
+            return None
+        self._h()
+        pid = str(peer_id)
+        ticket = self._turns.take(pid)
+        try:
+            self._turns.begin(pid, ticket)
+            if self._closed:
+                return None
+            rc = self._lib.kvx_peer_remove_ex(self._handle, pid.encode(), _lib.PEER_REMOVE_PURGE)
+        finally:
+            self._turns.end(pid, ticket)
+        if rc == -errno.ESHUTDOWN:
+            return None
+        self._check("remove_remote_peer", rc)
+        return None
 
     def peer_info(self, peer_id: str) -> Optional[dict]:
         """Transport in use, state and counters of a peer; None if unknown. state is
         "connected", "wiring" (added, its handshake not answered yet: transfers wait behind
         it), "reconnecting" (paired by address, pairing again), "failed" or "removed"."""
+        if self._closed:
+            return None
         h = self._h()
         a = _lib.PeerAttr()
         a.field_mask = _lib.PEER_ATTR_ALL
         rc = self._lib.kvx_peer_query(h, str(peer_id).encode(), ctypes.byref(a))
-        if rc == -errno.ESHUTDOWN:
-            raise _closed_error()
-        if rc < 0:
+        if rc < 0:  # unknown, or -ESHUTDOWN: close() overlapped it
             return None
         return {
             "agent_name": a.agent_name.decode(),
@@ -583,9 +703,7 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
                 notify=False) -> Optional[int]:
         h = self._handle
         if h is None or self._closed:
-            if self._closed:
-                raise _closed_error()
-            return None  # unavailable
+            return None  # unavailable, or closed (as the NIXL-based transport after close())
         loc = _index_array(local_idxs)
         rem = _index_array(remote_idxs)
         if loc is None or rem is None or loc[1] != rem[1]:
@@ -614,9 +732,7 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
             idp = self._buffers()[0]
         fn = self._lib.kvx_xfer_write if write else self._lib.kvx_xfer_read
         rc = fn(h, str(peer_id).encode(), loc[0], rem[0], loc[1], params, ctypes.byref(idp))
-        if rc == -errno.ESHUTDOWN:
-            raise _closed_error()  # close() overlapped this call
-        return None if rc < 0 else idp.value
+        return None if rc < 0 else idp.value  # -ESHUTDOWN: close() overlapped this call
 
     def write_blocks(self, peer_id: str, local_idxs, remote_idxs,
                      deadline_ms: Optional[int] = None, tag: Optional[int] = None,
@@ -642,9 +758,7 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
         is returned to exactly one caller, whichever thread polls."""
         h = self._handle
         if h is None or self._closed:
-            if self._closed:
-                raise _closed_error()
-            return _EMPTY_POLL_RESULT  # unavailable
+            return _EMPTY_POLL_RESULT  # unavailable, or closed
         pid = None if peer_id is None else str(peer_id).encode()
         try:
             comps = self._tls.comps
@@ -654,7 +768,7 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
         while True:
             n = self._lib.kvx_transport_poll(h, pid, comps, _POLL_BATCH)
             if n <= 0:
-                if n < 0:
+                if n < 0 and n != -errno.ESHUTDOWN:  # -ESHUTDOWN: close() overlapped it
                     self._check("poll", n)
                 break
             for i in range(n):
@@ -741,8 +855,6 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
         of its write landed, never for a write that failed or was fenced."""
         h = self._handle
         if h is None or self._closed:
-            if self._closed:
-                raise _closed_error()
             return ()
         try:
             buf = self._tls.notices
@@ -750,7 +862,10 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
             buf = self._tls.notices = (_lib.Notice * _NOTICE_BATCH)()
         out = None
         while True:
-            n = self._check("poll_notices", self._lib.kvx_notice_poll(h, buf, _NOTICE_BATCH))
+            n = self._lib.kvx_notice_poll(h, buf, _NOTICE_BATCH)
+            if n == -errno.ESHUTDOWN:
+                n = 0
+            n = self._check("poll_notices", n)
             if n == 0:
                 break
             if out is None:
@@ -765,11 +880,16 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
         of peer_id, event ("down": its connection failed and kvx pairs again; "restarted": back,
         with a newer generation, its region's contents gone; "reconnected": back, the same
         transport), error (for "down", a negative errno) and generation."""
+        if self._closed:
+            return []
         h = self._h()
         buf = (_lib.PeerEvent * 64)()
         out = []
         while True:
-            n = self._check("poll_peer_events", self._lib.kvx_peer_event_poll(h, buf, 64))
+            n = self._lib.kvx_peer_event_poll(h, buf, 64)
+            if n == -errno.ESHUTDOWN:
+                return out
+            n = self._check("poll_peer_events", n)
             out.extend({"peer_id": e.peer_id.decode(), "event": _lib.PEER_EVENTS.get(e.type, str(e.type)),
                         "error": e.error, "generation": e.generation} for e in buf[:n])
             if n < 64:
@@ -801,6 +921,8 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
         finished ids are ignored."""
         if mode not in ("immediate", "wait"):
             raise ValueError(f"cancel mode must be 'immediate' or 'wait', not {mode!r}")
+        if self._closed:
+            return []  # close() released everything, as the NIXL-based transport's does
         h = self._h()
         ids = array("Q", [int(i) for i in transfer_ids if 0 <= int(i) < 2**64])
         n = len(ids)
@@ -808,23 +930,39 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
             return []
         buf = (ctypes.c_uint64 * n).from_buffer(ids)
         pending = (ctypes.c_uint64 * n)()
-        rc = self._check("cancel", self._lib.kvx_xfer_cancel(
-            h, buf, n, _lib.CANCEL_WAIT if mode == "wait" else _lib.CANCEL_IMMEDIATE, pending))
-        return list(pending[:rc])
+        rc = self._lib.kvx_xfer_cancel(
+            h, buf, n, _lib.CANCEL_WAIT if mode == "wait" else _lib.CANCEL_IMMEDIATE, pending)
+        if rc == -errno.ESHUTDOWN:
+            return []
+        return list(pending[:self._check("cancel", rc)])
 
     # ---- lifecycle -------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Fail and release everything, remove all peers, deregister the region. Idempotent.
-        Any later call raises RuntimeError; calls other threads are making meanwhile end as
-        the class docstring says. When it returns, kvx no longer touches the region."""
+        """Let registrations already requested finish (add_remote_peer_async: for up to
+        CLOSE_WAIT_S, 5 s, in all; one still running then fails with RuntimeError("KvxTransport
+        is closed")), then fail and release everything, remove all peers, deregister the region.
+        Idempotent; a second close() returns once the first has finished. When it returns, kvx
+        no longer touches the region (an owned region stays mapped and readable). Afterwards,
+        as the NIXL-based transport after its close(): write_blocks and read_blocks return
+        None, poll the empty result, cancel [], remove_remote_peer None, and likewise
+        peer_info None, poll_notices (), poll_peer_events [], failure() still answers; the
+        calls that need a working transport (get_agent_metadata, add_remote_peer,
+        add_remote_peer_async, connect, listen, fence, counters, wait) raise
+        RuntimeError("KvxTransport is closed"). Calls other threads are making meanwhile end
+        as if made after it."""
         with self._close_lock:  # a second close() returns once the first has finished
             if self._closed:
                 return
+            with self._executor_lock:
+                self._closing = True  # no new registration from here
+                pending = list(self._pending)
+            if pending:
+                concurrent.futures.wait(pending, timeout=CLOSE_WAIT_S)
             self._closed = True
             with self._executor_lock:
                 if self._executor is not None:
-                    # adds still queued run and raise "closed"
+                    # an add still queued runs and raises "closed"
                     self._executor.shutdown(wait=False)
             if self._handle is not None:
                 # The handle itself is freed only when this object is (__del__): another thread

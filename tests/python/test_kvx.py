@@ -237,9 +237,30 @@ class TestOffline(unittest.TestCase):
             kvx.KvxTransport("v", 12345)
         with self.assertRaisesRegex(ValueError, "invalid arguments"):
             kvx.KvxTransport("has space", memoryview(bytearray(8192)).cast("B", (2, 4096)))
-        with self.assertRaisesRegex(ValueError, "invalid arguments"):
-            kvx.KvxTransport("v", memoryview(bytearray(8192)).cast("B", (2, 4096)),
-                             backends=["UCX", "GDS"])
+
+    def test_backends(self):
+        """["UCX"] (or None) is what kvx does; any other backend is refused by name."""
+        for bad, named in ((["MOONCAKE"], "'MOONCAKE'"), (["LIBFABRIC"], "'LIBFABRIC'"),
+                           (["UCX", "GDS"], "'GDS'"), (["ucx"], "'ucx'")):
+            with self.assertRaisesRegex(ValueError, f"backends? {named} not supported: kvx moves "
+                                                    r"data over UCX only"):
+                kvx.KvxTransport("v", memoryview(bytearray(8192)).cast("B", (2, 4096)),
+                                 backends=bad)
+        for ok in (["UCX"], None, []):
+            loc = Local("backends", 2, 4096, backends=ok, num_threads=0)
+            self.assertTrue(loc.t.available)
+            loc.close()
+
+    def test_num_threads(self):
+        """num_threads 0: no progress thread (peers' transfers move only while this process
+        calls kvx); any other value: one."""
+        gc.collect()
+        base = _threads("async")
+        for n, extra in ((0, 0), (1, 1), (4, 1), (16, 1)):
+            loc = Local("threads", 2, 4096, num_threads=n)
+            self.assertEqual(_threads("async") - base, extra, f"num_threads={n}")
+            loc.close()
+            self.assertEqual(_threads("async"), base)
 
     def test_unavailable_when_ucx_cannot_start(self):
         """Every public method of an unavailable transport does what its docstring says."""
@@ -269,8 +290,9 @@ class TestOffline(unittest.TestCase):
         self.assertIn("unavailable", repr(t))
         t.close()
         t.close()
+        self.assertIsNone(t.write_blocks("p", [0], [0]))
         with self.assertRaisesRegex(RuntimeError, "closed"):
-            t.write_blocks("p", [0], [0])
+            t.get_agent_metadata()
 
     def test_properties_close_and_use_after_close(self):
         loc = Local("props", 8, 4096, {"x": 1}, num_threads=0)
@@ -285,12 +307,31 @@ class TestOffline(unittest.TestCase):
         t.close()
         t.close()  # idempotent
         self.assertFalse(t.available)
-        for call in (t.get_agent_metadata, t.poll, lambda: t.write_blocks("p", [0], [0]),
-                     lambda: t.add_remote_peer("p", md, 1, 1, 1), lambda: t.cancel([1]),
-                     lambda: t.remove_remote_peer("p"), lambda: t.peer_info("p")):
+        self.assert_closed_behaviour(t, md)
+        loc.region.close()  # the transport released its hold on the region
+
+    def assert_closed_behaviour(self, t, md):
+        """After close(), as the NIXL-based transport after its close() (the README's table):
+        the calls it answers give their empty answers; the calls that need a working transport
+        raise RuntimeError("KvxTransport is closed")."""
+        self.assertIsNone(t.write_blocks("p", [0], [0]))
+        self.assertIsNone(t.read_blocks("p", [0], [0]))
+        self.assertEqual(t.poll(), kvx.PollResult((), ()))
+        self.assertEqual(t.poll("p"), kvx.PollResult((), ()))
+        self.assertEqual(t.cancel([1]), [])
+        self.assertEqual(t.cancel([1], "wait"), [])
+        self.assertIsNone(t.remove_remote_peer("p"))
+        self.assertIsNone(t.peer_info("p"))
+        self.assertEqual(t.poll_notices(), ())
+        self.assertEqual(t.poll_peer_events(), [])
+        self.assertIsNone(t.failure(1))
+        self.assertIsNone(t.close())
+        for call in (t.get_agent_metadata, lambda: t.add_remote_peer("p", md, 1, 1, 1),
+                     lambda: t.add_remote_peer_async("p", md, 1, 1, 1),
+                     lambda: t.connect("p", "127.0.0.1:1"), lambda: t.listen("127.0.0.1:0"),
+                     lambda: t.fence(None), t.counters, lambda: t.wait(None, 0)):
             with self.assertRaisesRegex(RuntimeError, "closed"):
                 call()
-        loc.region.close()  # the transport released its hold on the region
 
 
 class TestWithPeers(unittest.TestCase):
@@ -455,12 +496,17 @@ class TestWithPeers(unittest.TestCase):
         self.assertEqual(self.b.verify(list(range(16)), list(range(48, 64)), SALT, 0), [])
 
     def test_readding_replaces_the_connection(self):
+        """Re-adding an id purges the old connection's transfers, as remove does: their ids
+        never come out of poll."""
         self.a.stop()
         ids = [self.t.write_blocks("A", list(range(i * 16, i * 16 + 16)), list(range(16)))
                for i in range(4)]
-        self.a.add_to(self.t, "A")
-        done, failed = poll_until(self.t, 4, "A", timeout=2)
-        self.assertEqual((done, sorted(failed)), ([], sorted(ids)))
+        self.assertNotIn(None, ids)
+        self.a.add_to(self.t, "A")  # returns once the old connection closed
+        # (polled for less than the stall limit, after which the new connection to the stopped
+        # peer would fail)
+        done, failed = poll_until(self.t, 4, "A", timeout=0.5)
+        self.assertEqual((done, failed), ([], []))
         self.a.cont()
         tid = self.t.write_blocks("A", [7], [70])
         self.assertEqual(poll_until(self.t, 1, "A"), ([tid], []))
@@ -627,9 +673,9 @@ class TestThreads(unittest.TestCase):
 
     def test_close_while_others_wait_and_poll(self):
         """close() from one thread while two others sleep in wait() (a 10 s keepalive: a missed
-        wake-up would show) and a third polls and writes in a loop: all end at once with
-        RuntimeError("KvxTransport is closed"), nothing crashes, and later calls raise the
-        same."""
+        wake-up would show) and a third polls and writes in a loop: the waits end at once with
+        RuntimeError("KvxTransport is closed"), the poller's calls get what they get after
+        close() (the empty result, None), nothing crashes."""
         loc = Local("mt-closer", 16, self.BL, keepalive_ms=10000)
         t = loc.t
         self.tg.add_to(t, "T")
@@ -642,11 +688,17 @@ class TestThreads(unittest.TestCase):
                 outcome[k] = e
 
         def poller():
+            seen = set()
             try:
-                while True:
-                    t.poll()
-                    t.write_blocks("T", [1], [1])
-            except RuntimeError as e:
+                while t.available:
+                    r = t.poll()
+                    seen.update(r.done)
+                    tid = t.write_blocks("T", [1], [1])
+                    if tid is None:
+                        break  # close() overlapped it
+                # after close(): the empty answers, at once
+                outcome["poll"] = (t.poll(), t.write_blocks("T", [1], [1]), bool(seen))
+            except Exception as e:  # noqa: BLE001 - reported below
                 outcome["poll"] = e
 
         threads = [threading.Thread(target=waiter, args=("wait",)),
@@ -661,9 +713,10 @@ class TestThreads(unittest.TestCase):
             th.join(10)
             self.assertFalse(th.is_alive(), "a thread is still inside the closed transport")
         self.assertLess(time.time() - t0, 2.0, "a waiter missed its wake-up")
-        for k in ("wait", "wait2", "poll"):
+        for k in ("wait", "wait2"):
             self.assertIsInstance(outcome[k], RuntimeError, k)
             self.assertIn("closed", str(outcome[k]))
+        self.assertEqual(outcome["poll"], (kvx.PollResult((), ()), None, True))
         with self.assertRaisesRegex(RuntimeError, "closed"):
             t.wait(None, 0)
         loc.region.close()
@@ -702,6 +755,70 @@ class TestThreads(unittest.TestCase):
                 bad.result(5)
             stopped.cont()
             self.assertEqual(self.tg.verify([700], [3], SALT, 0), [])
+        finally:
+            stopped.cont()
+            loc.close()
+            stopped.quit()
+
+    def test_remove_supersedes_an_earlier_async_add(self):
+        """Adds and removes of one id take effect in call order: a remove called after
+        add_remote_peer_async leaves the peer removed, and an add it superseded raises."""
+        loc = Local("mt-order", 16, self.BL)
+        t = loc.t
+        stopped = Target("mt-slow", num_blocks=16, block_len=self.BL)
+        try:
+            stopped.stop()
+            # deterministic: the first add waits 200 ms for a peer that does not answer, the
+            # second is queued behind it in call order, then the remove comes
+            f1 = t.add_remote_peer_async("S", stopped.md, stopped.base, 16, self.BL)
+            f2 = t.add_remote_peer_async("S", self.tg.md, self.tg.base, self.NB, self.BL)
+            t.remove_remote_peer("S")
+            for f in (f1, f2):
+                with self.assertRaisesRegex(RuntimeError, "registration for peer S was "
+                                                          "superseded"):
+                    f.result(10)
+            self.assertIsNone(t.peer_info("S"))
+            self.assertIsNone(t.write_blocks("S", [1], [1]))
+            # the race as an engine runs it: add, then remove at once, 20 times (and with 6
+            # adds queued); whatever the pool does, the peer ends removed
+            for rnd in range(20):
+                fs = [t.add_remote_peer_async("S", self.tg.md, self.tg.base, self.NB, self.BL)
+                      for _ in range(6 if rnd % 2 else 1)]
+                t.remove_remote_peer("S")
+                for f in fs:
+                    try:
+                        self.assertIsNone(f.result(10))  # it took effect before the remove
+                    except RuntimeError as e:
+                        self.assertIn("superseded", str(e))
+                self.assertIsNone(t.peer_info("S"), f"round {rnd}: the removed peer is back")
+            # and an add after the remove takes effect
+            self.assertIsNone(t.add_remote_peer_async("S", self.tg.md, self.tg.base, self.NB,
+                                                      self.BL).result(10))
+            tid = t.write_blocks("S", [4], [701])
+            self.assertEqual(poll_until(t, 1, "S"), ([tid], []))
+            self.assertEqual(self.tg.verify([701], [4], SALT, 0), [])
+        finally:
+            stopped.cont()
+            loc.close()
+            stopped.quit()
+
+    def test_close_lets_registrations_finish(self):
+        """close() with an add outstanding (to a peer that does not answer: it waits 200 ms)
+        lets it finish, within CLOSE_WAIT_S; the future holds its outcome, not an error."""
+        loc = Local("mt-close-add", 16, self.BL)
+        stopped = Target("mt-quiet", num_blocks=16, block_len=self.BL)
+        try:
+            stopped.stop()
+            f = loc.t.add_remote_peer_async("S", stopped.md, stopped.base, 16, self.BL)
+            g = loc.t.add_remote_peer_async("T", self.tg.md, self.tg.base, self.NB, self.BL)
+            t0 = time.time()
+            loc.t.close()
+            self.assertLess(time.time() - t0, kvx.transport.CLOSE_WAIT_S + 1)
+            self.assertTrue(f.done() and g.done())
+            self.assertIsNone(f.result(0))
+            self.assertIsNone(g.result(0))
+            with self.assertRaisesRegex(RuntimeError, "closed"):
+                loc.t.add_remote_peer_async("T", self.tg.md, self.tg.base, self.NB, self.BL)
         finally:
             stopped.cont()
             loc.close()
