@@ -813,8 +813,9 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
         "ETIMEDOUT", ...) for one past its deadline, -ECANCELED for one canceled ("wait"),
         -ECONNRESET for a peer that failed. poll() itself is unchanged (ids only); this
         remembers the last FAILURES_KEPT (4096) failed ids poll() returned on this transport,
-        about 100 bytes each, whichever thread polled. None for an id that succeeded, has not
-        come out of poll() yet, is unknown, or is older than those. Works after close()."""
+        whichever thread polled (measured: 180 bytes each, 720 KiB when full). None for an id
+        that succeeded, has not come out of poll() yet, is unknown, or is older than those.
+        Works after close()."""
         with self._failures_lock:
             st = self._failures.get(int(transfer_id))
         if st is None:
@@ -890,7 +891,8 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
             if n == -errno.ESHUTDOWN:
                 return out
             n = self._check("poll_peer_events", n)
-            out.extend({"peer_id": e.peer_id.decode(), "event": _lib.PEER_EVENTS.get(e.type, str(e.type)),
+            out.extend({"peer_id": e.peer_id.decode(),
+                        "event": _lib.PEER_EVENTS.get(e.type, str(e.type)),
                         "error": e.error, "generation": e.generation} for e in buf[:n])
             if n < 64:
                 return out

@@ -1108,8 +1108,8 @@ class TestWhyItFailed(unittest.TestCase):
         fenced = tx.t.write_blocks("R", [3, 4], [10, 11])
         self.assertEqual(rx.t.fence("writer"), 1)
         self.assertEqual(pump_until_out(fenced), "failed")
-        self.assertEqual(tx.t.failure(fenced), kvx.Failure(-kvx.EFENCED, "KVX_EFENCED",
-                                                           kvx.transport._lib.strerror(-kvx.EFENCED)))
+        text = kvx.transport._lib.strerror(-kvx.EFENCED)
+        self.assertEqual(tx.t.failure(fenced), kvx.Failure(-kvx.EFENCED, "KVX_EFENCED", text))
         for d in (10, 11):  # not a byte of it landed
             self.assertEqual(rx.block(d), block_pattern(BL, SALT, d, 0))
         # a write past its deadline, the receiver not progressing meanwhile
