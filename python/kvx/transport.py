@@ -613,9 +613,13 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
         RuntimeError("registration for peer ... was superseded ...") while the peer stays as
         that later call leaves it (removed). close() lets registrations already requested
         finish, for up to CLOSE_WAIT_S (5 s) in all; one still running then fails with
-        RuntimeError("KvxTransport is closed"). Called after close() has begun (or on an
-        unavailable transport), it raises RuntimeError at once, as the NIXL-based transport's
-        executor does."""
+        RuntimeError("KvxTransport is closed"). Called after close() has begun, it raises
+        RuntimeError at once, as the NIXL-based transport's executor does; on an unavailable transport the future holds the RuntimeError saying
+        why, as the NIXL-based transport's does."""
+        if self._handle is None and not self._closed:
+            f: concurrent.futures.Future = concurrent.futures.Future()
+            f.set_exception(RuntimeError("KvxTransport is not available: " + self._why()))
+            return f
         self._h()
         pid = str(peer_id)
         md = bytes(agent_metadata)

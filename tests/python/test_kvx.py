@@ -1065,13 +1065,26 @@ class TestLifetime(unittest.TestCase):
         self.assertEqual(_threads(), threads)
 
     def test_dropped_transport_over_a_caller_buffer(self):
+        """... after adding a peer, asynchronously too, and writing to it."""
+        rx = Local("dropped-rx", 16, 4096)
+        self.addCleanup(rx.close)
         threads = _threads()
         region = bytearray(16 * 4096)
         t = kvx.KvxTransport("dropped-plain", memoryview(region).cast("B", (16, 4096)))
         self.assertTrue(t.available)
+        self.assertIsNone(t.add_remote_peer_async("R", rx.t.get_agent_metadata(),
+                                                  rx.t.base_addr, 16, 4096).result(10))
+        region[4096:8192] = b"\x33" * 4096
+        tid = t.write_blocks("R", [1], [2])
+        self.assertEqual(poll_until(t, 1, "R"), ([tid], []))
+        self.assertEqual(rx.block(2), b"\x33" * 4096)
         w = weakref.ref(t)
         del t
         self.assertIsNone(w())
+        for _ in range(100):  # the add pool's threads end once they see the pool is gone
+            if _threads() == threads:
+                break
+            time.sleep(0.01)
         self.assertEqual(_threads(), threads)
         region.extend(b"x")  # no export of the buffer is left
 
