@@ -1142,6 +1142,31 @@ class TestWhyItFailed(unittest.TestCase):
         tx.t.close()
         self.assertEqual(tx.t.failure(late).name, "ETIMEDOUT")
 
+    def test_fence_does_not_cover_a_connection_not_heard_from(self):
+        """What fence()'s docstring says the plain fence leaves out: a write submitted before
+        the call on a connection whose HELLO the receiver had not processed yet lands."""
+        rx = Local("unheard-rx", num_threads=0)
+        tx = Local("early-writer")
+        self.addCleanup(rx.close)
+        self.addCleanup(tx.close)
+        # the receiver does not progress: the add's wait for its answer runs out, the HELLO
+        # waits in its queue
+        tx.t.add_remote_peer("R", rx.t.get_agent_metadata(), rx.t.base_addr, NB, BL)
+        self.assertIn(tx.t.peer_info("R")["state"], ("connected", "wiring"))
+        tid = tx.t.write_blocks("R", [6, 7], [20, 21])
+        self.assertIsNotNone(tid)
+        self.assertEqual(rx.t.fence("early-writer"), 0)  # no connection of it heard from
+        end = time.time() + 10
+        done = failed = ()
+        while tid not in done + failed and time.time() < end:
+            rx.t.poll()
+            r = tx.t.poll("R")
+            done, failed = done + r.done, failed + r.failed
+            time.sleep(0.0005)
+        self.assertEqual((done, failed), ((tid,), ()))
+        self.assertEqual(rx.block(20), block_pattern(BL, SALT, 6, 0))
+        self.assertEqual(rx.block(21), block_pattern(BL, SALT, 7, 0))
+
     def test_failures_kept_are_bounded(self):
         loc = Local("bounded", 4, 4096, num_threads=0)
         self.addCleanup(loc.close)
