@@ -744,7 +744,7 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
         """Submit a write of local_idxs[i] into the peer's remote_idxs[i]. Returns a transfer id
         that poll() reports once, or None when the peer is unknown or failed, the lists differ
         in length, an index is out of range, deadline_ms is out of 0..10**12, submission fails,
-        or the transport is unavailable. Never blocks, never raises for a dead peer.
+        or the transport is unavailable or closed. Never blocks, never raises for a dead peer.
         tag (0..2**64-1): seen by the receiver in notices, and what it may fence by. notify: the
         receiver gets an arrival notice (poll_notices) once all of the blocks landed, and only
         then does the write complete here."""
@@ -759,7 +759,9 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
         """Drive progress; return the ids that finished since the last poll, each once, as
         PollResult(done, failed) of two tuples. With a peer_id, only that peer's transfers,
         leaving the others' for their own polls; None takes them all (shutdown drain). Each id
-        is returned to exactly one caller, whichever thread polls."""
+        is returned to exactly one caller, whichever thread polls; failure(id) tells why a
+        failed one failed. Ids of transfers purged (remove_remote_peer, or a re-add of their
+        peer id) never come out. The empty result when unavailable or closed."""
         h = self._handle
         if h is None or self._closed:
             return _EMPTY_POLL_RESULT  # unavailable, or closed
