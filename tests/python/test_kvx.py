@@ -819,6 +819,22 @@ class TestThreads(unittest.TestCase):
             self.assertIsNone(g.result(0))
             with self.assertRaisesRegex(RuntimeError, "closed"):
                 loc.t.add_remote_peer_async("T", self.tg.md, self.tg.base, self.NB, self.BL)
+            # past the bound, a registration still running fails with the documented error
+            loc2 = Local("mt-close-bound", 16, self.BL)
+            self.addCleanup(loc2.close)
+            old_bound = kvx.transport.CLOSE_WAIT_S
+            kvx.transport.CLOSE_WAIT_S = 0.05
+            try:
+                f = loc2.t.add_remote_peer_async("S", stopped.md, stopped.base, 16, self.BL)
+                time.sleep(0.02)  # it is waiting for the stopped peer's answer (200 ms)
+                t0 = time.time()
+                loc2.t.close()
+                took = time.time() - t0
+            finally:
+                kvx.transport.CLOSE_WAIT_S = old_bound
+            with self.assertRaisesRegex(RuntimeError, "KvxTransport is closed"):
+                f.result(5)
+            self.assertLess(took, 1.0)
         finally:
             stopped.cont()
             loc.close()
