@@ -965,10 +965,6 @@ class TestTcp(unittest.TestCase):
                 os.environ["UCX_TLS"] = old
 
 
-if __name__ == "__main__":
-    unittest.main()
-
-
 class TestOwned(unittest.TestCase):
     """A region kvx allocates (KvxTransport.owned): a peer on this host maps it and copies into
     and out of it itself."""
@@ -1203,3 +1199,7 @@ class TestWhyItFailed(unittest.TestCase):
         import re
         for name, value in re.findall(r"KVX_PEER_([A-Z]+) = (\d+)", text):
             self.assertEqual(kvx.transport._lib.PEER_STATES[int(value)], name.lower())
+
+
+if __name__ == "__main__":
+    unittest.main()
