@@ -24,6 +24,31 @@ def _metadata():
             "Requires-Python: >=3.8\n")
 
 
+def _entry_points():
+    """entry_points.txt from pyproject.toml's [project.entry-points.*] tables (tomllib where
+    the interpreter has it, else the same few lines read as key = "value")."""
+    with open(os.path.join(HERE, "pyproject.toml"), "rb") as f:
+        raw = f.read()
+    try:
+        import tomllib
+        groups = tomllib.loads(raw.decode()).get("project", {}).get("entry-points", {})
+    except ImportError:  # Python < 3.11
+        import re
+        groups, cur = {}, None
+        for line in raw.decode().splitlines():
+            line = line.strip()
+            m = re.fullmatch(r'\[project\.entry-points\."?([^"\]]+)"?\]', line)
+            if m:
+                cur = groups.setdefault(m.group(1), {})
+            elif line.startswith("["):
+                cur = None
+            elif cur is not None and "=" in line and not line.startswith("#"):
+                k, v = (x.strip() for x in line.split("=", 1))
+                cur[k] = v.strip('"')
+    return "".join(f"[{g}]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items()) + "\n"
+                   for g, eps in groups.items())
+
+
 def _record_line(arcname, data):
     digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
     return f"{arcname},sha256={digest},{len(data)}"
@@ -42,6 +67,8 @@ def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):
     os.makedirs(d, exist_ok=True)
     with open(os.path.join(d, "METADATA"), "w") as f:
         f.write(_metadata())
+    with open(os.path.join(d, "entry_points.txt"), "w") as f:
+        f.write(_entry_points())
     return DIST_INFO
 
 
@@ -56,6 +83,7 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
             with open(path, "rb") as f:
                 add(arcname, f.read())
         add(f"{DIST_INFO}/METADATA", _metadata().encode())
+        add(f"{DIST_INFO}/entry_points.txt", _entry_points().encode())
         add(f"{DIST_INFO}/WHEEL", b"Wheel-Version: 1.0\nGenerator: kvx_build\n"
                                   b"Root-Is-Purelib: true\nTag: py3-none-any\n")
         records.append(f"{DIST_INFO}/RECORD,,")

@@ -52,7 +52,8 @@ FINGERPRINT_MAX = 64
 TRANSPORT_NAME_MAX = 64
 ERRNO_OFFSET = 1000
 EINCOMPAT = ERRNO_OFFSET + 1
-PEER_STATES = {0: "connected", 1: "failed", 2: "removed", 3: "reconnecting"}
+# kvx_peer_state_t; 4 (KVX_PEER_WIRING): added, its handshake not answered yet
+PEER_STATES = {0: "connected", 1: "failed", 2: "removed", 3: "reconnecting", 4: "wiring"}
 PEER_EVENTS = {1: "down", 2: "restarted", 3: "reconnected"}
 PEER_ID_MAX = 255
 
@@ -267,6 +268,16 @@ def _declare(lib):
         f = getattr(lib, name)
         f.restype = res
         f.argtypes = args
+
+
+KVX_ERRNO_NAMES = {EINCOMPAT: "KVX_EINCOMPAT", EFENCED: "KVX_EFENCED"}
+
+
+def errno_name(rc):
+    """"ETIMEDOUT", "KVX_EFENCED", ... for a negative errno (or its positive value)."""
+    import errno
+    code = abs(int(rc))
+    return KVX_ERRNO_NAMES.get(code) or errno.errorcode.get(code) or f"E{code}"
 
 
 def strerror(rc):

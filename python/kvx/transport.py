@@ -3,18 +3,22 @@
 It has the constructor shape and the methods of the NIXL-based transport it replaces, and
 follows the transport contract: None (never an exception) from write_blocks/read_blocks when a
 transfer cannot be submitted, ValueError from add_remote_peer for incompatible peers, per-peer
-poll isolation, honest cancel, idempotent close, and a clear exception for use after close.
-Every method may be called from any number of threads at once.
+poll isolation, honest cancel, idempotent close, the NIXL-based transport's answers after close
+(None, the empty result, []), and adds and removes of one peer id in call order. Every method
+may be called from any number of threads at once.
 """
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import ctypes
 import errno
 import hashlib
 import json
+import os
 import threading
+import warnings
 from array import array
 from collections.abc import Iterable
 from typing import Any, NamedTuple, Optional
@@ -41,6 +45,19 @@ except Exception:  # pragma: no cover - depends on the environment
 _EMPTY_POLL_RESULT = PollResult(done=(), failed=())
 
 
+class Failure(NamedTuple):
+    """Why a transfer failed: status is its negative errno (-errno.ETIMEDOUT, -kvx.EFENCED,
+    ...), name its symbol ("ETIMEDOUT", "KVX_EFENCED"), text kvx's description."""
+
+    status: int
+    name: str
+    text: str
+
+
+# How many failed ids failure() remembers, per transport: the most recent ones poll() returned.
+FAILURES_KEPT = 4096
+
+
 class Notice(NamedTuple):
     """A peer's write (sent with notify=True) landed whole in this transport's region."""
 
@@ -51,6 +68,7 @@ class Notice(NamedTuple):
 
 
 _NOTICE_BATCH = 64
+_REPLACED = -errno.ECONNABORTED
 
 _POLL_BATCH = 256
 _SMALL = 64
@@ -78,6 +96,76 @@ class PeerUnreachableError(ConnectionError, ValueError):
 
 def _closed_error() -> RuntimeError:
     return RuntimeError("KvxTransport is closed")
+
+
+class _Turns:
+    """Call order of the adds and removes of each peer id: a call takes a ticket when it is
+    made and acts once every call made before it on that id has acted (the per-peer generation
+    of the NIXL-based transport, with the same effect: a late add cannot revive a peer removed
+    after it was called)."""
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._ids: dict = {}  # peer id -> [next ticket, ticket now acting]
+
+    def take(self, pid: str) -> int:
+        with self._cv:
+            e = self._ids.setdefault(pid, [0, 0])
+            e[0] += 1
+            return e[0] - 1
+
+    def begin(self, pid: str, ticket: int) -> None:
+        with self._cv:
+            e = self._ids[pid]
+            while e[1] != ticket:
+                self._cv.wait()
+
+    def latest(self, pid: str, ticket: int) -> bool:
+        """No call on pid was made after this ticket's."""
+        with self._cv:
+            e = self._ids.get(pid)  # gone: nothing outstanding, so none came after
+            return e is None or e[0] == ticket + 1
+
+    def end(self, pid: str, ticket: int) -> None:
+        with self._cv:
+            e = self._ids[pid]
+            e[1] = ticket + 1
+            if e[1] == e[0]:
+                del self._ids[pid]  # nothing outstanding: tickets start again at 0
+            self._cv.notify_all()
+
+
+def _superseded(pid) -> RuntimeError:
+    return RuntimeError(f"registration for peer {pid} was superseded (a later "
+                        f"remove_remote_peer or add of that id was called before it took effect)")
+
+
+# How long close() lets registrations already requested (add_remote_peer_async) finish.
+CLOSE_WAIT_S = 5.0
+
+# The backends kvx moves data over (NIXL's names).
+SUPPORTED_BACKENDS = ("UCX",)
+
+
+class _Handle:
+    """The C transport's handle, destroyed (kvx_transport_destroy) when its last holder goes:
+    the KvxTransport, and for an owned region every array and view of the region too. The
+    transport's own __del__ only closes it, so that nothing of the transport has to wait for the
+    cyclic GC: no view refers back to the KvxTransport object."""
+
+    __slots__ = ("lib", "h")
+
+    def __init__(self, lib, h: int) -> None:
+        self.lib = lib
+        self.h = h
+
+    def __del__(self):
+        h, self.h = self.h, None
+        if h is not None:
+            try:
+                self.lib.kvx_transport_destroy(h)
+            except Exception:
+                pass
 
 
 def config_fingerprint(config_fields: Optional[dict]) -> str:
@@ -136,12 +224,19 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
 
     Threading: every method may be called from any number of threads at once: each call has its
     own buffers, and kvx serializes what must be. A slow peer in add_remote_peer or
-    remove_remote_peer holds up no other call. close() may be called while other threads are
-    inside methods: those calls (a wait() or poll() asleep, a write_blocks() in progress) end as
-    if they had been made after close(), with RuntimeError("KvxTransport is closed"); a second
-    close() returns once the first has finished. A background progress thread (num_threads > 0)
-    lets peers write into and read from this region while this process never calls kvx.
-    num_threads > 1 is accepted and runs one thread: UCX drives one worker per transport.
+    remove_remote_peer holds up no other call (but the later adds and removes of that same id,
+    which take effect in call order). close() may be called while other threads are inside
+    methods: those calls (a wait() or poll() asleep, a write_blocks() in progress) end as if
+    they had been made after close() (see close()); a second close() returns once the first
+    has finished.
+
+    backends: None or ["UCX"]; any other backend (NIXL's "MOONCAKE", "LIBFABRIC", "GDS", ...)
+    is refused with ValueError naming it. num_threads (NIXL: UCX worker threads): 0 runs no
+    progress thread, so peers' writes into this region and reads from it move only while this
+    process calls kvx (poll, wait, poll_notices, ...); any value > 0 runs one progress thread,
+    which lets peers write and read while this process never calls kvx (UCX drives one worker
+    per transport, so more threads would not help). add_remote_peer_async has its own pool of 4
+    threads either way.
 
     deadline_ms (5000), stall_ms (2000) and keepalive_ms (1000) are kvx_params_t's: a transfer
     fails at its deadline (0: none), a connection that heard nothing from its peer for stall_ms
@@ -151,9 +246,10 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
     piece of data this transport sends as an initiator, checked by the side that receives it.
     notice_queue: how many arrival notices may wait (1024).
 
-    Unavailable (UCX could not start, or libkvx is missing; available is False): write_blocks and
-    read_blocks return None, poll returns the empty result, every other method raises
-    RuntimeError saying why (add_remote_peer_async: a Future holding it).
+    Unavailable (UCX could not start, or libkvx is missing; available is False): the
+    constructor warns (RuntimeWarning) with the cause, which unavailable_reason holds;
+    write_blocks and read_blocks return None, poll returns the empty result, every other
+    method raises RuntimeError saying why.
     """
 
     def __init__(
@@ -172,6 +268,7 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
         notice_queue: Optional[int] = None,
     ) -> None:
         owned = getattr(self, "_owned", None)  # set by KvxTransport.owned()
+        self._owned_region = owned is not None
         if owned is not None:
             self._view = None  # kvx allocates the region: _init makes the view
             self._num_blocks, self._block_len = owned
@@ -186,15 +283,28 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
             self._base_addr = ctypes.addressof(self._region)
         self._config_fingerprint = config_fingerprint(config_fields)
         self._backends = list(backends) if backends else ["UCX"]
+        unsupported = [b for b in self._backends if b not in SUPPORTED_BACKENDS]
+        if unsupported:
+            raise ValueError(f"KvxTransport: backend{'s' if len(unsupported) > 1 else ''} "
+                             f"{', '.join(map(repr, unsupported))} not supported: kvx moves data "
+                             f"over UCX only (backends=None or ['UCX'])")
         self._num_threads = num_threads
         self._agent_name = agent_name
         self._handle: Optional[int] = None
+        self._hold: Optional[_Handle] = None
         self._lib = None
+        #: why this transport is unavailable (libkvx not found, UCX could not start), or None
+        self.unavailable_reason: Optional[str] = None
         self._closed = False
         self._tls = threading.local()  # each thread's id and completion buffers
         self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._executor_lock = threading.Lock()
         self._close_lock = threading.Lock()
+        self._closing = False  # close() has begun: no new registration is taken
+        self._turns = _Turns()
+        self._pending: set = set()  # futures of add_remote_peer_async not finished yet
+        self._failures: "collections.OrderedDict[int, int]" = collections.OrderedDict()
+        self._failures_lock = threading.Lock()
         if _Base is not object and owned is None:
             try:
                 super().__init__(view, config_fields=config_fields)
@@ -202,6 +312,9 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
                 pass
         self._init(deadline_ms, stall_ms, keepalive_ms, secret, net_devices, integrity,
                    notice_queue)
+        if self._handle is None:
+            warnings.warn(f"KvxTransport {agent_name!r} is unavailable: {self.unavailable_reason}",
+                          RuntimeWarning, stacklevel=3 if owned is not None else 2)
         if _Base is not object and owned is not None and self._view is not None:
             try:
                 super().__init__(self._view, config_fields=config_fields)
@@ -228,9 +341,29 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
 
     @property
     def view(self) -> Optional[memoryview]:
-        """The region, num_blocks x block_len bytes (None once closed, or when unavailable
-        for an owned region)."""
+        """The region as a 2-D memoryview, num_blocks x block_len bytes. A 2-D memoryview takes
+        view[i, j] (one byte) but not view[i]: use block(i) for a block. An owned region's view
+        stays valid after close() (the region stays mapped, as in C, until this object and all
+        of its views are gone); for a region the caller provided it is None once closed (the
+        transport no longer holds the caller's buffer). None for an unavailable owned one."""
         return self._view
+
+    def block(self, i: int) -> memoryview:
+        """Block i of the region as a writable 1-D memoryview of block_len bytes (no NumPy
+        needed; bytes(t.block(i)) copies it out, t.block(i)[:] = data writes it). It keeps the
+        region alive like .view does. An owned region's blocks stay readable after close();
+        for a region the caller provided, RuntimeError once closed (use the caller's buffer).
+        IndexError for i outside 0..num_blocks-1."""
+        region = self._region
+        if region is None:
+            if self._closed:
+                raise _closed_error()
+            raise RuntimeError("KvxTransport is not available: " + self._why())
+        i = int(i)
+        if not 0 <= i < self._num_blocks:
+            raise IndexError(f"block {i} outside 0..{self._num_blocks - 1}")
+        bl = self._block_len
+        return memoryview(region).cast("B")[i * bl:(i + 1) * bl]
 
     @staticmethod
     def _check_view(view) -> memoryview:
@@ -252,7 +385,9 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
               keepalive_ms: Optional[int], secret, net_devices, integrity, notice_queue) -> None:
         lib = _lib.load()
         if lib is None:
-            return  # available stays False, as the NIXL transport does when NIXL is missing
+            # available stays False, as the NIXL transport does when NIXL is missing
+            self.unavailable_reason = _lib.load_error()
+            return
         p = _lib.Params()
         p.field_mask = _lib.PARAM_REGION | _lib.PARAM_FINGERPRINT | _lib.PARAM_BACKENDS | \
             _lib.PARAM_NUM_THREADS
@@ -301,19 +436,26 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
             raise ValueError(f"KvxTransport: invalid arguments (agent name {self._agent_name!r}, "
                              f"backends {self._backends}, region {self._num_blocks} x "
                              f"{self._block_len}): {_lib.strerror(rc)}")
-        if rc < 0:
-            return  # UCX could not start here: available is False
+        if rc < 0:  # UCX could not start here: available is False
+            self.unavailable_reason = (
+                f"kvx_transport_create: {_lib.strerror(rc)} ({rc}) in this environment "
+                f"(UCX_TLS={os.environ.get('UCX_TLS', '(unset)')}, "
+                f"UCX_NET_DEVICES={os.environ.get('UCX_NET_DEVICES', '(unset)')}, net_devices="
+                f"{net_devices!r}); libkvx's log on stderr says more")
+            return
         self._handle = h.value
         self._lib = lib
+        self._hold = _Handle(lib, h.value)
         if self._region is None:  # owned: the view is of kvx's memory
             a = _lib.TransportAttr()
             a.field_mask = _lib.TRANSPORT_ATTR_REGION
             self._check("owned region", lib.kvx_transport_query(self._handle, ctypes.byref(a)))
             self._base_addr = a.base
             region = (ctypes.c_char * (self._num_blocks * self._block_len)).from_address(a.base)
-            # every view keeps the region's array alive, and the array keeps this transport
-            # (whose kvx_transport_destroy, in __del__, frees the memory) alive
-            region._kvx_owner = self
+            # every view keeps the region's array alive, and the array keeps the handle (whose
+            # kvx_transport_destroy frees the memory) alive; not this object, which would then
+            # be part of a reference cycle and wait for the cyclic GC
+            region._kvx_owner = self._hold
             self._region = region
             self._view = memoryview(region).cast("B", (self._num_blocks, self._block_len))
 
@@ -339,12 +481,14 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
     def config_fingerprint(self) -> str:
         return self._config_fingerprint
 
+    def _why(self) -> str:
+        return self.unavailable_reason or "UCX could not start"
+
     def _h(self) -> int:
         if self._closed:
             raise _closed_error()
         if self._handle is None:
-            raise RuntimeError("KvxTransport is not available: " +
-                               (_lib.load_error() or "UCX could not start"))
+            raise RuntimeError("KvxTransport is not available: " + self._why())
         return self._handle
 
     def _check(self, what: str, rc: int) -> int:
@@ -387,20 +531,41 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
         PeerUnreachableError (a ConnectionError and a ValueError) when it cannot be reached, for
         instance because its process is gone. On error nothing changes. Waits up to 200 ms for
         the peer to answer, without holding up other calls (and, when it replaces a connection of
-        that id, up to 2 s more for the old one to close); adds and removes of one id take effect
-        in the order they were called."""
-        h = self._h()
-        md = bytes(agent_metadata)
-        pp = _lib.PeerParams(_lib.PEER_PARAM_EXPECT_REGION, int(base_addr) & (2**64 - 1),
-                             int(num_blocks) & (2**64 - 1), int(block_len) & (2**64 - 1))
-        rc = self._lib.kvx_peer_add(h, str(peer_id).encode(), md, len(md), ctypes.byref(pp))
+        that id, up to 2 s more for the old one to close). Re-adding an id replaces its
+        connection and purges the old connection's transfers, as remove_remote_peer does: their
+        ids never come out of poll.
+        Adds and removes of one id take effect in the order they were called, whatever thread
+        calls them and however long each takes: a call waits for the earlier ones on that id.
+        An add that a later call on its id superseded before it took effect raises
+        RuntimeError("registration for peer ... was superseded ..."): that later call decides
+        what the peer is. RuntimeError("KvxTransport is closed") after close()."""
+        self._h()
+        pid = str(peer_id)
+        ticket = self._turns.take(pid)
+        self._registration(pid, ticket, bytes(agent_metadata), base_addr, num_blocks, block_len)
+
+    def _registration(self, pid: str, ticket: int, md: bytes, base_addr, num_blocks,
+                      block_len) -> None:
+        """One add of pid, in its turn (ticket), which it ends whatever happens."""
+        try:
+            self._turns.begin(pid, ticket)
+            if not self._turns.latest(pid, ticket):
+                raise _superseded(pid)
+            h = self._h()
+            pp = _lib.PeerParams(_lib.PEER_PARAM_EXPECT_REGION, int(base_addr) & (2**64 - 1),
+                                 int(num_blocks) & (2**64 - 1), int(block_len) & (2**64 - 1))
+            rc = self._lib.kvx_peer_add(h, pid.encode(), md, len(md), ctypes.byref(pp))
+        finally:
+            self._turns.end(pid, ticket)
         if rc == 0:
+            if not self._turns.latest(pid, ticket):
+                raise _superseded(pid)  # a later call on this id acts next
             return
         if rc == -errno.ESHUTDOWN:
             raise _closed_error()
         if -rc in _VALUE_ERRORS:
-            raise ValueError(f"add_remote_peer({peer_id!r}): {_lib.strerror(rc)}")
-        raise PeerUnreachableError(-rc, f"add_remote_peer({peer_id!r}): {_lib.strerror(rc)}")
+            raise ValueError(f"add_remote_peer({pid!r}): {_lib.strerror(rc)}")
+        raise PeerUnreachableError(-rc, f"add_remote_peer({pid!r}): {_lib.strerror(rc)}")
 
     def listen(self, addr: str) -> str:
         """Listen for peers that pair by address (connect) at "host:port" (port 0: any), on
@@ -423,7 +588,13 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
         meanwhile, and transfers submitted then wait, within their deadlines), and
         poll_peer_events() tells what happened."""
         h = self._h()
-        rc = self._lib.kvx_peer_connect(h, str(peer_id).encode(), str(addr).encode(), None)
+        pid = str(peer_id)
+        ticket = self._turns.take(pid)
+        try:
+            self._turns.begin(pid, ticket)
+            rc = self._lib.kvx_peer_connect(h, pid.encode(), str(addr).encode(), None)
+        finally:
+            self._turns.end(pid, ticket)
         if rc == 0:
             return
         if rc == -errno.ESHUTDOWN:
@@ -434,48 +605,81 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
 
     def add_remote_peer_async(self, peer_id: str, agent_metadata: bytes, base_addr: int,
                               num_blocks: int, block_len: int) -> concurrent.futures.Future:
-        """add_remote_peer on a worker thread of this transport: returns a
-        concurrent.futures.Future whose result() is None or raises what add_remote_peer would.
-        Other calls, and adds of other ids, go on meanwhile; adds and removes of one id take
-        effect in call order. After close() the future raises RuntimeError("closed")."""
-        if self._handle is None or self._closed:
+        """add_remote_peer on a worker thread of this transport (a pool of 4, whatever
+        num_threads is): returns a concurrent.futures.Future whose result() is None or raises
+        what add_remote_peer would. Other calls, and adds of other ids, go on meanwhile. Its
+        place in the call order of its id is taken now, at the call: a remove_remote_peer (or
+        another add) of that id called afterwards supersedes it, and the future raises
+        RuntimeError("registration for peer ... was superseded ...") while the peer stays as
+        that later call leaves it (removed). close() lets registrations already requested
+        finish, for up to CLOSE_WAIT_S (5 s) in all; one still running then fails with
+        RuntimeError("KvxTransport is closed"). Called after close() has begun, it raises
+        RuntimeError at once, as the NIXL-based transport's executor does; on an unavailable transport the future holds the RuntimeError saying
+        why, as the NIXL-based transport's does."""
+        if self._handle is None and not self._closed:
             f: concurrent.futures.Future = concurrent.futures.Future()
-            try:
-                self._h()
-            except RuntimeError as e:
-                f.set_exception(e)
+            f.set_exception(RuntimeError("KvxTransport is not available: " + self._why()))
             return f
+        self._h()
+        pid = str(peer_id)
+        md = bytes(agent_metadata)
         with self._executor_lock:
+            if self._closing:
+                raise _closed_error()
             if self._executor is None:
                 self._executor = concurrent.futures.ThreadPoolExecutor(
                     max_workers=4, thread_name_prefix="kvx-add-peer")
+            # the ticket and the submission together: tickets of one id reach the pool in
+            # their order, so a worker never waits for one queued behind it
+            ticket = self._turns.take(pid)
             try:
-                return self._executor.submit(self.add_remote_peer, peer_id, agent_metadata,
-                                             base_addr, num_blocks, block_len)
-            except RuntimeError:  # the executor was shut down by close()
-                f = concurrent.futures.Future()
-                f.set_exception(_closed_error())
-                return f
+                f = self._executor.submit(self._registration, pid, ticket, md, base_addr,
+                                          num_blocks, block_len)
+            except BaseException:
+                self._turns.begin(pid, ticket)
+                self._turns.end(pid, ticket)
+                raise
+            self._pending.add(f)
+        f.add_done_callback(self._pending.discard)
+        return f
 
     def remove_remote_peer(self, peer_id: str) -> None:
         """Release the peer's connection and purge its transfers: their ids never come out of
         poll (finished ones not yet polled included), as the seed's transport does; cancel
         them first to learn their fate. Bytes of a purged transfer may still be moving until
         the connection has closed (a purged read's local blocks, a purged write's remote
-        blocks). Unknown peer: nothing happens. Other calls go on meanwhile."""
-        h = self._h()
-        self._check("remove_remote_peer",
-                    self._lib.kvx_peer_remove_ex(h, str(peer_id).encode(), _lib.PEER_REMOVE_PURGE))
+        blocks). Unknown peer: nothing happens. It takes effect after the adds of that id
+        called before it (an add_remote_peer_async still queued or running is superseded: its
+        future raises, and the peer stays removed). Other calls go on meanwhile. After close():
+        returns None, as the NIXL-based transport does."""
+        if self._closed:
+            return None
+        self._h()
+        pid = str(peer_id)
+        ticket = self._turns.take(pid)
+        try:
+            self._turns.begin(pid, ticket)
+            if self._closed:
+                return None
+            rc = self._lib.kvx_peer_remove_ex(self._handle, pid.encode(), _lib.PEER_REMOVE_PURGE)
+        finally:
+            self._turns.end(pid, ticket)
+        if rc == -errno.ESHUTDOWN:
+            return None
+        self._check("remove_remote_peer", rc)
+        return None
 
     def peer_info(self, peer_id: str) -> Optional[dict]:
-        """Transport in use, state and counters of a peer; None if unknown."""
+        """Transport in use, state and counters of a peer; None if unknown. state is
+        "connected", "wiring" (added, its handshake not answered yet: transfers wait behind
+        it), "reconnecting" (paired by address, pairing again), "failed" or "removed"."""
+        if self._closed:
+            return None
         h = self._h()
         a = _lib.PeerAttr()
         a.field_mask = _lib.PEER_ATTR_ALL
         rc = self._lib.kvx_peer_query(h, str(peer_id).encode(), ctypes.byref(a))
-        if rc == -errno.ESHUTDOWN:
-            raise _closed_error()
-        if rc < 0:
+        if rc < 0:  # unknown, or -ESHUTDOWN: close() overlapped it
             return None
         return {
             "agent_name": a.agent_name.decode(),
@@ -503,9 +707,7 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
                 notify=False) -> Optional[int]:
         h = self._handle
         if h is None or self._closed:
-            if self._closed:
-                raise _closed_error()
-            return None  # unavailable
+            return None  # unavailable, or closed (as the NIXL-based transport after close())
         loc = _index_array(local_idxs)
         rem = _index_array(remote_idxs)
         if loc is None or rem is None or loc[1] != rem[1]:
@@ -534,9 +736,7 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
             idp = self._buffers()[0]
         fn = self._lib.kvx_xfer_write if write else self._lib.kvx_xfer_read
         rc = fn(h, str(peer_id).encode(), loc[0], rem[0], loc[1], params, ctypes.byref(idp))
-        if rc == -errno.ESHUTDOWN:
-            raise _closed_error()  # close() overlapped this call
-        return None if rc < 0 else idp.value
+        return None if rc < 0 else idp.value  # -ESHUTDOWN: close() overlapped this call
 
     def write_blocks(self, peer_id: str, local_idxs, remote_idxs,
                      deadline_ms: Optional[int] = None, tag: Optional[int] = None,
@@ -544,7 +744,7 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
         """Submit a write of local_idxs[i] into the peer's remote_idxs[i]. Returns a transfer id
         that poll() reports once, or None when the peer is unknown or failed, the lists differ
         in length, an index is out of range, deadline_ms is out of 0..10**12, submission fails,
-        or the transport is unavailable. Never blocks, never raises for a dead peer.
+        or the transport is unavailable or closed. Never blocks, never raises for a dead peer.
         tag (0..2**64-1): seen by the receiver in notices, and what it may fence by. notify: the
         receiver gets an arrival notice (poll_notices) once all of the blocks landed, and only
         then does the write complete here."""
@@ -559,49 +759,90 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
         """Drive progress; return the ids that finished since the last poll, each once, as
         PollResult(done, failed) of two tuples. With a peer_id, only that peer's transfers,
         leaving the others' for their own polls; None takes them all (shutdown drain). Each id
-        is returned to exactly one caller, whichever thread polls."""
+        is returned to exactly one caller, whichever thread polls; failure(id) tells why a
+        failed one failed. Ids of transfers purged (remove_remote_peer, or a re-add of their
+        peer id) never come out. The empty result when unavailable or closed."""
         h = self._handle
         if h is None or self._closed:
-            if self._closed:
-                raise _closed_error()
-            return _EMPTY_POLL_RESULT  # unavailable
+            return _EMPTY_POLL_RESULT  # unavailable, or closed
         pid = None if peer_id is None else str(peer_id).encode()
         try:
             comps = self._tls.comps
         except AttributeError:
             comps = self._buffers()[1]
-        done = failed = None
+        done = failed = statuses = None
         while True:
             n = self._lib.kvx_transport_poll(h, pid, comps, _POLL_BATCH)
             if n <= 0:
-                if n < 0:
+                if n < 0 and n != -errno.ESHUTDOWN:  # -ESHUTDOWN: close() overlapped it
                     self._check("poll", n)
                 break
             for i in range(n):
                 c = comps[i]
-                if c.status == 0:
+                st = c.status
+                if st == 0:
                     if done is None:
                         done = []
                     done.append(c.id)
-                else:
+                elif st != _REPLACED:
                     if failed is None:
                         failed = []
                     failed.append(c.id)
+                    why = (c.id, st)
+                    if statuses is None:
+                        statuses = [why]
+                    else:
+                        statuses.append(why)
+                # else: a transfer of a connection that a re-add replaced, purged as a
+                # remove purges it (the binding removes with purge, so only a replacement
+                # fails a transfer with -ECONNABORTED)
             if n < _POLL_BATCH:
                 break
+        if statuses is not None:
+            self._remember(statuses)
         if done is None and failed is None:
             return _EMPTY_POLL_RESULT
         return PollResult(done=tuple(done) if done is not None else (),
                           failed=tuple(failed) if failed is not None else ())
 
+    def _remember(self, statuses) -> None:
+        with self._failures_lock:
+            f = self._failures
+            for tid, st in statuses:
+                f[tid] = st
+            while len(f) > FAILURES_KEPT:
+                f.popitem(last=False)
+
+    def failure(self, transfer_id: int) -> Optional[Failure]:
+        """Why a transfer that poll() returned as failed failed: Failure(status, name, text),
+        e.g. (-kvx.EFENCED, "KVX_EFENCED", ...) for a write the receiver fenced, (-ETIMEDOUT,
+        "ETIMEDOUT", ...) for one past its deadline, -ECANCELED for one canceled ("wait"),
+        -ECONNRESET for a peer that failed. poll() itself is unchanged (ids only); this
+        remembers the last FAILURES_KEPT (4096) failed ids poll() returned on this transport,
+        whichever thread polled (measured: 180 bytes each, 720 KiB when full). None for an id
+        that succeeded, has not come out of poll() yet, is unknown, or is older than those.
+        Works after close()."""
+        with self._failures_lock:
+            st = self._failures.get(int(transfer_id))
+        if st is None:
+            return None
+        return Failure(st, _lib.errno_name(st), _lib.strerror(st))
+
     def fence(self, writer: Optional[str] = None, tags: Optional[Iterable[int]] = None) -> int:
-        """Fence writes into this region: when this returns, no byte of any write that writer
-        (a peer id of this transport, or the writer's agent name; None: every writer) submitted
-        before the call lands here any more; with tags, only writes carrying one of them. The
-        writer's fenced transfers fail (a failed id in its poll) and it need not re-add anything:
-        writes it submits once it heard of the fence land (kvx tells it at once; one submitted
-        before that fails too and may simply be submitted again). Returns the number of the
-        writer's connections fenced (0: it never connected). Never waits on the network."""
+        """Fence writes into this region. What it guarantees: when this returns, no byte of a
+        write that writer (a peer id of this transport, or the writer's agent name; None: every
+        writer) submitted before the call lands here any more, on every connection of that
+        writer this transport has already heard from (whose HELLO it has processed); with tags,
+        only writes carrying one of them. Bytes that landed before the call stay. What it does
+        not cover: a connection whose HELLO had not yet arrived when fence() was called is a new
+        connection, and its writes land, those submitted before the call included (a writer
+        that added this peer just before, or whose handshake is still under way: peer_info()'s
+        state "wiring" on its side). Returns the number of the writer's connections fenced
+        (0: none heard from, nothing fenced).
+        The writer's fenced transfers fail (a failed id in its poll, whose failure() is
+        KVX_EFENCED) and it need not re-add anything: writes it submits once it heard of the
+        fence land (kvx tells it at once; one submitted before that fails too and may simply be
+        submitted again). Never waits on the network."""
         h = self._h()
         name = None
         if writer is not None:
@@ -621,8 +862,6 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
         of its write landed, never for a write that failed or was fenced."""
         h = self._handle
         if h is None or self._closed:
-            if self._closed:
-                raise _closed_error()
             return ()
         try:
             buf = self._tls.notices
@@ -630,7 +869,10 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
             buf = self._tls.notices = (_lib.Notice * _NOTICE_BATCH)()
         out = None
         while True:
-            n = self._check("poll_notices", self._lib.kvx_notice_poll(h, buf, _NOTICE_BATCH))
+            n = self._lib.kvx_notice_poll(h, buf, _NOTICE_BATCH)
+            if n == -errno.ESHUTDOWN:
+                n = 0
+            n = self._check("poll_notices", n)
             if n == 0:
                 break
             if out is None:
@@ -645,12 +887,18 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
         of peer_id, event ("down": its connection failed and kvx pairs again; "restarted": back,
         with a newer generation, its region's contents gone; "reconnected": back, the same
         transport), error (for "down", a negative errno) and generation."""
+        if self._closed:
+            return []
         h = self._h()
         buf = (_lib.PeerEvent * 64)()
         out = []
         while True:
-            n = self._check("poll_peer_events", self._lib.kvx_peer_event_poll(h, buf, 64))
-            out.extend({"peer_id": e.peer_id.decode(), "event": _lib.PEER_EVENTS.get(e.type, str(e.type)),
+            n = self._lib.kvx_peer_event_poll(h, buf, 64)
+            if n == -errno.ESHUTDOWN:
+                return out
+            n = self._check("poll_peer_events", n)
+            out.extend({"peer_id": e.peer_id.decode(),
+                        "event": _lib.PEER_EVENTS.get(e.type, str(e.type)),
                         "error": e.error, "generation": e.generation} for e in buf[:n])
             if n < 64:
                 return out
@@ -681,6 +929,8 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
         finished ids are ignored."""
         if mode not in ("immediate", "wait"):
             raise ValueError(f"cancel mode must be 'immediate' or 'wait', not {mode!r}")
+        if self._closed:
+            return []  # close() released everything, as the NIXL-based transport's does
         h = self._h()
         ids = array("Q", [int(i) for i in transfer_ids if 0 <= int(i) < 2**64])
         n = len(ids)
@@ -688,38 +938,55 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
             return []
         buf = (ctypes.c_uint64 * n).from_buffer(ids)
         pending = (ctypes.c_uint64 * n)()
-        rc = self._check("cancel", self._lib.kvx_xfer_cancel(
-            h, buf, n, _lib.CANCEL_WAIT if mode == "wait" else _lib.CANCEL_IMMEDIATE, pending))
-        return list(pending[:rc])
+        rc = self._lib.kvx_xfer_cancel(
+            h, buf, n, _lib.CANCEL_WAIT if mode == "wait" else _lib.CANCEL_IMMEDIATE, pending)
+        if rc == -errno.ESHUTDOWN:
+            return []
+        return list(pending[:self._check("cancel", rc)])
 
     # ---- lifecycle -------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Fail and release everything, remove all peers, deregister the region. Idempotent.
-        Any later call raises RuntimeError; calls other threads are making meanwhile end as
-        the class docstring says. When it returns, kvx no longer touches the region."""
+        """Let registrations already requested finish (add_remote_peer_async: for up to
+        CLOSE_WAIT_S, 5 s, in all; one still running then fails with RuntimeError("KvxTransport
+        is closed")), then fail and release everything, remove all peers, deregister the region.
+        Idempotent; a second close() returns once the first has finished. When it returns, kvx
+        no longer touches the region (an owned region stays mapped and readable). Afterwards,
+        as the NIXL-based transport after its close(): write_blocks and read_blocks return
+        None, poll the empty result, cancel [], remove_remote_peer None, and likewise
+        peer_info None, poll_notices (), poll_peer_events [], failure() still answers; the
+        calls that need a working transport (get_agent_metadata, add_remote_peer,
+        add_remote_peer_async, connect, listen, fence, counters, wait) raise
+        RuntimeError("KvxTransport is closed"). Calls other threads are making meanwhile end
+        as if made after it."""
         with self._close_lock:  # a second close() returns once the first has finished
             if self._closed:
                 return
+            with self._executor_lock:
+                self._closing = True  # no new registration from here
+                pending = list(self._pending)
+            if pending:
+                concurrent.futures.wait(pending, timeout=CLOSE_WAIT_S)
             self._closed = True
             with self._executor_lock:
                 if self._executor is not None:
-                    # adds still queued run and raise "closed"
+                    # an add still queued runs and raises "closed"
                     self._executor.shutdown(wait=False)
             if self._handle is not None:
                 # The handle itself is freed only when this object is (__del__): another thread
                 # may still be about to pass it to libkvx, which then answers -ESHUTDOWN.
                 self._lib.kvx_transport_close(self._handle)
-            # drop our hold on the caller's buffer, so that it can be released (an mmap closed)
-            self._region = None
-            self._view = None
+            if not self._owned_region:
+                # drop our hold on the caller's buffer, so that it can be released (an mmap
+                # closed); an owned region stays mapped, and readable, until the handle goes
+                self._region = None
+                self._view = None
 
     def __del__(self):
+        # close() stops the progress thread and releases UCX's worker now; the handle (and an
+        # owned region's memory) goes with the last of this object and the region's views
         try:
             self.close()
-            if self._handle is not None:
-                self._lib.kvx_transport_destroy(self._handle)
-                self._handle = None
         except Exception:
             pass
 

@@ -6,6 +6,7 @@ Run: PYTHONPATH=python /usr/bin/python3 -m pytest tests/python   (or -m unittest
 """
 
 import concurrent.futures
+import gc
 import errno
 import hashlib
 import json
@@ -17,6 +18,7 @@ import sys
 import threading
 import time
 import unittest
+import weakref
 from array import array
 
 import numpy as np  # Debian's python3-numpy: the NumPy index paths are part of the contract
@@ -235,18 +237,43 @@ class TestOffline(unittest.TestCase):
             kvx.KvxTransport("v", 12345)
         with self.assertRaisesRegex(ValueError, "invalid arguments"):
             kvx.KvxTransport("has space", memoryview(bytearray(8192)).cast("B", (2, 4096)))
-        with self.assertRaisesRegex(ValueError, "invalid arguments"):
-            kvx.KvxTransport("v", memoryview(bytearray(8192)).cast("B", (2, 4096)),
-                             backends=["UCX", "GDS"])
+
+    def test_backends(self):
+        """["UCX"] (or None) is what kvx does; any other backend is refused by name."""
+        for bad, named in ((["MOONCAKE"], "'MOONCAKE'"), (["LIBFABRIC"], "'LIBFABRIC'"),
+                           (["UCX", "GDS"], "'GDS'"), (["ucx"], "'ucx'")):
+            with self.assertRaisesRegex(ValueError, f"backends? {named} not supported: kvx moves "
+                                                    r"data over UCX only"):
+                kvx.KvxTransport("v", memoryview(bytearray(8192)).cast("B", (2, 4096)),
+                                 backends=bad)
+        for ok in (["UCX"], None, []):
+            loc = Local("backends", 2, 4096, backends=ok, num_threads=0)
+            self.assertTrue(loc.t.available)
+            loc.close()
+
+    def test_num_threads(self):
+        """num_threads 0: no progress thread (peers' transfers move only while this process
+        calls kvx); any other value: one."""
+        gc.collect()
+        base = _threads("async")
+        for n, extra in ((0, 0), (1, 1), (4, 1), (16, 1)):
+            loc = Local("threads", 2, 4096, num_threads=n)
+            self.assertEqual(_threads("async") - base, extra, f"num_threads={n}")
+            loc.close()
+            self.assertEqual(_threads("async"), base)
 
     def test_unavailable_when_ucx_cannot_start(self):
         """Every public method of an unavailable transport does what its docstring says."""
         os.environ["UCX_TLS"] = "no-such-transport"
         try:
-            t = kvx.KvxTransport("nodev", memoryview(bytearray(8192)).cast("B", (2, 4096)))
+            # it says why, at once: a warning and an attribute
+            with self.assertWarnsRegex(RuntimeWarning, r"'nodev' is unavailable: "
+                                       r"kvx_transport_create: .*UCX_TLS=no-such-transport"):
+                t = kvx.KvxTransport("nodev", memoryview(bytearray(8192)).cast("B", (2, 4096)))
         finally:
             del os.environ["UCX_TLS"]
         self.assertFalse(t.available)
+        self.assertIn("UCX could not start", t.unavailable_reason)
         self.assertEqual((t.num_blocks, t.block_len, t.config_fingerprint), (2, 4096, ""))
         self.assertIsInstance(t.base_addr, int)
         self.assertIsNone(t.write_blocks("p", [0], [0]))
@@ -263,8 +290,9 @@ class TestOffline(unittest.TestCase):
         self.assertIn("unavailable", repr(t))
         t.close()
         t.close()
+        self.assertIsNone(t.write_blocks("p", [0], [0]))
         with self.assertRaisesRegex(RuntimeError, "closed"):
-            t.write_blocks("p", [0], [0])
+            t.get_agent_metadata()
 
     def test_properties_close_and_use_after_close(self):
         loc = Local("props", 8, 4096, {"x": 1}, num_threads=0)
@@ -279,12 +307,31 @@ class TestOffline(unittest.TestCase):
         t.close()
         t.close()  # idempotent
         self.assertFalse(t.available)
-        for call in (t.get_agent_metadata, t.poll, lambda: t.write_blocks("p", [0], [0]),
-                     lambda: t.add_remote_peer("p", md, 1, 1, 1), lambda: t.cancel([1]),
-                     lambda: t.remove_remote_peer("p"), lambda: t.peer_info("p")):
+        self.assert_closed_behaviour(t, md)
+        loc.region.close()  # the transport released its hold on the region
+
+    def assert_closed_behaviour(self, t, md):
+        """After close(), as the NIXL-based transport after its close() (the README's table):
+        the calls it answers give their empty answers; the calls that need a working transport
+        raise RuntimeError("KvxTransport is closed")."""
+        self.assertIsNone(t.write_blocks("p", [0], [0]))
+        self.assertIsNone(t.read_blocks("p", [0], [0]))
+        self.assertEqual(t.poll(), kvx.PollResult((), ()))
+        self.assertEqual(t.poll("p"), kvx.PollResult((), ()))
+        self.assertEqual(t.cancel([1]), [])
+        self.assertEqual(t.cancel([1], "wait"), [])
+        self.assertIsNone(t.remove_remote_peer("p"))
+        self.assertIsNone(t.peer_info("p"))
+        self.assertEqual(t.poll_notices(), ())
+        self.assertEqual(t.poll_peer_events(), [])
+        self.assertIsNone(t.failure(1))
+        self.assertIsNone(t.close())
+        for call in (t.get_agent_metadata, lambda: t.add_remote_peer("p", md, 1, 1, 1),
+                     lambda: t.add_remote_peer_async("p", md, 1, 1, 1),
+                     lambda: t.connect("p", "127.0.0.1:1"), lambda: t.listen("127.0.0.1:0"),
+                     lambda: t.fence(None), t.counters, lambda: t.wait(None, 0)):
             with self.assertRaisesRegex(RuntimeError, "closed"):
                 call()
-        loc.region.close()  # the transport released its hold on the region
 
 
 class TestWithPeers(unittest.TestCase):
@@ -449,12 +496,17 @@ class TestWithPeers(unittest.TestCase):
         self.assertEqual(self.b.verify(list(range(16)), list(range(48, 64)), SALT, 0), [])
 
     def test_readding_replaces_the_connection(self):
+        """Re-adding an id purges the old connection's transfers, as remove does: their ids
+        never come out of poll."""
         self.a.stop()
         ids = [self.t.write_blocks("A", list(range(i * 16, i * 16 + 16)), list(range(16)))
                for i in range(4)]
-        self.a.add_to(self.t, "A")
-        done, failed = poll_until(self.t, 4, "A", timeout=2)
-        self.assertEqual((done, sorted(failed)), ([], sorted(ids)))
+        self.assertNotIn(None, ids)
+        self.a.add_to(self.t, "A")  # returns once the old connection closed
+        # (polled for less than the stall limit, after which the new connection to the stopped
+        # peer would fail)
+        done, failed = poll_until(self.t, 4, "A", timeout=0.5)
+        self.assertEqual((done, failed), ([], []))
         self.a.cont()
         tid = self.t.write_blocks("A", [7], [70])
         self.assertEqual(poll_until(self.t, 1, "A"), ([tid], []))
@@ -621,9 +673,9 @@ class TestThreads(unittest.TestCase):
 
     def test_close_while_others_wait_and_poll(self):
         """close() from one thread while two others sleep in wait() (a 10 s keepalive: a missed
-        wake-up would show) and a third polls and writes in a loop: all end at once with
-        RuntimeError("KvxTransport is closed"), nothing crashes, and later calls raise the
-        same."""
+        wake-up would show) and a third polls and writes in a loop: the waits end at once with
+        RuntimeError("KvxTransport is closed"), the poller's calls get what they get after
+        close() (the empty result, None), nothing crashes."""
         loc = Local("mt-closer", 16, self.BL, keepalive_ms=10000)
         t = loc.t
         self.tg.add_to(t, "T")
@@ -636,11 +688,17 @@ class TestThreads(unittest.TestCase):
                 outcome[k] = e
 
         def poller():
+            seen = set()
             try:
-                while True:
-                    t.poll()
-                    t.write_blocks("T", [1], [1])
-            except RuntimeError as e:
+                while t.available:
+                    r = t.poll()
+                    seen.update(r.done)
+                    tid = t.write_blocks("T", [1], [1])
+                    if tid is None:
+                        break  # close() overlapped it
+                # after close(): the empty answers, at once
+                outcome["poll"] = (t.poll(), t.write_blocks("T", [1], [1]), bool(seen))
+            except Exception as e:  # noqa: BLE001 - reported below
                 outcome["poll"] = e
 
         threads = [threading.Thread(target=waiter, args=("wait",)),
@@ -655,9 +713,10 @@ class TestThreads(unittest.TestCase):
             th.join(10)
             self.assertFalse(th.is_alive(), "a thread is still inside the closed transport")
         self.assertLess(time.time() - t0, 2.0, "a waiter missed its wake-up")
-        for k in ("wait", "wait2", "poll"):
+        for k in ("wait", "wait2"):
             self.assertIsInstance(outcome[k], RuntimeError, k)
             self.assertIn("closed", str(outcome[k]))
+        self.assertEqual(outcome["poll"], (kvx.PollResult((), ()), None, True))
         with self.assertRaisesRegex(RuntimeError, "closed"):
             t.wait(None, 0)
         loc.region.close()
@@ -696,6 +755,86 @@ class TestThreads(unittest.TestCase):
                 bad.result(5)
             stopped.cont()
             self.assertEqual(self.tg.verify([700], [3], SALT, 0), [])
+        finally:
+            stopped.cont()
+            loc.close()
+            stopped.quit()
+
+    def test_remove_supersedes_an_earlier_async_add(self):
+        """Adds and removes of one id take effect in call order: a remove called after
+        add_remote_peer_async leaves the peer removed, and an add it superseded raises."""
+        loc = Local("mt-order", 16, self.BL)
+        t = loc.t
+        stopped = Target("mt-slow", num_blocks=16, block_len=self.BL)
+        try:
+            stopped.stop()
+            # deterministic: the first add waits 200 ms for a peer that does not answer, the
+            # second is queued behind it in call order, then the remove comes
+            f1 = t.add_remote_peer_async("S", stopped.md, stopped.base, 16, self.BL)
+            f2 = t.add_remote_peer_async("S", self.tg.md, self.tg.base, self.NB, self.BL)
+            t.remove_remote_peer("S")
+            for f in (f1, f2):
+                with self.assertRaisesRegex(RuntimeError, "registration for peer S was "
+                                                          "superseded"):
+                    f.result(10)
+            self.assertIsNone(t.peer_info("S"))
+            self.assertIsNone(t.write_blocks("S", [1], [1]))
+            # the race as an engine runs it: add, then remove at once, 20 times (and with 6
+            # adds queued); whatever the pool does, the peer ends removed
+            for rnd in range(20):
+                fs = [t.add_remote_peer_async("S", self.tg.md, self.tg.base, self.NB, self.BL)
+                      for _ in range(6 if rnd % 2 else 1)]
+                t.remove_remote_peer("S")
+                for f in fs:
+                    try:
+                        self.assertIsNone(f.result(10))  # it took effect before the remove
+                    except RuntimeError as e:
+                        self.assertIn("superseded", str(e))
+                self.assertIsNone(t.peer_info("S"), f"round {rnd}: the removed peer is back")
+            # and an add after the remove takes effect
+            self.assertIsNone(t.add_remote_peer_async("S", self.tg.md, self.tg.base, self.NB,
+                                                      self.BL).result(10))
+            tid = t.write_blocks("S", [4], [701])
+            self.assertEqual(poll_until(t, 1, "S"), ([tid], []))
+            self.assertEqual(self.tg.verify([701], [4], SALT, 0), [])
+        finally:
+            stopped.cont()
+            loc.close()
+            stopped.quit()
+
+    def test_close_lets_registrations_finish(self):
+        """close() with an add outstanding (to a peer that does not answer: it waits 200 ms)
+        lets it finish, within CLOSE_WAIT_S; the future holds its outcome, not an error."""
+        loc = Local("mt-close-add", 16, self.BL)
+        stopped = Target("mt-quiet", num_blocks=16, block_len=self.BL)
+        try:
+            stopped.stop()
+            f = loc.t.add_remote_peer_async("S", stopped.md, stopped.base, 16, self.BL)
+            g = loc.t.add_remote_peer_async("T", self.tg.md, self.tg.base, self.NB, self.BL)
+            t0 = time.time()
+            loc.t.close()
+            self.assertLess(time.time() - t0, kvx.transport.CLOSE_WAIT_S + 1)
+            self.assertTrue(f.done() and g.done())
+            self.assertIsNone(f.result(0))
+            self.assertIsNone(g.result(0))
+            with self.assertRaisesRegex(RuntimeError, "closed"):
+                loc.t.add_remote_peer_async("T", self.tg.md, self.tg.base, self.NB, self.BL)
+            # past the bound, a registration still running fails with the documented error
+            loc2 = Local("mt-close-bound", 16, self.BL)
+            self.addCleanup(loc2.close)
+            old_bound = kvx.transport.CLOSE_WAIT_S
+            kvx.transport.CLOSE_WAIT_S = 0.05
+            try:
+                f = loc2.t.add_remote_peer_async("S", stopped.md, stopped.base, 16, self.BL)
+                time.sleep(0.02)  # it is waiting for the stopped peer's answer (200 ms)
+                t0 = time.time()
+                loc2.t.close()
+                took = time.time() - t0
+            finally:
+                kvx.transport.CLOSE_WAIT_S = old_bound
+            with self.assertRaisesRegex(RuntimeError, "KvxTransport is closed"):
+                f.result(5)
+            self.assertLess(took, 1.0)
         finally:
             stopped.cont()
             loc.close()
@@ -826,10 +965,6 @@ class TestTcp(unittest.TestCase):
                 os.environ["UCX_TLS"] = old
 
 
-if __name__ == "__main__":
-    unittest.main()
-
-
 class TestOwned(unittest.TestCase):
     """A region kvx allocates (KvxTransport.owned): a peer on this host maps it and copies into
     and out of it itself."""
@@ -860,15 +995,211 @@ class TestOwned(unittest.TestCase):
         self.assertEqual(tx.block(10), block_pattern(BL, SALT + 1, 5, 0))
         self.assertEqual(tx.block(11), block_pattern(BL, SALT + 1, 6, 0))
         tx.t.remove_remote_peer("O")
-        # the memory outlives close() while a view of it is alive
+        # per block without NumPy: block(i) is a 1-D view
+        self.assertEqual(bytes(o.block(40)), block_pattern(BL, SALT, 1, 0))
+        self.assertEqual((o.block(0).ndim, o.block(0).nbytes, o.block(0).readonly), (1, BL, False))
+        with self.assertRaises(IndexError):
+            o.block(NB)
+        # the memory outlives close(), as in C: the view and the blocks stay readable
         row = flat[7 * BL:8 * BL]
         del v, flat
         o.close()
-        self.assertIsNone(o.view)
         self.assertEqual(bytes(row), block_pattern(BL, SALT + 1, 7, 0))
+        self.assertEqual(o.view.shape, (NB, BL))
+        self.assertEqual(bytes(o.block(90)), block_pattern(BL, SALT, 3, 0))
+        self.assertEqual(o.view[41, 0], block_pattern(BL, SALT, 2, 0)[0])
 
     def test_owned_bad_geometry(self):
         with self.assertRaises(ValueError):
             kvx.KvxTransport.owned("owner", 0, BL)
         with self.assertRaises(ValueError):
             kvx.KvxTransport.owned("owner", NB, -1)
+
+
+def _threads(but=None):
+    """This process's threads (but: leaving out those of that name)."""
+    n = 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                n += f.read().strip() != but
+        except FileNotFoundError:  # ended meanwhile
+            pass
+    return n
+
+
+def _own_segments():
+    """System V segments this process created (UCX's FIFOs, an owned region)."""
+    me = str(os.getpid())
+    with open("/proc/sysvipc/shm") as f:
+        next(f)
+        return sum(1 for line in f if line.split()[4] == me)
+
+
+class TestLifetime(unittest.TestCase):
+    """A transport dropped without close() is freed at once, without the cyclic GC (which
+    serving engines disable or freeze)."""
+
+    def setUp(self):
+        gc.collect()
+        gc.disable()
+        self.addCleanup(gc.enable)
+
+    def test_dropped_owned_transport_is_freed_without_gc(self):
+        threads, segs = _threads(), _own_segments()
+        o = kvx.KvxTransport.owned("dropped-owner", 16, 4096)
+        self.assertTrue(o.available)
+        o.block(3)[:5] = b"hello"
+        self.assertGreater(_threads(), threads)   # its progress thread
+        self.assertGreater(_own_segments(), segs)  # its region and UCX's FIFOs
+        w = weakref.ref(o)
+        del o
+        self.assertIsNone(w(), "the transport is kept alive by a reference cycle")
+        self.assertEqual(_threads(), threads)
+        self.assertEqual(_own_segments(), segs)
+
+    def test_dropped_owned_transport_with_a_live_view(self):
+        """A view outlives the transport: its bytes stay readable, the progress thread goes at
+        once, and the region (with UCX's context, whose "async" thread maps it) goes with the
+        last view."""
+        threads, segs = _threads(), _own_segments()
+        o = kvx.KvxTransport.owned("viewed-owner", 16, 4096)
+        blk = o.block(5)
+        blk[:] = b"\x5a" * 4096
+        w = weakref.ref(o)
+        del o
+        self.assertIsNone(w())
+        self.assertEqual(_threads("async"), threads)  # the progress thread is gone
+        self.assertEqual(bytes(blk), b"\x5a" * 4096)
+        self.assertEqual(_own_segments(), segs + 1)  # the region alone
+        del blk
+        self.assertEqual(_own_segments(), segs)
+        self.assertEqual(_threads(), threads)
+
+    def test_dropped_transport_over_a_caller_buffer(self):
+        """... after adding a peer, asynchronously too, and writing to it."""
+        rx = Local("dropped-rx", 16, 4096)
+        self.addCleanup(rx.close)
+        threads = _threads()
+        region = bytearray(16 * 4096)
+        t = kvx.KvxTransport("dropped-plain", memoryview(region).cast("B", (16, 4096)))
+        self.assertTrue(t.available)
+        self.assertIsNone(t.add_remote_peer_async("R", rx.t.get_agent_metadata(),
+                                                  rx.t.base_addr, 16, 4096).result(10))
+        region[4096:8192] = b"\x33" * 4096
+        tid = t.write_blocks("R", [1], [2])
+        self.assertEqual(poll_until(t, 1, "R"), ([tid], []))
+        self.assertEqual(rx.block(2), b"\x33" * 4096)
+        w = weakref.ref(t)
+        del t
+        self.assertIsNone(w())
+        for _ in range(100):  # the add pool's threads end once they see the pool is gone
+            if _threads() == threads:
+                break
+            time.sleep(0.01)
+        self.assertEqual(_threads(), threads)
+        region.extend(b"x")  # no export of the buffer is left
+
+
+class TestWhyItFailed(unittest.TestCase):
+    """failure(tid): the status of a failed transfer, poll() unchanged. The receiver lives in
+    this process with no progress thread (num_threads=0): nothing lands in its region unless it
+    calls kvx, so a write can be held in flight while it fences."""
+
+    def test_fenced_and_timed_out_writes_say_so(self):
+        rx = Local("quiet-rx", num_threads=0)
+        tx = Local("writer")
+        self.addCleanup(rx.close)
+        self.addCleanup(tx.close)
+        tx.t.add_remote_peer("R", rx.t.get_agent_metadata(), rx.t.base_addr, NB, BL)
+
+        def pump_until_out(tid, timeout=10):
+            end = time.time() + timeout
+            while time.time() < end:
+                r = tx.t.poll("R")
+                if tid in r.done or tid in r.failed:
+                    self.assertEqual(r.done.count(tid) + r.failed.count(tid), 1)
+                    return "done" if tid in r.done else "failed"
+                rx.t.poll()  # the receiver's progress: what reached it lands or is dropped
+                time.sleep(0.0005)
+            self.fail(f"transfer {tid} never came out")
+
+        # the receiver hears of the writer's connection (its HELLO) with the first write
+        tid = tx.t.write_blocks("R", [1], [2])
+        self.assertEqual(pump_until_out(tid), "done")
+        self.assertEqual(rx.block(2), block_pattern(BL, SALT, 1, 0))
+        self.assertIsNone(tx.t.failure(tid))
+        # a write in flight, then a fence on the receiver before any of it landed
+        fenced = tx.t.write_blocks("R", [3, 4], [10, 11])
+        self.assertEqual(rx.t.fence("writer"), 1)
+        self.assertEqual(pump_until_out(fenced), "failed")
+        text = kvx.transport._lib.strerror(-kvx.EFENCED)
+        self.assertEqual(tx.t.failure(fenced), kvx.Failure(-kvx.EFENCED, "KVX_EFENCED", text))
+        for d in (10, 11):  # not a byte of it landed
+            self.assertEqual(rx.block(d), block_pattern(BL, SALT, d, 0))
+        # a write past its deadline, the receiver not progressing meanwhile
+        late = tx.t.write_blocks("R", [5], [12], deadline_ms=300)
+        end = time.time() + 10
+        failed = ()
+        while late not in failed and time.time() < end:
+            r = tx.t.poll("R")
+            self.assertNotIn(late, r.done)
+            failed = r.failed
+            time.sleep(0.005)
+        self.assertIn(late, failed)
+        f = tx.t.failure(late)
+        self.assertEqual((f.status, f.name), (-errno.ETIMEDOUT, "ETIMEDOUT"))
+        self.assertEqual(tx.t.failure(fenced).name, "KVX_EFENCED")  # still remembered
+        self.assertIsNone(tx.t.failure(123456789))
+        tx.t.close()
+        self.assertEqual(tx.t.failure(late).name, "ETIMEDOUT")
+
+    def test_fence_does_not_cover_a_connection_not_heard_from(self):
+        """What fence()'s docstring says the plain fence leaves out: a write submitted before
+        the call on a connection whose HELLO the receiver had not processed yet lands."""
+        rx = Local("unheard-rx", num_threads=0)
+        tx = Local("early-writer")
+        self.addCleanup(rx.close)
+        self.addCleanup(tx.close)
+        # the receiver does not progress: the add's wait for its answer runs out, the HELLO
+        # waits in its queue
+        tx.t.add_remote_peer("R", rx.t.get_agent_metadata(), rx.t.base_addr, NB, BL)
+        self.assertIn(tx.t.peer_info("R")["state"], ("connected", "wiring"))
+        tid = tx.t.write_blocks("R", [6, 7], [20, 21])
+        self.assertIsNotNone(tid)
+        self.assertEqual(rx.t.fence("early-writer"), 0)  # no connection of it heard from
+        end = time.time() + 10
+        done = failed = ()
+        while tid not in done + failed and time.time() < end:
+            rx.t.poll()
+            r = tx.t.poll("R")
+            done, failed = done + r.done, failed + r.failed
+            time.sleep(0.0005)
+        self.assertEqual((done, failed), ((tid,), ()))
+        self.assertEqual(rx.block(20), block_pattern(BL, SALT, 6, 0))
+        self.assertEqual(rx.block(21), block_pattern(BL, SALT, 7, 0))
+
+    def test_failures_kept_are_bounded(self):
+        loc = Local("bounded", 4, 4096, num_threads=0)
+        self.addCleanup(loc.close)
+        t = loc.t
+        t._remember([(i, -errno.ECANCELED) for i in range(kvx.FAILURES_KEPT + 10)])
+        self.assertEqual(len(t._failures), kvx.FAILURES_KEPT)
+        self.assertIsNone(t.failure(9))  # the oldest went first
+        self.assertEqual(t.failure(10).name, "ECANCELED")
+        self.assertEqual(t.failure(kvx.FAILURES_KEPT + 9).status, -errno.ECANCELED)
+
+    def test_peer_states_are_kvx_h_s(self):
+        """peer_info's state names are kvx.h's kvx_peer_state_t, KVX_PEER_WIRING = 4 among them
+        (a connection still wiring up)."""
+        self.assertEqual(kvx.transport._lib.PEER_STATES[4], "wiring")
+        header = os.path.join(os.path.dirname(__file__), "..", "..", "include", "kvx.h")
+        with open(header) as f:
+            text = f.read()
+        import re
+        for name, value in re.findall(r"KVX_PEER_([A-Z]+) = (\d+)", text):
+            self.assertEqual(kvx.transport._lib.PEER_STATES[int(value)], name.lower())
+
+
+if __name__ == "__main__":
+    unittest.main()
