@@ -79,6 +79,8 @@ unsigned kvx_progress_step(kvx_transport_t *t)
         if (t->busy > 0)
             pthread_cond_broadcast(&t->cond);
     }
+    if (t->ev_fd >= 0) /* notices and peer events come in steps */
+        kvx_progress_events(t);
     return n;
 }
 
@@ -328,6 +330,54 @@ int kvx_transport_wait(kvx_transport_t *t, const char *peer_id, int timeout_ms)
     t->waiters--;
     if (t->closed)
         pthread_cond_broadcast(&t->cond); /* close waits for the waiters to leave */
+    kvx_unlock(t);
+    return rc;
+}
+
+/* ---- the event fd (kvx_transport_event_fd) -------------------------------------------------
+ * A plain eventfd holding 1 exactly while a poll has something: written when the first thing
+ * arrives, read empty when the last is taken. Both happen under the lock, so the fd's state
+ * follows the queues' (ev_set says which it is in). */
+void kvx_progress_events(kvx_transport_t *t)
+{
+    uint64_t v = 1;
+    bool has;
+
+    if (t->ev_fd < 0 || t->closed)
+        return;
+    has = !kvx_list_empty(&t->ready) || t->notice_count > 0 || t->ev_count > 0;
+    if (has == t->ev_set)
+        return;
+    if (has ? write(t->ev_fd, &v, sizeof(v)) < 0 : read(t->ev_fd, &v, sizeof(v)) < 0) {
+        if (errno != EAGAIN)
+            kvx_warn(t, "event fd: %s", strerror(errno));
+    }
+    t->ev_set = has;
+}
+
+int kvx_transport_event_fd(kvx_transport_t *t, int *fd_p)
+{
+    int rc = 0;
+
+    if (t == NULL || fd_p == NULL)
+        return -EINVAL;
+    kvx_lock(t);
+    if (t->closed) {
+        rc = -ESHUTDOWN;
+        goto out;
+    }
+    if (t->ev_fd < 0) {
+        t->ev_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+        if (t->ev_fd < 0) {
+            rc = -errno;
+            kvx_error(t, "event fd: eventfd: %s", strerror(errno));
+            goto out;
+        }
+        t->ev_set = false;
+        kvx_progress_events(t);
+    }
+    *fd_p = t->ev_fd;
+out:
     kvx_unlock(t);
     return rc;
 }
