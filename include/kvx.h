@@ -749,6 +749,15 @@ typedef struct kvx_stats {
 KVX_API int kvx_stats_query(kvx_transport_t *transport, const char *peer_id, kvx_stats_t *stats);
 
 /**
+ * The ids of the transport's peers (removed ones excepted), each ending in a NUL byte, one after
+ * the other, into buf (*len_p bytes; NULL when *len_p is 0). Returns how many, with *len_p set
+ * to the bytes written; or -ENOSPC with *len_p set to the bytes needed (call again with that
+ * much; peers added meanwhile may need more), -EINVAL or -ESHUTDOWN. For exporters that walk
+ * every peer's statistics.
+ */
+KVX_API int kvx_peer_list(kvx_transport_t *transport, char *buf, size_t *len_p);
+
+/**
  * A descriptor for an event loop (epoll, poll, select, asyncio's add_reader): it is readable
  * while kvx_transport_poll(transport, NULL, ...), kvx_notice_poll or kvx_peer_event_poll has
  * something to return, and stops being readable once all three have been drained. It is

@@ -108,3 +108,32 @@ int kvx_stats_query(kvx_transport_t *t, const char *peer_id, kvx_stats_t *stats)
     kvx_unlock(t);
     return rc;
 }
+
+int kvx_peer_list(kvx_transport_t *t, char *buf, size_t *len_p)
+{
+    size_t need = 0, cap;
+    int n = 0, rc;
+
+    if (t == NULL || len_p == NULL || (buf == NULL && *len_p != 0))
+        return -EINVAL;
+    cap = *len_p;
+    kvx_lock(t);
+    if (t->closed) {
+        kvx_unlock(t);
+        return -ESHUTDOWN;
+    }
+    for (size_t i = 0; i < t->ptab_cap; i++)
+        for (const kvx_peer_t *p = t->ptab[i]; p != NULL; p = p->hnext) {
+            size_t len = strlen(p->id) + 1;
+            if (p->removed)
+                continue;
+            if (need + len <= cap)
+                memcpy(buf + need, p->id, len);
+            need += len;
+            n++;
+        }
+    kvx_unlock(t);
+    rc = need <= cap ? n : -ENOSPC;
+    *len_p = need;
+    return rc;
+}

@@ -146,6 +146,20 @@ int main(void)
         KT_EQ(pa.xfers_done, writes + reads);
         KT_EQ(pa.bytes_written, ps.bytes[0]);
     }
+    /* the peer list */
+    {
+        char ids[64];
+        size_t len = 3;
+        KT_ERR(kvx_peer_list(t, ids, &len), -ENOSPC);
+        KT_EQ(len, 7);
+        len = sizeof(ids);
+        KT_EQ(kvx_peer_list(t, ids, &len), 1);
+        KT_EQ(len, 7);
+        KT_EQ(strcmp(ids, "target"), 0);
+        len = 0;
+        KT_ERR(kvx_peer_list(t, NULL, &len), -ENOSPC);
+        KT_ERR(kvx_peer_list(t, NULL, NULL), -EINVAL);
+    }
     /* only what the mask names is written */
     {
         kvx_stats_t m;
