@@ -181,20 +181,27 @@ static uint64_t kvx_progress_rest(kvx_transport_t *t, kvx_rest_t *r, unsigned n,
     return now < tick ? now : tick;
 }
 
-/* After a sleep: busy says whether UCX refused it (events pending, found or not by the next
- * step). A real sleep ends in a burst of events, likely: spin again. */
+/* After a sleep: busy says whether UCX refused to arm (events pending, found or not by the next
+ * step). Refusals count only while they come in a row: one that UCX grants ends the pausing
+ * (around its keepalive rounds UCX refuses twice or so, and the loop then paused 1 ms at a time
+ * until the next work came: ~930 wake-ups in every other idle second). A real sleep ends in a
+ * burst of events, likely: spin again. */
 static void kvx_rest_woke(kvx_rest_t *r, bool stalled, bool busy)
 {
-    if (busy)
+    if (busy) {
         r->busy_idle++;
-    else if (!stalled)
+        return;
+    }
+    r->busy_idle = 0;
+    if (!stalled)
         r->last_work = kvx_now_ns();
 }
 
 /*
  * Arm the worker's event fd and sleep, with the lock released, until UCX has events, fd is
- * readable, or until_ns. If UCX has events pending already, return at once (true), unless
- * stalled: then pause until until_ns or fd anyway. Lock held on entry and on return.
+ * readable, or until_ns. If UCX has events pending already (it refuses to arm), return true: at
+ * once, unless stalled: then after a pause until until_ns or fd anyway. Lock held on entry and
+ * on return.
  */
 static bool kvx_progress_sleep(kvx_transport_t *t, int fd, uint64_t now, uint64_t until_ns,
                                bool stalled)
@@ -205,10 +212,12 @@ static bool kvx_progress_sleep(kvx_transport_t *t, int fd, uint64_t now, uint64_
     struct timespec ts = {.tv_sec = (time_t)(d / 1000000000ull),
                           .tv_nsec = (long)(d % 1000000000ull)};
     nfds_t nfds = 2;
+    bool refused = false;
 
     if (kvx_ucx_arm(t) == -EBUSY) {
         if (!stalled)
             return true;
+        refused = true;
         nfds = 1;
     } else if (kvx_ucx_progress(t) > 0) {
         /* ucp_worker_arm arms only the interfaces in use. One whose last endpoint just went
@@ -222,7 +231,7 @@ static bool kvx_progress_sleep(kvx_transport_t *t, int fd, uint64_t now, uint64_
         read(fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
         kvx_warn(t, "progress: reading fd %d: %s", fd, strerror(errno));
     pthread_mutex_lock(&t->lock);
-    return false;
+    return refused;
 }
 
 static void *kvx_progress_main(void *arg)
