@@ -766,7 +766,11 @@ int kvx_transport_poll(kvx_transport_t *t, const char *peer_id, kvx_completion_t
         return -ESHUTDOWN;
     }
     kvx_progress_step(t);
-    atomic_store_explicit(&t->app_poll_ns, kvx_now_ns(), memory_order_relaxed);
+    /* An application that polls in a loop drives UCX itself, and the progress thread steps
+     * aside; one that waits on the event fd polls once per wake-up and sleeps: the thread must
+     * not step aside for it (it would add up to a millisecond to every wake-up). */
+    if (t->ev_fd < 0)
+        atomic_store_explicit(&t->app_poll_ns, kvx_now_ns(), memory_order_relaxed);
     if (peer_id != NULL) {
         kvx_peer_t *p = kvx_peer_lookup(t, peer_id);
         if (p != NULL)
