@@ -687,6 +687,89 @@ typedef struct kvx_notice {
  */
 KVX_API int kvx_notice_poll(kvx_transport_t *transport, kvx_notice_t *out, size_t max);
 
+/* ---------------------------------------------------------------------------------------------
+ * Statistics and an event descriptor for event loops
+ * ------------------------------------------------------------------------------------------- */
+
+/** Classes of a transfer's final status, the second index of kvx_stats_t.xfers. */
+typedef enum kvx_status_class {
+    KVX_STATUS_OK = 0,      /**< 0 */
+    KVX_STATUS_TIMEDOUT,    /**< -ETIMEDOUT: deadline or stall limit */
+    KVX_STATUS_CONNRESET,   /**< -ECONNRESET: the peer died or its link broke */
+    KVX_STATUS_CONNABORTED, /**< -ECONNABORTED: removed, replaced, closed */
+    KVX_STATUS_CANCELED,    /**< -ECANCELED */
+    KVX_STATUS_FENCED,      /**< -KVX_EFENCED */
+    KVX_STATUS_BADMSG,      /**< -EBADMSG: a checksum mismatch */
+    KVX_STATUS_NOSPC,       /**< -ENOSPC: the receiver's notice queue was full */
+    KVX_STATUS_INVAL,       /**< -EINVAL: the receiver refused blocks outside its region */
+    KVX_STATUS_BUSY,        /**< -EBUSY: too many reads waiting at the receiver */
+    KVX_STATUS_PROTO,       /**< -EPROTO: a peer broke the protocol */
+    KVX_STATUS_OTHER,       /**< anything else */
+    KVX_STATUS_CLASSES
+} kvx_status_class_t;
+
+/** Buckets of kvx_stats_t.latency: bucket i < KVX_LATENCY_BUCKETS - 1 counts transfers whose
+ *  submit-to-completion time was at most 2^i microseconds (and more than 2^(i-1)); the last
+ *  one counts the longer ones (over 2^23 us, about 8.4 s). */
+#define KVX_LATENCY_BUCKETS 25
+
+/** Bits of kvx_stats_t.field_mask. */
+enum kvx_stats_field {
+    KVX_STATS_XFERS = 1u << 0,   /**< xfers, bytes */
+    KVX_STATS_LATENCY = 1u << 1, /**< latency, latency_sum_ns */
+    KVX_STATS_EVENTS = 1u << 2   /**< reconnections, fences */
+};
+
+/**
+ * Cumulative statistics of one peer (over its life: they survive re-adding the same peer id, and
+ * go with kvx_peer_remove) or of the whole transport (every peer it ever had). Only the fields
+ * named in field_mask are written. Counts only ever grow, so they export as counters.
+ */
+typedef struct kvx_stats {
+    uint64_t field_mask;
+    /** transfers that ended, by op (0 write, 1 read) and final status: reported by poll,
+     *  purged, or forgotten by kvx_xfer_cancel before they ended (counted as canceled) */
+    uint64_t xfers[2][KVX_STATUS_CLASSES];
+    uint64_t bytes[2]; /**< bytes of successful transfers, by op */
+    uint64_t latency[KVX_LATENCY_BUCKETS];
+    uint64_t latency_sum_ns;
+    /** a peer paired by address paired again after its connection failed (RECONNECTED or
+     *  RESTARTED events) */
+    uint64_t reconnections;
+    /** the transport only: kvx_fence calls that fenced at least one connection (0 for a peer) */
+    uint64_t fences;
+} kvx_stats_t;
+
+/**
+ * Fill the statistics named in stats->field_mask: the peer's (peer_id), or with peer_id NULL the
+ * transport's totals. Returns 0, -ENOENT (unknown peer), -EINVAL or -ESHUTDOWN. Allocates
+ * nothing; stats need only stay valid during the call. What the receiving side did and dropped
+ * is in kvx_transport_attr_t.recv and kvx_peer_attr_t.recv.
+ */
+KVX_API int kvx_stats_query(kvx_transport_t *transport, const char *peer_id, kvx_stats_t *stats);
+
+/**
+ * The ids of the transport's peers (removed ones excepted), each ending in a NUL byte, one after
+ * the other, into buf (*len_p bytes; NULL when *len_p is 0). Returns how many, with *len_p set
+ * to the bytes written; or -ENOSPC with *len_p set to the bytes needed (call again with that
+ * much; peers added meanwhile may need more), -EINVAL or -ESHUTDOWN. For exporters that walk
+ * every peer's statistics.
+ */
+KVX_API int kvx_peer_list(kvx_transport_t *transport, char *buf, size_t *len_p);
+
+/**
+ * A descriptor for an event loop (epoll, poll, select, asyncio's add_reader): it is readable
+ * while kvx_transport_poll(transport, NULL, ...), kvx_notice_poll or kvx_peer_event_poll has
+ * something to return, and stops being readable once all three have been drained. It is
+ * level-triggered in that sense: a loop that wakes and drains only part of what is waiting is
+ * woken again. kvx owns it: the caller must not read, write or close it; it stays valid until
+ * kvx_transport_destroy. Completions arrive through the progress thread (num_threads > 0); with
+ * num_threads = 0 only the application's own calls make progress, so nothing becomes readable by
+ * itself. Waiting on it costs nothing while idle. Returns 0 and sets *fd_p, or -EINVAL,
+ * -ESHUTDOWN, or the negative errno of eventfd(2) (the first call creates it).
+ */
+KVX_API int kvx_transport_event_fd(kvx_transport_t *transport, int *fd_p);
+
 #ifdef __cplusplus
 }
 #endif

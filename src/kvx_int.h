@@ -258,6 +258,7 @@ struct kvx_peer {
     kvx_pairing_t *pg;         /* the attempt under way */
     kvx_list_t reconnect_link; /* t->reconnects */
     kvx_list_t parked;         /* transfers submitted meanwhile (QUEUED, no connection) */
+    kvx_stats_t stats;         /* stats.c */
 };
 
 /* ---- the receiving side (recv.c) ------------------------------------------------------------ */
@@ -429,6 +430,12 @@ struct kvx_transport {
     unsigned waiters;
     bool cq_signaled;
     int cq_fd;
+
+    /* kvx_transport_event_fd: readable while a poll has something (-1: never asked for) */
+    int ev_fd;
+    bool ev_set;
+
+    kvx_stats_t stats; /* every peer's, cumulative (stats.c) */
 };
 
 /* ---- locking -------------------------------------------------------------------------------- */
@@ -763,7 +770,17 @@ void kvx_listen_peer_forget(kvx_transport_t *t, kvx_peer_t *p);
 void kvx_listen_reconnect(kvx_transport_t *t, uint64_t now);
 void kvx_listen_event(kvx_transport_t *t, const kvx_peer_t *p, int type, int err);
 
+/* ---- statistics (stats.c) ------------------------------------------------------------------ */
+
+/* A transfer of peer p ended with status after lat_ns (bytes: what it covered). */
+void kvx_stats_xfer(kvx_transport_t *t, kvx_peer_t *p, int op, int status, uint64_t bytes,
+                    uint64_t lat_ns);
+
 /* ---- progress (progress.c) ------------------------------------------------------------------ */
+
+/* Make the event fd readable or not, as the polls have something or not (after anything that
+ * may change that: a step, a completion, a drain). Cheap when nothing changed. */
+void kvx_progress_events(kvx_transport_t *t);
 
 unsigned kvx_progress_step(kvx_transport_t *t);
 void kvx_progress_notify_waiters(kvx_transport_t *t);

@@ -524,6 +524,7 @@ int kvx_peer_event_poll(kvx_transport_t *t, kvx_peer_event_t *out, size_t max)
         t->ev_head = (t->ev_head + 1) % KVX_PEER_EVENTS_MAX;
         t->ev_count--;
     }
+    kvx_progress_events(t);
     kvx_unlock(t);
     return (int)n;
 }

@@ -788,6 +788,8 @@ int kvx_peer_reinstall(kvx_transport_t *t, kvx_peer_t *p, const kvx_md_t *md)
     kvx_info(t, "peer %s: paired again with %s at %s over %s (generation %s)", p->id, c->agent_name,
              p->addr, c->transport, restarted ? "new: it restarted" : "the same");
     kvx_listen_event(t, p, restarted ? KVX_PEER_EVENT_RESTARTED : KVX_PEER_EVENT_RECONNECTED, 0);
+    p->stats.reconnections++;
+    t->stats.reconnections++;
     kvx_xfer_unpark(p, c, 0);
     if (old != NULL)
         kvx_conn_release(old, -ECONNABORTED); /* failed already: it only goes */

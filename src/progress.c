@@ -79,6 +79,8 @@ unsigned kvx_progress_step(kvx_transport_t *t)
         if (t->busy > 0)
             pthread_cond_broadcast(&t->cond);
     }
+    if (t->ev_fd >= 0) /* notices and peer events come in steps */
+        kvx_progress_events(t);
     return n;
 }
 
@@ -179,20 +181,27 @@ static uint64_t kvx_progress_rest(kvx_transport_t *t, kvx_rest_t *r, unsigned n,
     return now < tick ? now : tick;
 }
 
-/* After a sleep: busy says whether UCX refused it (events pending, found or not by the next
- * step). A real sleep ends in a burst of events, likely: spin again. */
+/* After a sleep: busy says whether UCX refused to arm (events pending, found or not by the next
+ * step). Refusals count only while they come in a row: one that UCX grants ends the pausing
+ * (around its keepalive rounds UCX refuses twice or so, and the loop then paused 1 ms at a time
+ * until the next work came: ~930 wake-ups in every other idle second). A real sleep ends in a
+ * burst of events, likely: spin again. */
 static void kvx_rest_woke(kvx_rest_t *r, bool stalled, bool busy)
 {
-    if (busy)
+    if (busy) {
         r->busy_idle++;
-    else if (!stalled)
+        return;
+    }
+    r->busy_idle = 0;
+    if (!stalled)
         r->last_work = kvx_now_ns();
 }
 
 /*
  * Arm the worker's event fd and sleep, with the lock released, until UCX has events, fd is
- * readable, or until_ns. If UCX has events pending already, return at once (true), unless
- * stalled: then pause until until_ns or fd anyway. Lock held on entry and on return.
+ * readable, or until_ns. If UCX has events pending already (it refuses to arm), return true: at
+ * once, unless stalled: then after a pause until until_ns or fd anyway. Lock held on entry and
+ * on return.
  */
 static bool kvx_progress_sleep(kvx_transport_t *t, int fd, uint64_t now, uint64_t until_ns,
                                bool stalled)
@@ -203,10 +212,12 @@ static bool kvx_progress_sleep(kvx_transport_t *t, int fd, uint64_t now, uint64_
     struct timespec ts = {.tv_sec = (time_t)(d / 1000000000ull),
                           .tv_nsec = (long)(d % 1000000000ull)};
     nfds_t nfds = 2;
+    bool refused = false;
 
     if (kvx_ucx_arm(t) == -EBUSY) {
         if (!stalled)
             return true;
+        refused = true;
         nfds = 1;
     } else if (kvx_ucx_progress(t) > 0) {
         /* ucp_worker_arm arms only the interfaces in use. One whose last endpoint just went
@@ -220,7 +231,7 @@ static bool kvx_progress_sleep(kvx_transport_t *t, int fd, uint64_t now, uint64_
         read(fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
         kvx_warn(t, "progress: reading fd %d: %s", fd, strerror(errno));
     pthread_mutex_lock(&t->lock);
-    return false;
+    return refused;
 }
 
 static void *kvx_progress_main(void *arg)
@@ -328,6 +339,54 @@ int kvx_transport_wait(kvx_transport_t *t, const char *peer_id, int timeout_ms)
     t->waiters--;
     if (t->closed)
         pthread_cond_broadcast(&t->cond); /* close waits for the waiters to leave */
+    kvx_unlock(t);
+    return rc;
+}
+
+/* ---- the event fd (kvx_transport_event_fd) -------------------------------------------------
+ * A plain eventfd holding 1 exactly while a poll has something: written when the first thing
+ * arrives, read empty when the last is taken. Both happen under the lock, so the fd's state
+ * follows the queues' (ev_set says which it is in). */
+void kvx_progress_events(kvx_transport_t *t)
+{
+    uint64_t v = 1;
+    bool has;
+
+    if (t->ev_fd < 0 || t->closed)
+        return;
+    has = !kvx_list_empty(&t->ready) || t->notice_count > 0 || t->ev_count > 0;
+    if (has == t->ev_set)
+        return;
+    if (has ? write(t->ev_fd, &v, sizeof(v)) < 0 : read(t->ev_fd, &v, sizeof(v)) < 0) {
+        if (errno != EAGAIN)
+            kvx_warn(t, "event fd: %s", strerror(errno));
+    }
+    t->ev_set = has;
+}
+
+int kvx_transport_event_fd(kvx_transport_t *t, int *fd_p)
+{
+    int rc = 0;
+
+    if (t == NULL || fd_p == NULL)
+        return -EINVAL;
+    kvx_lock(t);
+    if (t->closed) {
+        rc = -ESHUTDOWN;
+        goto out;
+    }
+    if (t->ev_fd < 0) {
+        t->ev_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+        if (t->ev_fd < 0) {
+            rc = -errno;
+            kvx_error(t, "event fd: eventfd: %s", strerror(errno));
+            goto out;
+        }
+        t->ev_set = false;
+        kvx_progress_events(t);
+    }
+    *fd_p = t->ev_fd;
+out:
     kvx_unlock(t);
     return rc;
 }

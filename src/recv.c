@@ -805,8 +805,10 @@ int kvx_fence(kvx_transport_t *t, const char *writer, const uint64_t *tags, size
     }
     kvx_info(t, "fence of %s%s: %d connection(s)", writer ? writer : "every writer",
              ntags ? " (some tags)" : "", count);
-    if (count > 0)
+    if (count > 0) {
+        t->stats.fences++;
         kvx_progress_kick(t, 0); /* tell the writers now */
+    }
     kvx_unlock(t);
     return count;
 }
@@ -830,6 +832,7 @@ int kvx_notice_poll(kvx_transport_t *t, kvx_notice_t *out, size_t max)
         t->notice_head = (t->notice_head + 1) % t->notice_cap;
         t->notice_count--;
     }
+    kvx_progress_events(t);
     kvx_unlock(t);
     return (int)n;
 }

@@ -191,6 +191,7 @@ int kvx_transport_create(const kvx_params_t *params, kvx_transport_t **transport
     t->next_deadline_ns = UINT64_MAX;
     t->next_seq = 1;
     t->wake_fd = -1;
+    t->ev_fd = -1;
     t->spin_ns = KVX_SPIN_NS;
     t->cq_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC | EFD_SEMAPHORE);
     if (t->cq_fd < 0) {
@@ -393,6 +394,12 @@ int kvx_transport_close(kvx_transport_t *t)
     t->metadata = NULL;
     close(t->cq_fd);
     t->cq_fd = -1;
+    if (t->ev_fd >= 0 && !t->ev_set) { /* a loop waiting on it wakes, and its calls say closed */
+        uint64_t one = 1;
+        if (write(t->ev_fd, &one, sizeof(one)) < 0)
+            kvx_warn(t, "event fd: %m");
+        t->ev_set = true;
+    }
     t->close_done = true;
     pthread_cond_broadcast(&t->cond);
     kvx_info(t, "closed");
@@ -406,6 +413,8 @@ void kvx_transport_destroy(kvx_transport_t *t)
         return;
     kvx_transport_close(t);
     kvx_ucx_free(t); /* an owned region lives until here */
+    if (t->ev_fd >= 0)
+        close(t->ev_fd);
     pthread_cond_destroy(&t->cond);
     pthread_mutex_destroy(&t->lock);
     kvx_transport_free_params(t);
@@ -665,6 +674,7 @@ void kvx_xfer_complete(kvx_xfer_t *x, int status)
     kvx_peer_t *p = x->peer;
     uint64_t now = kvx_now_ns(), lat = now - x->t_submit_ns;
 
+    kvx_stats_xfer(x->t, p, x->op, x->canceled ? -ECANCELED : status, x->bytes, lat);
     if (x->purged) {
         p->inflight--;
         kvx_xfer_release(x);
@@ -695,6 +705,8 @@ void kvx_xfer_complete(kvx_xfer_t *x, int status)
         kvx_list_add_tail(&x->t->ready, &p->ready_link);
     if (x->t->waiters > 0)
         kvx_progress_notify_waiters(x->t);
+    if (x->t->ev_fd >= 0)
+        kvx_progress_events(x->t);
 }
 
 /* The application is done with a transfer (polled or canceled). */
@@ -708,8 +720,11 @@ void kvx_xfer_release(kvx_xfer_t *x)
     x->peer = NULL;
     if (p != NULL) {
         p->nxfers--;
-        if (kvx_list_empty(&p->cq) && kvx_list_linked(&p->ready_link))
+        if (kvx_list_empty(&p->cq) && kvx_list_linked(&p->ready_link)) {
             kvx_list_del(&p->ready_link);
+            if (t->ev_fd >= 0)
+                kvx_progress_events(t);
+        }
     }
     kvx_xfer_free(t, x);
     if (p != NULL)
@@ -751,7 +766,11 @@ int kvx_transport_poll(kvx_transport_t *t, const char *peer_id, kvx_completion_t
         return -ESHUTDOWN;
     }
     kvx_progress_step(t);
-    atomic_store_explicit(&t->app_poll_ns, kvx_now_ns(), memory_order_relaxed);
+    /* An application that polls in a loop drives UCX itself, and the progress thread steps
+     * aside; one that waits on the event fd polls once per wake-up and sleeps: the thread must
+     * not step aside for it (it would add up to a millisecond to every wake-up). */
+    if (t->ev_fd < 0)
+        atomic_store_explicit(&t->app_poll_ns, kvx_now_ns(), memory_order_relaxed);
     if (peer_id != NULL) {
         kvx_peer_t *p = kvx_peer_lookup(t, peer_id);
         if (p != NULL)
@@ -765,6 +784,7 @@ int kvx_transport_poll(kvx_transport_t *t, const char *peer_id, kvx_completion_t
             n += kvx_cq_drain(p, out + n, max - n);
         }
     }
+    kvx_progress_events(t);
     kvx_unlock(t);
     return (int)n;
 }

@@ -240,7 +240,8 @@ static void kvx_xfer_finish(kvx_xfer_t *x, int status)
 /* Forget a transfer (cancel): it leaves every list and is never reported. */
 void kvx_xfer_forget(kvx_xfer_t *x)
 {
-    if (x->state != KVX_XS_DONE) {
+    if (x->state != KVX_XS_DONE) { /* canceled before it ended: counted so */
+        kvx_stats_xfer(x->t, x->peer, x->op, -ECANCELED, x->bytes, kvx_now_ns() - x->t_submit_ns);
         kvx_xfer_detach(x);
         x->peer->inflight--;
     }

@@ -33,6 +33,7 @@ struct opts {
     int peers;
     int client_index, clients;
     bool json, verify, loopback, same_block, quiet, wait;
+    bool wait_fd;   /* sleep in poll(2) on kvx_transport_event_fd instead */
     bool integrity; /* the initiator's transport checksums what it moves (CRC-32C) */
     bool owned;     /* the server's regions are kvx's own (KVX_PARAM_OWN_REGION) */
     double load_s;
@@ -100,6 +101,7 @@ typedef struct result {
     const char *op;
     uint64_t size, blocks;
     double gbps, xfers_per_s, p50_us, p99_us, submit_ns_per_block;
+    double seen_p50_us, seen_p99_us; /* submit to the poll that returned it (one in flight) */
     double init_cpu_s_per_gb, target_cpu_s_per_gb; /* both processes, warm-up included */
     double create_ms, peer_add_ms;
     size_t md_bytes;

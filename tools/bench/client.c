@@ -5,6 +5,8 @@
  */
 #include "bench.h"
 
+#include <poll.h>
+
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -193,7 +195,8 @@ void run_size(int *ctl, uint64_t size, result_t *res_out, int *nres)
         /* transfers k = 0 .. total*npeers-1; k goes to peer k % npeers; a window of
          * inflight*npeers transfers stays in flight */
         int ntx = total * npeers, window = o.inflight * npeers, submitted = 0, completed = 0;
-        int warm_tx = o.warmup * npeers, nlat = 0;
+        int warm_tx = o.warmup * npeers, nlat = 0, nseen = 0, evfd = -1;
+        uint64_t *seen = calloc((size_t)ntx, sizeof(*seen)), last_submit = 0;
         uint64_t start = 0, end, sub_cpu = 0, sub_blocks = 0;
         kvx_completion_t comp[64];
         while (completed < ntx) {
@@ -217,12 +220,22 @@ void run_size(int *ctl, uint64_t size, result_t *res_out, int *nres)
                     sub_blocks += B;
                 }
                 submitted++;
+                last_submit = now_ns();
             }
             int n = kvx_transport_poll(t, NULL, comp, 64);
             if (n < 0)
                 die("poll: %s", kvx_strerror(n));
             if (n == 0 && o.wait)
                 kvx_transport_wait(t, NULL, 100);
+            if (n == 0 && o.wait_fd) {
+                struct pollfd pfd = {.events = POLLIN};
+                if (evfd < 0)
+                    CHECK_KVX(kvx_transport_event_fd(t, &evfd));
+                pfd.fd = evfd;
+                poll(&pfd, 1, 100);
+            }
+            if (n == 1 && window == 1 && completed >= warm_tx && seen != NULL)
+                seen[nseen++] = now_ns() - last_submit;
             for (int i = 0; i < n; i++) {
                 if (comp[i].status != 0)
                     die("transfer %llu failed: %s", (unsigned long long)comp[i].id,
@@ -253,6 +266,10 @@ void run_size(int *ctl, uint64_t size, result_t *res_out, int *nres)
         res->p50_us = nlat ? (double)lat[(nlat * 50 + 99) / 100 - 1] / 1e3 : 0;
         res->p99_us = nlat ? (double)lat[(nlat * 99 + 99) / 100 - 1] / 1e3 : 0;
         res->submit_ns_per_block = sub_blocks ? (double)sub_cpu / (double)sub_blocks : 0;
+        qsort(seen, (size_t)nseen, sizeof(*seen), cmp_u64);
+        res->seen_p50_us = nseen ? (double)seen[(nseen * 50 + 99) / 100 - 1] / 1e3 : 0;
+        res->seen_p99_us = nseen ? (double)seen[(nseen * 99 + 99) / 100 - 1] / 1e3 : 0;
+        free(seen);
 
         kvx_peer_attr_t pa = {.field_mask = KVX_PEER_ATTR_TRANSPORT};
         CHECK_KVX(kvx_peer_query(t, peer[0], &pa));
@@ -313,7 +330,8 @@ void print_results(const result_t *res, int n)
                    "\"blocks_per_xfer\":%llu,\"pattern\":\"%s\",\"iters\":%d,\"inflight\":%d,"
                    "\"peers\":%d,\"initiators\":%d,\"initiator\":%d,\"threads\":%d,"
                    "\"bytes\":%llu,\"gbps\":%.4f,\"xfers_per_s\":%.1f,\"p50_us\":%.2f,"
-                   "\"p99_us\":%.2f,\"submit_ns_per_block\":%.1f,\"init_cpu_s_per_gb\":%.4f,"
+                   "\"p99_us\":%.2f,\"seen_p50_us\":%.2f,\"seen_p99_us\":%.2f,"
+                   "\"submit_ns_per_block\":%.1f,\"init_cpu_s_per_gb\":%.4f,"
                    "\"target_cpu_s_per_gb\":%.4f,\"create_ms\":%.3f,"
                    "\"metadata_bytes\":%zu,\"peer_add_ms\":%.3f,\"transport\":\"%s\","
                    "\"start_ns\":%llu,\"end_ns\":%llu,\"xfers\":%llu,\"verified\":%s,"
@@ -321,10 +339,10 @@ void print_results(const result_t *res, int n)
                    r->op, (unsigned long long)r->size, (unsigned long long)r->blocks,
                    pattern_name(o.pattern), o.iters, o.inflight, o.naddrs, o.clients, r->initiator,
                    o.threads, (unsigned long long)r->bytes, r->gbps, r->xfers_per_s, r->p50_us,
-                   r->p99_us, r->submit_ns_per_block, r->init_cpu_s_per_gb, r->target_cpu_s_per_gb,
-                   r->create_ms, r->md_bytes, r->peer_add_ms, r->transport,
-                   (unsigned long long)r->start_ns, (unsigned long long)r->end_ns,
-                   (unsigned long long)r->xfers,
+                   r->p99_us, r->seen_p50_us, r->seen_p99_us, r->submit_ns_per_block,
+                   r->init_cpu_s_per_gb, r->target_cpu_s_per_gb, r->create_ms, r->md_bytes,
+                   r->peer_add_ms, r->transport, (unsigned long long)r->start_ns,
+                   (unsigned long long)r->end_ns, (unsigned long long)r->xfers,
                    !o.verify ? "null"
                    : r->bad  ? "false"
                              : "true",
@@ -362,6 +380,15 @@ void print_results(const result_t *res, int n)
                : r->bad  ? "NO"
                          : "yes");
     }
+    for (int i = 0; i < n; i++)
+        if (res[i].seen_p50_us > 0)
+            printf("%s %s: submit to seen by the application (one in flight, %s): p50 %.1f us, "
+                   "p99 %.1f us\n",
+                   res[i].op, fmt_size(res[i].size, sz, sizeof(sz)),
+                   o.wait_fd ? "asleep on the event fd"
+                   : o.wait  ? "asleep in kvx_transport_wait"
+                             : "spinning on poll",
+                   res[i].seen_p50_us, res[i].seen_p99_us);
     if (n > 0)
         printf("set-up: create %.2f ms, metadata %zu bytes, pairing by address %.2f ms "
                "(kvx_peer_connect, median of 5)\n",

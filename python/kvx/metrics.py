@@ -1,0 +1,214 @@
+"""Statistics of kvx transports (kvx_stats_query) and their Prometheus export.
+
+    from prometheus_client import REGISTRY
+    from kvx.metrics import KvxCollector
+    REGISTRY.register(KvxCollector(transport))   # vLLM's /metrics then shows kvx's metrics
+
+prometheus_client (Debian's python3-prometheus-client) is needed only by KvxCollector.collect's
+caller; importing this module does not require it. Metric names follow Prometheus conventions:
+counters end in _total, durations are in seconds and sizes in bytes, and labels say which
+transport (agent), peer, op, status or cause.
+"""
+
+import ctypes
+from typing import Optional
+
+from . import _lib
+
+STATUS_CLASSES = ("ok", "timeout", "connreset", "connaborted", "canceled", "fenced", "badmsg",
+                  "nospc", "inval", "busy", "proto", "other")  # kvx_status_class_t, in order
+OPS = ("write", "read")
+LATENCY_BUCKETS = 25  # KVX_LATENCY_BUCKETS: bucket i <= 2**i microseconds, the last above
+STATS_XFERS, STATS_LATENCY, STATS_EVENTS = 1 << 0, 1 << 1, 1 << 2
+TRANSPORT_ATTR_AGENT_NAME = 1 << 0
+
+
+class Stats(ctypes.Structure):
+    _fields_ = [
+        ("field_mask", ctypes.c_uint64),
+        ("xfers", (ctypes.c_uint64 * len(STATUS_CLASSES)) * 2),
+        ("bytes", ctypes.c_uint64 * 2),
+        ("latency", ctypes.c_uint64 * LATENCY_BUCKETS),
+        ("latency_sum_ns", ctypes.c_uint64),
+        ("reconnections", ctypes.c_uint64),
+        ("fences", ctypes.c_uint64),
+    ]
+
+
+_declared = set()
+
+
+def _fn(lib, name):
+    f = getattr(lib, name)
+    if name not in _declared:
+        t = ctypes.c_void_p
+        f.restype = ctypes.c_int
+        f.argtypes = {
+            "kvx_stats_query": [t, ctypes.c_char_p, ctypes.POINTER(Stats)],
+            "kvx_peer_list": [t, ctypes.c_char_p, ctypes.POINTER(ctypes.c_size_t)],
+            "kvx_transport_event_fd": [t, ctypes.POINTER(ctypes.c_int)],
+        }[name]
+        _declared.add(name)
+    return f
+
+
+def _call(transport, name, *args):
+    h = transport._h()  # RuntimeError when closed or unavailable
+    return transport._check(name, _fn(transport._lib, name)(h, *args))
+
+
+def bucket_bounds() -> tuple:
+    """The upper bounds (seconds) of the latency buckets, the last one +Inf."""
+    return tuple(2**i * 1e-6 for i in range(LATENCY_BUCKETS - 1)) + (float("inf"),)
+
+
+def stats(transport, peer_id: Optional[str] = None) -> dict:
+    """The statistics of one peer, or with peer_id None of the whole transport (every peer it
+    ever had): {"xfers": {(op, status): count}, "bytes": {op: bytes of successful transfers},
+    "latency": ((upper bound in seconds, count in that bucket), ...), "latency_sum": seconds,
+    "reconnections": n, "fences": n}. Counts only grow. Raises KvxError (ENOENT) for an
+    unknown peer and RuntimeError once the transport is closed."""
+    s = Stats()
+    s.field_mask = STATS_XFERS | STATS_LATENCY | STATS_EVENTS
+    pid = None if peer_id is None else str(peer_id).encode()
+    _call(transport, "kvx_stats_query", pid, ctypes.byref(s))
+    return {
+        "xfers": {(op, st): s.xfers[i][k] for i, op in enumerate(OPS)
+                  for k, st in enumerate(STATUS_CLASSES)},
+        "bytes": {op: s.bytes[i] for i, op in enumerate(OPS)},
+        "latency": tuple(zip(bucket_bounds(), s.latency)),
+        "latency_sum": s.latency_sum_ns / 1e9,
+        "reconnections": s.reconnections,
+        "fences": s.fences,
+    }
+
+
+def peer_ids(transport) -> list:
+    """The ids of the transport's peers (removed ones excepted)."""
+    size = ctypes.c_size_t(0)
+    h = transport._h()
+    f = _fn(transport._lib, "kvx_peer_list")
+    while True:
+        buf = ctypes.create_string_buffer(max(size.value, 1))
+        want = ctypes.c_size_t(len(buf))
+        rc = f(h, buf, ctypes.byref(want))
+        if rc >= 0:
+            return [p.decode() for p in buf.raw[:want.value].split(b"\0")[:-1]]
+        if rc != -28:  # ENOSPC: peers were added meanwhile, ask again with the size needed
+            transport._check("peer_list", rc)
+        size = want
+
+
+def event_fd(transport) -> int:
+    """kvx_transport_event_fd: readable while poll(), poll_notices() or poll_peer_events() has
+    something to return; kvx owns it (never read, write or close it)."""
+    fd = ctypes.c_int(-1)
+    _call(transport, "kvx_transport_event_fd", ctypes.byref(fd))
+    return fd.value
+
+
+def _agent(transport) -> str:
+    a = _lib.TransportAttr()
+    a.field_mask = TRANSPORT_ATTR_AGENT_NAME
+    transport._check("query", transport._lib.kvx_transport_query(transport._h(), ctypes.byref(a)))
+    return a.agent_name.decode()
+
+
+class KvxCollector:
+    """A prometheus_client collector of kvx transports: register it with a registry
+    (prometheus_client.REGISTRY, vLLM's, or your own) and every scrape reads the transports'
+    current statistics. Closed transports are skipped. Metrics:
+
+      kvx_transfers_total{agent,peer,op,status}       transfers that ended, by final status
+      kvx_transfer_bytes_total{agent,peer,op}          bytes of successful transfers
+      kvx_transfer_duration_seconds{agent,peer}        submit-to-completion histogram
+      kvx_transfers_in_flight{agent,peer}              gauge
+      kvx_peer_reconnections_total{agent,peer}         paired again by address
+      kvx_fences_total{agent}                          kvx_fence calls that fenced something
+      kvx_received_bytes_total{agent}                  bytes peers wrote into the region
+      kvx_received_writes_total{agent}                 write messages applied
+      kvx_served_bytes_total{agent}                    bytes peers read from the region
+      kvx_notices_total{agent}                         arrival notices queued
+      kvx_dropped_messages_total{agent,cause}          what the receiving side refused
+    """
+
+    def __init__(self, *transports):
+        self._transports = list(transports)
+
+    def add(self, transport) -> None:
+        self._transports.append(transport)
+
+    def remove(self, transport) -> None:
+        self._transports = [t for t in self._transports if t is not transport]
+
+    def describe(self):
+        return []  # no fixed set: peers come and go (prometheus_client then calls collect)
+
+    def collect(self):
+        from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
+                                            HistogramMetricFamily)
+        xfers = CounterMetricFamily("kvx_transfers", "kvx transfers that ended, by final status",
+                                    labels=("agent", "peer", "op", "status"))
+        nbytes = CounterMetricFamily("kvx_transfer_bytes", "bytes of successful kvx transfers",
+                                     labels=("agent", "peer", "op"))
+        lat = HistogramMetricFamily("kvx_transfer_duration_seconds",
+                                    "kvx transfers' time from submission to completion",
+                                    labels=("agent", "peer"))
+        inflight = GaugeMetricFamily("kvx_transfers_in_flight", "kvx transfers not yet ended",
+                                     labels=("agent", "peer"))
+        recon = CounterMetricFamily("kvx_peer_reconnections",
+                                    "peers paired by address that paired again",
+                                    labels=("agent", "peer"))
+        fences = CounterMetricFamily("kvx_fences", "kvx_fence calls that fenced a connection",
+                                     labels=("agent",))
+        recv = {
+            "bytes_landed": CounterMetricFamily("kvx_received_bytes",
+                                                "bytes peers wrote into the region",
+                                                labels=("agent",)),
+            "writes_landed": CounterMetricFamily("kvx_received_writes",
+                                                 "write messages applied to the region",
+                                                 labels=("agent",)),
+            "bytes_served": CounterMetricFamily("kvx_served_bytes",
+                                                "bytes peers read from the region",
+                                                labels=("agent",)),
+            "notices": CounterMetricFamily("kvx_notices", "arrival notices queued",
+                                           labels=("agent",)),
+        }
+        drops = CounterMetricFamily("kvx_dropped_messages",
+                                    "messages the receiving side refused, by cause",
+                                    labels=("agent", "cause"))
+        for t in list(self._transports):
+            try:
+                agent = _agent(t)
+                peers = peer_ids(t)
+                rows = []
+                for p in peers:
+                    try:
+                        rows.append((p, stats(t, p), t.peer_info(p)))
+                    except Exception:  # noqa: BLE001 - removed between the list and the query
+                        continue
+                total = stats(t)
+                counters = t.counters()
+            except RuntimeError:  # closed or unavailable
+                continue
+            for p, s, info in rows:
+                for (op, st), n in s["xfers"].items():
+                    if n:
+                        xfers.add_metric((agent, p, op, st), n)
+                for op, n in s["bytes"].items():
+                    nbytes.add_metric((agent, p, op), n)
+                cum, buckets = 0, []
+                for bound, n in s["latency"]:
+                    cum += n
+                    buckets.append(("+Inf" if bound == float("inf") else repr(bound), cum))
+                lat.add_metric((agent, p), buckets, s["latency_sum"])
+                recon.add_metric((agent, p), s["reconnections"])
+                if info is not None:
+                    inflight.add_metric((agent, p), info.get("xfers_inflight", 0))
+            fences.add_metric((agent,), total["fences"])
+            for name, fam in recv.items():
+                fam.add_metric((agent,), counters.get(name, 0))
+            for name, n in counters.items():
+                if name.startswith("drop_"):
+                    drops.add_metric((agent, name[5:]), n)
+        yield from (xfers, nbytes, lat, inflight, recon, fences, *recv.values(), drops)

@@ -1,0 +1,139 @@
+/*
+ * Statistics: every transfer's end counted by op and final status, with a latency histogram, per
+ * peer and for the whole transport (kvx_stats_query). The Python binding exports them to
+ * Prometheus; nothing here allocates or takes time worth measuring on the completion path.
+ */
+#include "kvx_int.h"
+
+#include <errno.h>
+#include <string.h>
+
+static int kvx_status_class(int status)
+{
+    switch (status) {
+    case 0:
+        return KVX_STATUS_OK;
+    case -ETIMEDOUT:
+        return KVX_STATUS_TIMEDOUT;
+    case -ECONNRESET:
+        return KVX_STATUS_CONNRESET;
+    case -ECONNABORTED:
+        return KVX_STATUS_CONNABORTED;
+    case -ECANCELED:
+        return KVX_STATUS_CANCELED;
+    case -KVX_EFENCED:
+        return KVX_STATUS_FENCED;
+    case -EBADMSG:
+        return KVX_STATUS_BADMSG;
+    case -ENOSPC:
+        return KVX_STATUS_NOSPC;
+    case -EINVAL:
+        return KVX_STATUS_INVAL;
+    case -EBUSY:
+        return KVX_STATUS_BUSY;
+    case -EPROTO:
+        return KVX_STATUS_PROTO;
+    default:
+        return KVX_STATUS_OTHER;
+    }
+}
+
+/* Bucket i holds latencies in (2^(i-1), 2^i] microseconds; the last, everything above. */
+static unsigned kvx_latency_bucket(uint64_t lat_ns)
+{
+    uint64_t us = (lat_ns + 999) / 1000;
+    unsigned b = 0;
+
+    while (b < KVX_LATENCY_BUCKETS - 1 && us > (1ull << b))
+        b++;
+    return b;
+}
+
+static void kvx_stats_add(kvx_stats_t *s, int op, int cls, int status, uint64_t bytes,
+                          uint64_t lat_ns, unsigned bucket)
+{
+    s->xfers[op][cls]++;
+    if (status == 0)
+        s->bytes[op] += bytes;
+    s->latency[bucket]++;
+    s->latency_sum_ns += lat_ns;
+}
+
+void kvx_stats_xfer(kvx_transport_t *t, kvx_peer_t *p, int op, int status, uint64_t bytes,
+                    uint64_t lat_ns)
+{
+    int cls = kvx_status_class(status);
+    unsigned bucket = kvx_latency_bucket(lat_ns);
+
+    op = op == KVX_OP_READ ? 1 : 0;
+    kvx_stats_add(&t->stats, op, cls, status, bytes, lat_ns, bucket);
+    if (p != NULL)
+        kvx_stats_add(&p->stats, op, cls, status, bytes, lat_ns, bucket);
+}
+
+static void kvx_stats_copy(const kvx_stats_t *from, kvx_stats_t *to)
+{
+    if (to->field_mask & KVX_STATS_XFERS) {
+        memcpy(to->xfers, from->xfers, sizeof(to->xfers));
+        memcpy(to->bytes, from->bytes, sizeof(to->bytes));
+    }
+    if (to->field_mask & KVX_STATS_LATENCY) {
+        memcpy(to->latency, from->latency, sizeof(to->latency));
+        to->latency_sum_ns = from->latency_sum_ns;
+    }
+    if (to->field_mask & KVX_STATS_EVENTS) {
+        to->reconnections = from->reconnections;
+        to->fences = from->fences;
+    }
+}
+
+int kvx_stats_query(kvx_transport_t *t, const char *peer_id, kvx_stats_t *stats)
+{
+    int rc = 0;
+
+    if (t == NULL || stats == NULL || (peer_id != NULL && !kvx_peer_id_ok(peer_id)))
+        return -EINVAL;
+    kvx_lock(t);
+    if (t->closed) {
+        rc = -ESHUTDOWN;
+    } else if (peer_id == NULL) {
+        kvx_stats_copy(&t->stats, stats);
+    } else {
+        kvx_peer_t *p = kvx_peer_lookup(t, peer_id);
+        if (p == NULL || (p->conn == NULL && p->nxfers == 0)) /* as kvx_peer_query */
+            rc = -ENOENT;
+        else
+            kvx_stats_copy(&p->stats, stats);
+    }
+    kvx_unlock(t);
+    return rc;
+}
+
+int kvx_peer_list(kvx_transport_t *t, char *buf, size_t *len_p)
+{
+    size_t need = 0, cap;
+    int n = 0, rc;
+
+    if (t == NULL || len_p == NULL || (buf == NULL && *len_p != 0))
+        return -EINVAL;
+    cap = *len_p;
+    kvx_lock(t);
+    if (t->closed) {
+        kvx_unlock(t);
+        return -ESHUTDOWN;
+    }
+    for (size_t i = 0; i < t->ptab_cap; i++)
+        for (const kvx_peer_t *p = t->ptab[i]; p != NULL; p = p->hnext) {
+            size_t len = strlen(p->id) + 1;
+            if (p->removed)
+                continue;
+            if (need + len <= cap)
+                memcpy(buf + need, p->id, len);
+            need += len;
+            n++;
+        }
+    kvx_unlock(t);
+    rc = need <= cap ? n : -ENOSPC;
+    *len_p = need;
+    return rc;
+}

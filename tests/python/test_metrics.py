@@ -1,0 +1,181 @@
+"""Metrics and the event fd from Python, against real peers in other processes: a real
+prometheus_client HTTP endpoint on 127.0.0.1 scraped and parsed by prometheus_client's own parser
+while transfers run, its values checked against the transfers made; an asyncio program that
+awaits two peers' completions on the event fd, without a thread or a timer, and stays idle.
+
+Run: PYTHONPATH=python /usr/bin/python3 -m pytest tests/python/test_metrics.py
+"""
+
+import asyncio
+import http.server
+import os
+import resource
+import sys
+import threading
+import time
+import unittest
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import kvx  # noqa: E402
+import kvx.aio  # noqa: E402
+import kvx.metrics  # noqa: E402
+from peer_proc import block_pattern  # noqa: E402
+from test_kvx import BL, SALT, Local, Target  # noqa: E402
+
+try:
+    import prometheus_client
+    from prometheus_client.exposition import MetricsHandler
+    from prometheus_client.parser import text_string_to_metric_families
+except ImportError:  # Debian's python3-prometheus-client; scripts/test installs it
+    prometheus_client = None
+
+
+def cpu_seconds():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def wait_all(t, ids, timeout=30):
+    done, failed = set(), set()
+    end = time.time() + timeout
+    while (done | failed) != set(ids) and time.time() < end:
+        r = t.poll()
+        done.update(r.done)
+        failed.update(r.failed)
+        if not r.done and not r.failed:
+            t.wait(None, 0.1)
+    return done, failed
+
+
+@unittest.skipIf(prometheus_client is None, "python3-prometheus-client is not installed")
+class TestPrometheus(unittest.TestCase):
+    def scrape(self, port):
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        out = {}
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+        return out
+
+    def test_scrape_while_transfers_run(self):
+        a, b = Target("metrics-a", salt=3), Target("metrics-b", salt=4)
+        loc = Local("metrics-init")
+        registry = prometheus_client.CollectorRegistry()
+        registry.register(kvx.metrics.KvxCollector(loc.t))
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), MetricsHandler.factory(registry))
+        th = threading.Thread(target=server.serve_forever, daemon=True)
+        th.start()
+        port = server.server_address[1]
+        try:
+            a.add_to(loc.t, "a")
+            b.add_to(loc.t, "b")
+            ids, scrapes = [], 0
+            for rnd in range(8):  # scrapes interleave with transfers in flight
+                ids.append(loc.t.write_blocks("a", [rnd], [rnd]))
+                ids.append(loc.t.write_blocks("b", [rnd, rnd + 8], [rnd, rnd + 8]))
+                ids.append(loc.t.read_blocks("a", [64 + rnd], [64 + rnd]))
+                self.scrape(port)
+                scrapes += 1
+            self.assertNotIn(None, ids)
+            done, failed = wait_all(loc.t, ids)
+            self.assertEqual(done, set(ids))
+            self.assertEqual(a.verify(list(range(8)), list(range(8)), SALT, 0), [])
+            self.assertEqual(b.verify(list(range(16)), list(range(16)), SALT, 0), [])
+            for i in range(8):
+                self.assertEqual(loc.block(64 + i), block_pattern(BL, 3, 64 + i, 0))
+            # a failed one: a write to a stopped peer past its deadline
+            b.stop()
+            try:
+                bad = loc.t.write_blocks("b", [20], [20], deadline_ms=200)
+                _, failed = wait_all(loc.t, [bad])
+                self.assertEqual(failed, {bad})
+            finally:
+                b.cont()
+            m = self.scrape(port)
+            ag = ("agent", "metrics-init")
+
+            def v(name, **labels):
+                return m.get((name, tuple(sorted({**dict([ag]), **labels}.items()))))
+
+            self.assertEqual(v("kvx_transfers_total", peer="a", op="write", status="ok"), 8)
+            self.assertEqual(v("kvx_transfers_total", peer="a", op="read", status="ok"), 8)
+            self.assertEqual(v("kvx_transfers_total", peer="b", op="write", status="ok"), 8)
+            self.assertEqual(v("kvx_transfers_total", peer="b", op="write", status="timeout"), 1)
+            self.assertEqual(v("kvx_transfer_bytes_total", peer="a", op="write"), 8 * BL)
+            self.assertEqual(v("kvx_transfer_bytes_total", peer="a", op="read"), 8 * BL)
+            self.assertEqual(v("kvx_transfer_bytes_total", peer="b", op="write"), 16 * BL)
+            self.assertEqual(v("kvx_transfer_duration_seconds_count", peer="a"), 16)
+            self.assertEqual(v("kvx_transfer_duration_seconds_count", peer="b"), 9)
+            self.assertEqual(v("kvx_transfer_duration_seconds_bucket", peer="b", le="+Inf"), 9)
+            # the failed write waited its 0.2 s deadline at least
+            self.assertGreaterEqual(v("kvx_transfer_duration_seconds_sum", peer="b"), 0.2)
+            self.assertLessEqual(v("kvx_transfer_duration_seconds_bucket", peer="b",
+                                   le="0.131072"), 8)
+            self.assertEqual(v("kvx_transfers_in_flight", peer="a"), 0)
+            self.assertEqual(v("kvx_fences_total"), 0)
+            self.assertEqual(v("kvx_peer_reconnections_total", peer="a"), 0)
+            self.assertIsNotNone(v("kvx_dropped_messages_total", cause="malformed"))
+            self.assertEqual(kvx.metrics.peer_ids(loc.t).__len__(), 2)
+            self.assertGreaterEqual(scrapes, 8)
+            loc.t.remove_remote_peer("a")
+            self.assertEqual(kvx.metrics.peer_ids(loc.t), ["b"])
+            tot = kvx.metrics.stats(loc.t)
+            self.assertEqual(tot["xfers"][("write", "ok")], 16)
+        finally:
+            server.shutdown()
+            server.server_close()
+            loc.close()
+            a.quit()
+            b.quit()
+        # a closed transport is skipped, not an error
+        self.assertEqual([f for f in registry.collect() if f.samples], [])
+
+
+class TestAsyncio(unittest.TestCase):
+    def test_completions_on_the_event_fd(self):
+        a, b = Target("aio-a", salt=5), Target("aio-b", salt=6)
+        loc = Local("aio-init")
+
+        async def main():
+            a.add_to(loc.t, "a")
+            b.add_to(loc.t, "b")
+            ids = set()
+            for i in range(32):
+                ids.add(loc.t.write_blocks("a", [i], [i]))
+                ids.add(loc.t.write_blocks("b", [i], [i + 32]))
+                ids.add(loc.t.read_blocks("b", [64 + i], [i + 64]))
+            self.assertNotIn(None, ids)
+            done = set()
+            wakes = 0
+            while done != ids:
+                r = await asyncio.wait_for(kvx.aio.poll_async(loc.t), 30)
+                self.assertEqual(r.failed, ())
+                done.update(r.done)
+                wakes += 1
+            # idle: nothing in flight, the loop asleep on the fd for a second
+            c0, w0 = cpu_seconds(), time.monotonic()
+            r = await kvx.aio.poll_async(loc.t, timeout=1.0)
+            idle_cpu, idle_wall = cpu_seconds() - c0, time.monotonic() - w0
+            return wakes, r, idle_cpu, idle_wall
+
+        try:
+            wakes, r, idle_cpu, idle_wall = asyncio.run(main())
+            self.assertEqual((r.done, r.failed), ((), ()))
+            self.assertGreaterEqual(idle_wall, 0.95)
+            print(f"asyncio: {wakes} wake-ups for 96 completions; idle second: "
+                  f"{idle_cpu * 1000:.1f} ms of CPU")
+            self.assertLess(idle_cpu, 0.010)
+            self.assertEqual(a.verify(list(range(32)), list(range(32)), SALT, 0), [])
+            self.assertEqual(b.verify(list(range(32, 64)), list(range(32)), SALT, 0), [])
+            for i in range(32):
+                self.assertEqual(loc.block(64 + i), block_pattern(BL, 6, i + 64, 0))
+        finally:
+            loc.close()
+            a.quit()
+            b.quit()
+
+
+if __name__ == "__main__":
+    unittest.main()
