@@ -913,6 +913,20 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
         self._check("counters", self._lib.kvx_transport_query(h, ctypes.byref(a)))
         return {name: getattr(a.recv, name) for name in _lib.RECV_COUNTERS}
 
+    def fileno(self) -> int:
+        """A descriptor readable while poll(), poll_notices() or poll_peer_events() has
+        something to return (kvx_transport_event_fd; level-triggered). kvx owns it: never read,
+        write or close it; it stays valid until the transport is freed. For event loops: select,
+        epoll, asyncio's add_reader, or poll_async()."""
+        from . import metrics
+        return metrics.event_fd(self)
+
+    async def poll_async(self, timeout: Optional[float] = None) -> PollResult:
+        """Await completions of every peer on the event fd, without a thread or a timer, then
+        return poll()'s result (empty after timeout seconds). See kvx.aio."""
+        from . import aio
+        return await aio.poll_async(self, timeout)
+
     def wait(self, peer_id: Optional[str] = None, timeout: Optional[float] = None) -> bool:
         """Sleep until poll(peer_id) has something to return (True) or timeout seconds pass
         (False), driving progress meanwhile. close() from another thread ends the wait with

@@ -150,12 +150,13 @@ class TestAsyncio(unittest.TestCase):
             done = set()
             wakes = 0
             while done != ids:
-                r = await asyncio.wait_for(kvx.aio.poll_async(loc.t), 30)
+                r = await asyncio.wait_for(loc.t.poll_async(), 30)
                 self.assertEqual(r.failed, ())
                 done.update(r.done)
                 wakes += 1
             # idle: nothing in flight, the loop asleep on the fd for a second
             c0, w0 = cpu_seconds(), time.monotonic()
+            self.assertEqual(loc.t.fileno(), kvx.metrics.event_fd(loc.t))
             r = await kvx.aio.poll_async(loc.t, timeout=1.0)
             idle_cpu, idle_wall = cpu_seconds() - c0, time.monotonic() - w0
             return wakes, r, idle_cpu, idle_wall
