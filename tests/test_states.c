@@ -9,10 +9,11 @@
  *             comes back: it waits for a connection that never comes
  *   ending    a write that failed while UCX still held its messages (a stopped target's FIFO
  *             full): reported only once UCX lets go of them
- * Each runs twice: with a deadline D and no stall limit, and with no deadline and a stall limit
- * S. Every transfer must fail with -ETIMEDOUT, in the first case by D + 200 ms (the longest a
- * write whose messages UCX holds waits past its deadline: kvx.h, README), in the second by S +
- * 100 ms (the housekeeping period), each with a margin for this machine's scheduling. Then
+ * Each runs with a deadline D and no stall limit, with no deadline and a stall limit S, and with
+ * D and the default stall limit (2 s). Every transfer must fail with -ETIMEDOUT, with a deadline
+ * by D + 200 ms (the longest a write whose messages UCX holds waits past its deadline: kvx.h,
+ * README), with the stall limit alone by S + 100 ms (the housekeeping period), each with a
+ * margin for this machine's scheduling. Then
  * KVX_PEER_REMOVE_PURGE on a peer with an ENDING write: its id never comes out of poll.
  * Every transfer that succeeds is verified byte for byte.
  */
@@ -48,6 +49,8 @@ typedef struct mode {
 static const kt_mode_t modes[] = {
     {"deadline 500 ms, no stall limit", D_MS, 0, D_MS + END_GRACE_MS + MARGIN_MS, D_MS},
     {"no deadline, stall limit 500 ms", 0, S_MS, S_MS + HOUSEKEEPING_MS + MARGIN_MS, 0},
+    /* the default stall limit, longer than the grace of an ENDING write: the deadline holds */
+    {"deadline 500 ms, stall limit 2 s", D_MS, 2000, D_MS + END_GRACE_MS + MARGIN_MS, D_MS},
 };
 
 static kvx_transport_t *writer(const char *name, const kt_mode_t *m, unsigned threads)
