@@ -1,6 +1,7 @@
 /*
  * No transfer stays in flight forever, whatever state it is in when its peer stops answering. A
  * table of states, each put together with real peers over shared memory:
+ *   unwired   queued behind a handshake a SIGSTOPped target never answers
  *   queued    behind a window that a SIGSTOPped target's full FIFO keeps full
  *   posted    all of it handed over to a SIGSTOPped target, no acknowledgement back
  *   notified  a KVX_XFER_NOTIFY write that landed and whose notice was sent, waiting for the
@@ -186,6 +187,23 @@ static void row_queued(const kt_mode_t *m, seen_t *s)
     resume_and_stop(&tg);
 }
 
+static void row_unwired(const kt_mode_t *m, seen_t *s)
+{
+    kt_target_t tg = target("unwired-target", NULL);
+    kvx_transport_t *t = writer("unwired-writer", m, 1);
+    kvx_peer_attr_t pa = {.field_mask = KVX_PEER_ATTR_STATE};
+
+    kt_stop(&tg.proc);
+    /* it never answers the handshake: the add returns after 200 ms, wire-up in the background */
+    KT_OK(kvx_peer_add(t, "p", tg.md, tg.md_len, NULL));
+    KT_OK(kvx_peer_query(t, "p", &pa));
+    KT_EQ(pa.state, KVX_PEER_CONNECTED);
+    submit(s, t, "p", 0, 4, 0);
+    collect(t, s, m->bound_ms + 2000);
+    kvx_transport_destroy(t);
+    resume_and_stop(&tg);
+}
+
 static void row_posted(const kt_mode_t *m, seen_t *s)
 {
     kt_target_t tg = target("posted-target", NULL);
@@ -315,8 +333,8 @@ static const struct row {
     const char *name;
     void (*run)(const kt_mode_t *m, seen_t *s);
 } rows[] = {
-    {"queued", row_queued}, {"posted", row_posted}, {"notified", row_notified},
-    {"parked", row_parked}, {"ending", row_ending},
+    {"unwired", row_unwired},   {"queued", row_queued}, {"posted", row_posted},
+    {"notified", row_notified}, {"parked", row_parked}, {"ending", row_ending},
 };
 
 /* ---- purge ---------------------------------------------------------------------------------- */
