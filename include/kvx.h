@@ -179,7 +179,8 @@ typedef struct kvx_params {
     unsigned num_threads;
 
     /** Default per-transfer deadline in milliseconds, counted from submission; 0 disables it.
-     *  At most KVX_MS_MAX. A transfer still unfinished at its deadline fails with -ETIMEDOUT (see
+     *  At most KVX_MS_MAX. A transfer still unfinished at its deadline fails with -ETIMEDOUT,
+     *  whatever its state, reported by its deadline + 200 ms at the latest (see
      *  kvx_xfer_write). */
     uint64_t deadline_ms;
 
@@ -194,11 +195,15 @@ typedef struct kvx_params {
     void *log_arg;
     int log_level;
 
-    /** Stall limit in milliseconds: a connection with messages outstanding that heard nothing
-     *  from its peer for this long fails, and with it every transfer in flight to that peer
-     *  (-ETIMEDOUT), whatever their deadlines. So a transfer never hangs even with no deadline
-     *  (deadline_ms = 0, for very large transfers): a stopped or unreachable peer is given up
-     *  after stall_ms, a slow but moving one never. 0 disables it. At most KVX_MS_MAX. */
+    /** Stall limit in milliseconds: a connection that owes answers (handshake, acknowledgements,
+     *  read data, a notice's answer, messages UCX holds) and heard nothing from its peer for
+     *  this long fails, and with it every transfer in flight to that peer (-ETIMEDOUT), whatever
+     *  their deadlines; it is checked every 100 ms. A transfer waiting for a connection (a peer
+     *  paired by address pairing again, a handshake not answered yet) fails with -ETIMEDOUT
+     *  stall_ms after its submission. So a transfer never hangs even with no deadline
+     *  (deadline_ms = 0, for very large transfers): it is reported within stall_ms + 100 ms of
+     *  the later of its submission and its peer's last sign of life; a slow but moving peer is
+     *  never given up. 0 disables it. At most KVX_MS_MAX. */
     uint64_t stall_ms;
 
     /** A shared secret (1..KVX_SECRET_MAX bytes; copied). With one, the metadata is signed
@@ -386,9 +391,12 @@ KVX_API int kvx_peer_remove(kvx_transport_t *transport, const char *peer_id);
 /** Flags of kvx_peer_remove_ex. */
 enum kvx_peer_remove_flags {
     /** Forget the peer's transfers instead of failing them: their ids never come out of poll,
-     *  finished ones not yet polled included (the seed's remove_remote_peer). Their bytes may
-     *  still be moving until the connection has closed, as with KVX_CANCEL_IMMEDIATE: a purged
-     *  read's local blocks may still change, a purged write's remote blocks too. */
+     *  whatever their state (queued, in flight, parked for a reconnection, a failed write still
+     *  waiting for UCX to let go of its messages, finished and not yet polled: the seed's
+     *  remove_remote_peer). Forgetting is not stopping: as with KVX_CANCEL_IMMEDIATE, their
+     *  bytes may still be moving until the connection has closed (the call waits up to 2 s for
+     *  that): UCX may still read a purged write's local blocks and a purged read's local blocks
+     *  may still change, a purged write's remote blocks too. */
     KVX_PEER_REMOVE_PURGE = 1u << 0
 };
 
@@ -415,7 +423,8 @@ KVX_API int kvx_peer_remove_ex(kvx_transport_t *transport, const char *peer_id, 
  * 500 ms between attempts, until it succeeds or the peer is removed or re-added. Meanwhile the
  * peer's state is KVX_PEER_RECONNECTING and transfers submitted to it wait (their remote
  * indices checked against the region last known) until the new connection takes them or their
- * deadline fails them; a transfer whose blocks lie beyond the new region fails with -EINVAL.
+ * deadline or the stall limit (stall_ms after their submission) fails them with -ETIMEDOUT; a
+ * transfer whose blocks lie beyond the new region fails with -EINVAL.
  * The listener's new metadata passes kvx_peer_add's checks (an incompatible one is refused and
  * kvx keeps trying). kvx_peer_event_poll reports KVX_PEER_EVENT_DOWN, then RESTARTED (a newer
  * generation: kvx_peer_attr_t.generation changed, the remote region's contents are gone) or
@@ -460,7 +469,8 @@ typedef enum kvx_peer_state {
     KVX_PEER_FAILED = 1,    /**< the connection failed (see error); remove or re-add the peer */
     KVX_PEER_REMOVED = 2,   /**< removed; still holds completions not yet polled */
     /** paired by address (kvx_peer_connect), its connection failed, and kvx is pairing with
-     *  that address again; transfers submitted meanwhile wait for it, within their deadlines */
+     *  that address again; transfers submitted meanwhile wait for it, within their deadlines
+     *  and the stall limit */
     KVX_PEER_RECONNECTING = 3
 } kvx_peer_state_t;
 
@@ -572,15 +582,19 @@ typedef struct kvx_xfer_params {
  * was full). A write the receiver fenced fails with -KVX_EFENCED; one with integrity on whose
  * checksum did not match, with -EBADMSG.
  *
- * Deadline: a transfer not finished at its deadline fails alone with -ETIMEDOUT; its connection
- * stays. It is reported at once, or, for a write UCX still holds messages of (a stopped peer, a
- * full link), once they left; if they have not within the transport's stall_ms (200 ms when
- * that is 0), the connection fails. A write whose notice was sent (KVX_XFER_NOTIFY) waits for
- * the receiver's answer instead: the receiver may have queued the notice. When the connection
- * hears nothing from a peer that owes it answers for stall_ms, the connection fails: every
- * transfer in flight to the peer fails with -ETIMEDOUT and the peer goes to KVX_PEER_FAILED
- * until it is re-added. A write with KVX_XFER_NOTIFY that fails with its connection (or is
- * canceled) after its notice was sent may have left the receiver a notice.
+ * Deadline: a transfer not finished at its deadline fails alone with -ETIMEDOUT, in whatever
+ * state it is (queued, posted, a notified write waiting for the receiver's answer, parked for a
+ * peer pairing again); its connection stays. It is reported at its deadline, or, for a write UCX
+ * still holds messages of (a stopped peer, a full link), once they left; if they have not within
+ * 200 ms (the transport's stall_ms when that is shorter), the connection fails, whose forced
+ * close makes UCX let go: reported by deadline + 200 ms. (Should that close not give them back,
+ * the write is reported 200 ms later all the same, logged, and UCX may still read its blocks.)
+ * When the connection hears nothing from a peer that owes it answers for stall_ms, the
+ * connection fails: every transfer in flight to the peer fails with -ETIMEDOUT and the peer goes
+ * to KVX_PEER_FAILED until it is re-added; one waiting for a connection fails stall_ms after its
+ * submission (see kvx_params_t.stall_ms). A write with KVX_XFER_NOTIFY that fails with its
+ * connection, by its deadline or is canceled after its notice was sent may have left the
+ * receiver a notice.
  */
 KVX_API int kvx_xfer_write(kvx_transport_t *transport, const char *peer_id,
                            const uint32_t *local_idxs, const uint32_t *remote_idxs, size_t count,

@@ -115,9 +115,9 @@ typedef struct kvx_run {
  *            (a write; with KVX_XFER_PARAM_NOTIFY, then its notice) or they all arrived (a read)
  *   ENDING   a write that failed (or finished) while UCX still held messages of it, which read
  *            its local blocks: it is reported once UCX has let go of them (kvx_xfer_on_sent), so
- *            that the caller never reuses blocks UCX still reads; if UCX does not within the
- *            stall limit (KVX_END_GRACE_NS when that is off), its connection fails, which makes
- *            UCX let go
+ *            that the caller never reuses blocks UCX still reads; if UCX does not within
+ *            KVX_END_GRACE_NS (the stall limit when shorter), its connection fails, which makes
+ *            UCX let go (and a close that does not is waited for KVX_END_GRACE_NS more)
  *   DONE     finished, waiting in peer->cq for poll
  * UCX never holds a pointer to a transfer: messages in its hands name their connection and the
  * transfer's id, so a transfer can fail or be forgotten at any time. A reply for a transfer

@@ -826,13 +826,15 @@ static int kvx_peer_remove_impl(kvx_transport_t *t, const char *peer_id, unsigne
     }
     if (flags & KVX_PEER_REMOVE_PURGE) {
         /* forget what finished and was not polled yet (p keeps its connection meanwhile, so
-         * releasing cannot free it), and mark what is in flight to be forgotten as it ends */
-        kvx_list_t *lists[] = {&c->queue, &c->waiting, &p->parked};
+         * releasing cannot free it), and mark what is in flight to be forgotten as it ends:
+         * every transfer not DONE is on t->active, ENDING ones too (on no connection list) */
         while (!kvx_list_empty(&p->cq))
             kvx_xfer_release(kvx_list_first(&p->cq, kvx_xfer_t, conn_link));
-        for (size_t i = 0; i < 3; i++)
-            for (kvx_list_t *n = lists[i]->next; n != lists[i]; n = n->next)
-                kvx_container_of(n, kvx_xfer_t, conn_link)->purged = true;
+        for (kvx_list_t *n = t->active.next; n != &t->active; n = n->next) {
+            kvx_xfer_t *x = kvx_container_of(n, kvx_xfer_t, active_link);
+            if (x->peer == p)
+                x->purged = true;
+        }
     }
     p->conn = NULL;
     p->removed = true;

@@ -74,11 +74,28 @@ static uint64_t kvx_xfer_remote(const kvx_transport_t *t, const kvx_xfer_t *x, u
     return (uint64_t)x->runs[i].remote * t->block_len + off;
 }
 
+/*
+ * When a transfer that is not ENDING fails unless it finished (0: never): its deadline, and, for
+ * one waiting for a connection (parked while its peer pairs again, or queued behind a handshake
+ * not yet answered), the stall limit counted from its submission. No connection's stall clock
+ * runs for a parked transfer, and a connection opened after its submission started its clock
+ * late: this bounds both as the stall limit bounds the others.
+ */
+static uint64_t kvx_xfer_due(const kvx_transport_t *t, const kvx_xfer_t *x)
+{
+    uint64_t due = x->deadline_ns, stall;
+
+    if (t->stall_ns == 0 || x->state != KVX_XS_QUEUED || (x->conn != NULL && x->conn->wired))
+        return due;
+    stall = x->t_submit_ns + t->stall_ns;
+    return due == 0 || stall < due ? stall : due;
+}
+
 static int kvx_xfer_submit(kvx_transport_t *t, int op, const char *peer_id, const uint32_t *local,
                            const uint32_t *remote, size_t count, const kvx_xfer_params_t *params,
                            uint64_t *id_p)
 {
-    uint64_t deadline_ms, now, fm = params != NULL ? params->field_mask : 0;
+    uint64_t deadline_ms, now, due, fm = params != NULL ? params->field_mask : 0;
     uint32_t flags = (fm & KVX_XFER_PARAM_FLAGS) ? params->flags : 0;
     kvx_peer_t *p;
     kvx_conn_t *c;
@@ -148,9 +165,10 @@ static int kvx_xfer_submit(kvx_transport_t *t, int op, const char *peer_id, cons
     if (kvx_list_empty(&t->active))
         kvx_progress_kick(t, now + KVX_HOUSEKEEPING_NS);
     kvx_list_add_tail(&t->active, &x->active_link);
-    if (x->deadline_ns != 0 && x->deadline_ns < t->next_deadline_ns) {
-        t->next_deadline_ns = x->deadline_ns;
-        kvx_progress_kick(t, x->deadline_ns);
+    due = kvx_xfer_due(t, x);
+    if (due != 0 && due < t->next_deadline_ns) {
+        t->next_deadline_ns = due;
+        kvx_progress_kick(t, due);
     }
     if (p->reconnecting) { /* it waits for the new connection (kvx_xfer_unpark) */
         kvx_list_add_tail(&p->parked, &x->conn_link);
@@ -214,6 +232,13 @@ static void kvx_xfer_detach(kvx_xfer_t *x)
         kvx_list_add_tail(&c->t->work, &c->work_link);
 }
 
+/* How long an ENDING write waits for UCX to let go of its messages before kvx fails its
+ * connection: KVX_END_GRACE_NS, or the stall limit when that is shorter. */
+static uint64_t kvx_end_grace(const kvx_transport_t *t)
+{
+    return t->stall_ns != 0 && t->stall_ns < KVX_END_GRACE_NS ? t->stall_ns : KVX_END_GRACE_NS;
+}
+
 /* Finish a transfer (kvx_xfer_complete queues it for poll), or, for a write whose messages UCX
  * still holds (they read its local blocks), end it: it leaves its connection's accounting now
  * and is reported once the last of them has left (kvx_xfer_on_sent). The first status wins. */
@@ -227,7 +252,7 @@ static void kvx_xfer_finish(kvx_xfer_t *x, int status)
     if (x->op == KVX_OP_WRITE && x->sending > 0 && !(x->conn != NULL && x->conn->lingering)) {
         x->state = KVX_XS_ENDING;
         x->end_status = status;
-        x->deadline_ns = kvx_now_ns() + (t->stall_ns ? t->stall_ns : KVX_END_GRACE_NS);
+        x->deadline_ns = kvx_now_ns() + kvx_end_grace(t);
         if (x->deadline_ns < t->next_deadline_ns) {
             t->next_deadline_ns = x->deadline_ns;
             kvx_progress_kick(t, x->deadline_ns);
@@ -705,18 +730,19 @@ void kvx_xfer_on_sent(kvx_conn_t *c, uint64_t xfer_id, int status)
 /* ---- deadlines ------------------------------------------------------------------------------ */
 
 /*
- * Fail transfers past their deadline, each alone: its connection stays and replies for it are
- * dropped from now on (a read's local blocks never change again). A write whose messages UCX
- * still holds is reported once they left (ENDING); one whose messages UCX has not let go of
- * within the stall limit (KVX_END_GRACE_NS when that is off) fails its connection, whose forced
- * close makes UCX let go. A write
- * whose notice was sent waits for the receiver's answer (or the stall limit): its outcome is
- * the receiver's. Runs only when the earliest known deadline has passed.
+ * Fail transfers past their deadline (or, waiting for a connection, past the stall limit:
+ * kvx_xfer_due), each alone: its connection stays and replies for it are dropped from now on (a
+ * read's local blocks never change again; a notified write's NOTICE_ACK is dropped too, though
+ * the receiver may have queued its notice). A write whose messages UCX still holds is reported
+ * once they left (ENDING); one whose messages UCX has not let go of within kvx_end_grace fails
+ * its connection, whose forced close makes UCX let go. Should that close not give them back
+ * within another KVX_END_GRACE_NS, the write is reported all the same (logged): no transfer
+ * waits for UCX forever. Runs only when the earliest known deadline has passed.
  */
 void kvx_xfer_check_deadlines(kvx_transport_t *t, uint64_t now)
 {
     kvx_list_t *n, *next;
-    uint64_t earliest = UINT64_MAX;
+    uint64_t earliest = UINT64_MAX, due;
     kvx_conn_t *stuck;
 
     if (now < t->next_deadline_ns)
@@ -729,25 +755,37 @@ again:
 
         next = n->next;
         if (x->state == KVX_XS_ENDING) {
-            if (x->conn == NULL || x->conn->state != KVX_CONN_OPEN)
-                continue; /* its connection's close lets go of its messages */
-            if (now >= x->deadline_ns) {
+            if (x->conn == NULL || x->conn->state != KVX_CONN_OPEN) { /* its close lets go */
+                due = x->deadline_ns + KVX_END_GRACE_NS;
+                if (now >= due) {
+                    kvx_warn(t,
+                             "peer %s: UCX kept messages of failed write %llu after its "
+                             "connection's close: reporting it anyway",
+                             x->peer->id, (unsigned long long)x->id);
+                    kvx_xfer_complete(x, x->end_status);
+                    continue;
+                }
+            } else if (now >= x->deadline_ns) {
                 stuck = x->conn;
                 break;
+            } else {
+                due = x->deadline_ns;
             }
-            if (x->deadline_ns < earliest)
-                earliest = x->deadline_ns;
+            if (due < earliest)
+                earliest = due;
             continue;
         }
-        if (x->deadline_ns == 0 || x->noticed)
+        due = kvx_xfer_due(t, x);
+        if (due == 0)
             continue;
-        if (now < x->deadline_ns) {
-            if (x->deadline_ns < earliest)
-                earliest = x->deadline_ns;
+        if (now < due) {
+            if (due < earliest)
+                earliest = due;
             continue;
         }
-        kvx_debug(t, "transfer %llu to %s missed its deadline", (unsigned long long)x->id,
-                  x->conn ? x->conn->agent_name : "?");
+        kvx_debug(t, "transfer %llu to %s missed its %s", (unsigned long long)x->id,
+                  x->conn ? x->conn->agent_name : x->peer->id,
+                  due == x->deadline_ns ? "deadline" : "connection within the stall limit");
         kvx_xfer_finish(x, -ETIMEDOUT);
         if (x->state == KVX_XS_ENDING && x->deadline_ns < earliest)
             earliest = x->deadline_ns;
