@@ -11,6 +11,8 @@ build=$1 src=$2 cc=${3:-cc}
 prefix=$(mktemp -d /tmp/kvx-install.XXXXXX)
 trap 'rm -rf "$prefix"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
+# the libkvx a program loads, as a real path (empty when none is found)
+loaded_kvx() { ldd "$1" | awk '/libkvx\.so/ && $3 ~ /^\// {print $3}' | xargs -r realpath; }
 
 cmake --install "$build" --prefix "$prefix" >/dev/null
 pc=$(find "$prefix" -name kvx.pc -path '*/pkgconfig/*' | head -1)
@@ -32,9 +34,12 @@ mkdir -p "$work"
 # shellcheck disable=SC2046
 "$cc" "$src/examples/write_read.c" $(pkg-config --cflags --libs kvx) -o "$work/write_read" ||
     fail "cc write_read.c \$(pkg-config --cflags --libs kvx) failed"
-ldd "$work/write_read" | grep -q "$libdir/libkvx.so" ||
+# run as the README says: the loader finds libkvx through LD_LIBRARY_PATH (or ldconfig's cache)
+export LD_LIBRARY_PATH="$libdir"
+[ "$(loaded_kvx "$work/write_read")" = "$(realpath "$libdir"/libkvx.so)" ] ||
     fail "write_read does not load the installed libkvx: $(ldd "$work/write_read" | grep kvx)"
-LD_LIBRARY_PATH="$libdir" "$work/write_read" || fail "the installed write_read failed"
+"$work/write_read" || fail "the installed write_read failed"
+unset LD_LIBRARY_PATH
 
 # static: libkvx.a with what pkg-config --static says it needs
 static_libs=$(pkg-config --static --libs kvx | sed 's/\(^\| \)-lkvx\( \|$\)/ /')
@@ -49,7 +54,7 @@ bench="$prefix/bin/kvx-bench"
 [ -x "$bench" ] || fail "no $bench"
 env -u LD_LIBRARY_PATH "$bench" --help >/dev/null 2>&1 ||
     fail "installed kvx-bench --help: $(env -u LD_LIBRARY_PATH "$bench" --help 2>&1 | head -2)"
-ldd "$bench" | grep -q "$libdir/libkvx.so" ||
+[ "$(loaded_kvx "$bench")" = "$(realpath "$libdir"/libkvx.so)" ] ||
     fail "kvx-bench does not load the installed libkvx: $(ldd "$bench" | grep kvx)"
 env -u LD_LIBRARY_PATH "$bench" --loopback -s 64K -r 4M -n 2 -w 1 --quiet >/dev/null ||
     fail "installed kvx-bench --loopback failed"
