@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The install path a newcomer follows: `cmake --install` into a fresh prefix (not /usr/local),
 # then a program built with pkg-config alone, and the installed kvx-bench run without any help.
-#   test_install.sh <build dir> <source dir> <C compiler>
+#   test_install.sh <build dir> <source dir> <C compiler> [extra C flags, e.g. the sanitizers]
 # Checks that kvx.pc names the prefix installed into, that the example compiles and links from
 # it (shared, and static through Libs.private / Requires.private), that the program runs and
 # checks its transfers, and that bin/kvx-bench finds bin/../lib's libkvx on its own.
 set -euo pipefail
-build=$1 src=$2 cc=${3:-cc}
+build=$1 src=$2 cc=${3:-cc} cflags=${4:-}
 
 prefix=$(mktemp -d /tmp/kvx-install.XXXXXX)
 trap 'rm -rf "$prefix"' EXIT
@@ -31,8 +31,8 @@ echo "kvx.pc: $pc; includedir=$incdir libdir=$libdir"
 # the example, built the way the README says, from the installed files only
 work="$prefix/app"
 mkdir -p "$work"
-# shellcheck disable=SC2046
-"$cc" "$src/examples/write_read.c" $(pkg-config --cflags --libs kvx) -o "$work/write_read" ||
+# shellcheck disable=SC2046,SC2086
+"$cc" $cflags "$src/examples/write_read.c" $(pkg-config --cflags --libs kvx) -o "$work/write_read" ||
     fail "cc write_read.c \$(pkg-config --cflags --libs kvx) failed"
 # run as the README says: the loader finds libkvx through LD_LIBRARY_PATH (or ldconfig's cache)
 export LD_LIBRARY_PATH="$libdir"
@@ -44,7 +44,7 @@ unset LD_LIBRARY_PATH
 # static: libkvx.a with what pkg-config --static says it needs
 static_libs=$(pkg-config --static --libs kvx | sed 's/\(^\| \)-lkvx\( \|$\)/ /')
 # shellcheck disable=SC2086
-"$cc" "$src/examples/write_read.c" $(pkg-config --cflags kvx) "$libdir/libkvx.a" $static_libs \
+"$cc" $cflags "$src/examples/write_read.c" $(pkg-config --cflags kvx) "$libdir/libkvx.a" $static_libs \
     -o "$work/write_read_static" || fail "static link with pkg-config --static --libs kvx failed"
 ldd "$work/write_read_static" | grep -q libkvx && fail "the static build still loads libkvx.so"
 "$work/write_read_static" || fail "the static write_read failed"
