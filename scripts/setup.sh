@@ -1,22 +1,48 @@
 #!/usr/bin/env bash
-# Installs the Debian packages kvx's build, tests and benchmarks need, when they are missing.
-# Sourced by scripts/bench and scripts/test; safe to run again (it installs nothing twice).
+# Installs the Debian packages kvx needs, when they are missing: `kvx_setup` (or `kvx_setup test`)
+# what scripts/test needs, `kvx_setup build` only what building the library and its tools needs,
+# `kvx_setup bench` what scripts/bench and bench/compare need. Sourced by scripts/bench and
+# scripts/test; safe to run again (it installs nothing twice).
 set -euo pipefail
 
-KVX_PACKAGES=(
-  gcc make cmake pkg-config          # build
+# building libkvx, kvx-bench and the examples
+KVX_PACKAGES_BUILD=(
+  gcc make cmake pkg-config          # the compiler and the build
+  libucx-dev                         # UCX
+  libssl-dev zlib1g-dev              # libcrypto (SHA-256, HMAC) and zlib (the metadata's CRC-32)
+  python3                            # configuring the tests and the Python package needs it
+)
+# scripts/test, on top of the build
+KVX_PACKAGES_TEST=(
   clang-format                       # the committed .clang-format is checked
-  libucx-dev ucx-utils               # UCX and its ucx_perftest (the reference in bench/compare)
-  python3 python3-pytest python3-numpy  # the Python binding and its tests (NumPy index paths)
+  python3-pytest python3-numpy       # the Python binding's tests (NumPy index paths)
+  python3-prometheus-client          # kvx.metrics' collector, scraped by test_metrics
+  python3-pip                        # the vLLM plugin's test installs the package as a user does
   iproute2 procps                    # network namespaces for the two-host tests
   clang libclang-rt-14-dev           # the libFuzzer harness
   valgrind                           # the leak check
   autoconf automake libtool g++      # building UCX 1.19.1 from source (kvx_ucx119)
 )
+# scripts/bench and bench/compare, on top of the build
+KVX_PACKAGES_BENCH=(
+  ucx-utils                          # ucx_perftest, bench/compare's reference
+  python3-matplotlib                 # bench/compare's plot
+)
+
+# The packages of one purpose (build, test, bench; test when none is given).
+kvx_packages() {
+  case "${1:-test}" in
+    build) echo "${KVX_PACKAGES_BUILD[@]}" ;;
+    test) echo "${KVX_PACKAGES_BUILD[@]}" "${KVX_PACKAGES_TEST[@]}" ;;
+    bench) echo "${KVX_PACKAGES_BUILD[@]}" "${KVX_PACKAGES_BENCH[@]}" ;;
+    *) echo "kvx: kvx_packages build|test|bench, not $1" >&2; return 1 ;;
+  esac
+}
 
 kvx_missing_packages() {
-  local p missing=()
-  for p in "${KVX_PACKAGES[@]}"; do
+  local p list missing=()
+  list=$(kvx_packages "${1:-test}")
+  for p in $list; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
   echo "${missing[@]}"
@@ -24,7 +50,7 @@ kvx_missing_packages() {
 
 kvx_setup() {
   local missing sudo=""
-  missing=$(kvx_missing_packages)
+  missing=$(kvx_missing_packages "${1:-test}")
   [ -z "$missing" ] && return 0
   if [ "$(id -u)" != 0 ]; then
     command -v sudo >/dev/null || { echo "kvx: need root (or sudo) to install: $missing" >&2; return 1; }

@@ -1,143 +1,82 @@
 /*
- * Authentication with a shared secret: SHA-256 (FIPS 180-4), HMAC-SHA256 (RFC 2104) and a
- * comparison in constant time. kvx signs its metadata and its connection requests with them when
- * the application configures a secret (see docs/security.md).
+ * Authentication with a shared secret: SHA-256 and HMAC-SHA256 through OpenSSL's libcrypto (EVP,
+ * so that a configured provider, FIPS included, does the work), and a comparison in constant time.
+ * kvx signs its metadata and its connection requests with them when the application configures a
+ * secret (see docs/security.md); tests/test_vectors.c pins every byte.
  */
 #include "kvx_int.h"
 
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/rand.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
-typedef struct kvx_sha256 {
-    uint32_t h[8];
-    uint64_t len; /* bytes hashed */
-    uint8_t buf[64];
-    size_t nbuf;
-} kvx_sha256_t;
+/* Fetched once: EVP_MAC_fetch and EVP_MD_fetch look the algorithm up in the providers, which is
+ * the slow part of a MAC over a few hundred bytes. */
+static EVP_MAC *kvx_hmac_alg;
+static EVP_MD *kvx_sha256_alg;
+static pthread_once_t kvx_auth_once = PTHREAD_ONCE_INIT;
 
-static const uint32_t kvx_sha256_k[64] = {
-    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
-    0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
-    0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
-    0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
-    0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
-    0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
-    0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
-    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
-
-static uint32_t kvx_ror(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
-
-static void kvx_sha256_block(kvx_sha256_t *s, const uint8_t *p)
+static void kvx_auth_fetch(void)
 {
-    uint32_t w[64], a, b, c, d, e, f, g, h;
-
-    for (int i = 0; i < 16; i++)
-        w[i] = (uint32_t)p[4 * i] << 24 | (uint32_t)p[4 * i + 1] << 16 |
-               (uint32_t)p[4 * i + 2] << 8 | p[4 * i + 3];
-    for (int i = 16; i < 64; i++) {
-        uint32_t s0 = kvx_ror(w[i - 15], 7) ^ kvx_ror(w[i - 15], 18) ^ (w[i - 15] >> 3);
-        uint32_t s1 = kvx_ror(w[i - 2], 17) ^ kvx_ror(w[i - 2], 19) ^ (w[i - 2] >> 10);
-        w[i] = w[i - 16] + s0 + w[i - 7] + s1;
-    }
-    a = s->h[0], b = s->h[1], c = s->h[2], d = s->h[3];
-    e = s->h[4], f = s->h[5], g = s->h[6], h = s->h[7];
-    for (int i = 0; i < 64; i++) {
-        uint32_t t1 = h + (kvx_ror(e, 6) ^ kvx_ror(e, 11) ^ kvx_ror(e, 25)) + ((e & f) ^ (~e & g)) +
-                      kvx_sha256_k[i] + w[i];
-        uint32_t t2 =
-            (kvx_ror(a, 2) ^ kvx_ror(a, 13) ^ kvx_ror(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
-        h = g, g = f, f = e, e = d + t1;
-        d = c, c = b, b = a, a = t1 + t2;
-    }
-    s->h[0] += a, s->h[1] += b, s->h[2] += c, s->h[3] += d;
-    s->h[4] += e, s->h[5] += f, s->h[6] += g, s->h[7] += h;
+    kvx_hmac_alg = EVP_MAC_fetch(NULL, "HMAC", NULL);
+    kvx_sha256_alg = EVP_MD_fetch(NULL, "SHA2-256", NULL);
+    if (kvx_hmac_alg == NULL || kvx_sha256_alg == NULL)
+        kvx_error(NULL, "libcrypto has no %s: nothing signed or verified will match",
+                  kvx_hmac_alg == NULL ? "HMAC" : "SHA2-256");
 }
 
-static void kvx_sha256_init(kvx_sha256_t *s)
+/*
+ * The callers take a digest as given, so a failure inside libcrypto (no provider, no memory) must
+ * not leave a predictable value behind: the output becomes random bytes, which no peer's MAC and
+ * no recomputation matches, so that everything signed or verified then fails closed.
+ */
+static void kvx_auth_fail(const char *what, uint8_t out[32])
 {
-    static const uint32_t iv[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
-                                   0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
-    memcpy(s->h, iv, sizeof(iv));
-    s->len = 0;
-    s->nbuf = 0;
-}
-
-static void kvx_sha256_update(kvx_sha256_t *s, const void *data, size_t len)
-{
-    const uint8_t *p = data;
-
-    s->len += len;
-    while (len > 0) {
-        size_t n = 64 - s->nbuf < len ? 64 - s->nbuf : len;
-        memcpy(s->buf + s->nbuf, p, n);
-        s->nbuf += n;
-        p += n;
-        len -= n;
-        if (s->nbuf == 64) {
-            kvx_sha256_block(s, s->buf);
-            s->nbuf = 0;
-        }
-    }
-}
-
-static void kvx_sha256_final(kvx_sha256_t *s, uint8_t out[32])
-{
-    uint64_t bits = s->len * 8;
-    uint8_t pad = 0x80, zero = 0, lenbe[8];
-
-    kvx_sha256_update(s, &pad, 1);
-    while (s->nbuf != 56)
-        kvx_sha256_update(s, &zero, 1);
-    for (int i = 0; i < 8; i++)
-        lenbe[i] = (uint8_t)(bits >> (56 - 8 * i));
-    kvx_sha256_update(s, lenbe, 8);
-    for (int i = 0; i < 8; i++) {
-        out[4 * i] = (uint8_t)(s->h[i] >> 24);
-        out[4 * i + 1] = (uint8_t)(s->h[i] >> 16);
-        out[4 * i + 2] = (uint8_t)(s->h[i] >> 8);
-        out[4 * i + 3] = (uint8_t)s->h[i];
-    }
+    kvx_error(NULL, "libcrypto: %s failed: the result will not verify", what);
+    if (RAND_bytes(out, 32) == 1)
+        return;
+    if (getrandom(out, 32, 0) == 32)
+        return;
+    abort(); /* neither source of randomness works: nothing safe to return */
 }
 
 void kvx_sha256(const void *data, size_t len, uint8_t out[32])
 {
-    kvx_sha256_t s;
-    kvx_sha256_init(&s);
-    kvx_sha256_update(&s, data, len);
-    kvx_sha256_final(&s, out);
+    unsigned int n = 0;
+
+    pthread_once(&kvx_auth_once, kvx_auth_fetch);
+    if (kvx_sha256_alg == NULL || EVP_Digest(data, len, out, &n, kvx_sha256_alg, NULL) != 1 ||
+        n != 32)
+        kvx_auth_fail("SHA-256", out);
 }
 
 /* HMAC-SHA256 of the concatenation of the n parts. */
 void kvx_hmac_sha256(const void *key, size_t key_len, const kvx_iov_t *parts, size_t n,
                      uint8_t out[32])
 {
-    uint8_t k[64] = {0}, pad[64], inner[32];
-    kvx_sha256_t s;
+    static const uint8_t empty_key; /* libcrypto reads a NULL key as "keep the previous one" */
+    char digest[] = "SHA256";
+    OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string("digest", digest, 0),
+                           OSSL_PARAM_construct_end()};
+    EVP_MAC_CTX *ctx = NULL;
+    size_t got = 0;
+    bool ok;
 
-    if (key_len > 64)
-        kvx_sha256(key, key_len, k);
-    else
-        memcpy(k, key, key_len);
-    for (int i = 0; i < 64; i++)
-        pad[i] = k[i] ^ 0x36;
-    kvx_sha256_init(&s);
-    kvx_sha256_update(&s, pad, 64);
-    for (size_t i = 0; i < n; i++)
-        kvx_sha256_update(&s, parts[i].base, parts[i].len);
-    kvx_sha256_final(&s, inner);
-    for (int i = 0; i < 64; i++)
-        pad[i] = k[i] ^ 0x5c;
-    kvx_sha256_init(&s);
-    kvx_sha256_update(&s, pad, 64);
-    kvx_sha256_update(&s, inner, 32);
-    kvx_sha256_final(&s, out);
+    pthread_once(&kvx_auth_once, kvx_auth_fetch);
+    ok = kvx_hmac_alg != NULL && (ctx = EVP_MAC_CTX_new(kvx_hmac_alg)) != NULL &&
+         EVP_MAC_init(ctx, key_len > 0 ? key : &empty_key, key_len, params) == 1;
+    for (size_t i = 0; ok && i < n; i++)
+        ok = parts[i].len == 0 || EVP_MAC_update(ctx, parts[i].base, parts[i].len) == 1;
+    ok = ok && EVP_MAC_final(ctx, out, &got, 32) == 1 && got == 32;
+    EVP_MAC_CTX_free(ctx);
+    if (!ok)
+        kvx_auth_fail("HMAC-SHA256", out);
 }
 
 bool kvx_equal_ct(const void *a, const void *b, size_t len)
 {
-    const volatile uint8_t *x = a, *y = b;
-    uint8_t d = 0;
-
-    for (size_t i = 0; i < len; i++)
-        d |= (uint8_t)(x[i] ^ y[i]);
-    return d == 0;
+    return CRYPTO_memcmp(a, b, len) == 0;
 }
