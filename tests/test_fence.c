@@ -333,10 +333,253 @@ static void integrity(void)
     KT_EQ(kt_target_stop(&tg), 0);
 }
 
-int main(void)
+/* ---- receivers in this process, whose progress the test holds (no progress thread) ------ */
+
+/* Drive a receiver without a progress thread for ms milliseconds. */
+static void drive(kvx_transport_t *rx, uint64_t ms)
+{
+    uint64_t end = kt_now_ns() + ms * 1000000ull;
+    kvx_completion_t c[4];
+
+    while (kt_now_ns() < end) {
+        KT_OK(kvx_transport_poll(rx, NULL, c, 4));
+        usleep(100);
+    }
+}
+
+/* Wait for transfer id of writer t while driving receiver rx; returns its status. */
+static int wait_driving(kvx_transport_t *t, const char *peer, uint64_t id, kvx_transport_t *rx,
+                        uint64_t *ms_p)
+{
+    uint64_t t0 = kt_now_ns(), end = t0 + 10000000000ull;
+    kvx_completion_t c;
+
+    for (;;) {
+        int n = kvx_transport_poll(t, peer, &c, 1);
+        KT_OK(n);
+        if (n == 1)
+            break;
+        if (kt_now_ns() > end)
+            KT_FAIL("transfer %llu: no completion in 10 s", (unsigned long long)id);
+        if (rx != NULL)
+            drive(rx, 1);
+        else
+            usleep(100);
+    }
+    KT_EQ(c.id, id);
+    if (ms_p != NULL)
+        *ms_p = (kt_now_ns() - t0) / 1000000ull;
+    return c.status;
+}
+
+/* The blocks dst[i] of region rt hold (salt, src[i], round): the number that do not. */
+static int check_blocks(const kt_region_t *rt, const uint32_t *dst, const uint32_t *src, size_t n,
+                        uint64_t salt, uint64_t round)
+{
+    int bad = 0;
+    for (size_t i = 0; i < n; i++)
+        bad += kt_check(rt, dst[i], salt, src[i], round) != 0;
+    return bad;
+}
+
+/* Add rx (metadata md) to t as peer and wait until the connection is wired (rx driven). */
+static void add_wired(kvx_transport_t *t, const char *peer, const uint8_t *md, size_t md_len,
+                      kvx_transport_t *rx)
+{
+    kvx_peer_attr_t pa = {.field_mask = KVX_PEER_ATTR_STATE};
+    uint32_t l = NB - 1, d = NB - 1;
+    uint64_t id;
+
+    KT_OK(kvx_peer_add(t, peer, md, md_len, NULL));
+    /* a read completes only once the handshake is done */
+    KT_OK(kvx_xfer_read(t, peer, &l, &d, 1, NULL, &id));
+    KT_EQ(wait_driving(t, peer, id, rx, NULL), 0);
+    KT_OK(kvx_peer_query(t, peer, &pa));
+    KT_EQ(pa.state, KVX_PEER_CONNECTED);
+}
+
+/*
+ * Tag fences fence exactly their tags, however many: with a receiver that holds its progress,
+ * writes of tags 1, 500 and 1000000 wait unprocessed in its FIFO; 1,000 fences of tags 1..1000
+ * follow (one tag each). The writes of tags 1 and 500 are refused (nothing of them lands), the
+ * one of tag 1000000 lands byte for byte. (Before, fence records past 32 merged into a fence of
+ * every tag, and the write of tag 1000000 failed too.)
+ */
+static void many_tag_fences(void)
+{
+    kt_region_t rt = kt_region_alloc(NB, BL);
+    kvx_transport_t *rx = kt_transport(&rt, "many-target", 0);
+    kvx_transport_t *t = writer("many-writer", 0, 1, 0);
+    uint32_t l[3][2] = {{1, 2}, {3, 4}, {5, 6}}, d[3][2] = {{40, 41}, {50, 51}, {60, 61}};
+    uint64_t tags[3] = {1, 500, 1000000}, ids[3];
+    kvx_transport_attr_t ta = {.field_mask = KVX_TRANSPORT_ATTR_RECV};
+    uint8_t *md;
+    size_t md_len;
+    int st[3];
+
+    kt_fill_all(&rt, 7, 0);
+    md = kt_metadata(rx, &md_len);
+    add_wired(t, "t", md, md_len, rx);
+    for (int i = 0; i < 3; i++) {
+        for (int k = 0; k < 2; k++)
+            kt_fill(&r, l[i][k], SALT, l[i][k], 21);
+        ids[i] = put(t, "t", l[i], d[i], 2, 0, tags[i], false);
+    }
+    usleep(50000); /* the writer's thread posted them: they wait in the receiver's FIFO */
+    for (uint64_t tag = 1; tag <= 1000; tag++)
+        KT_EQ(kvx_fence(rx, "many-writer", &tag, 1), 1);
+    for (int i = 0; i < 3; i++)
+        st[i] = wait_driving(t, "t", ids[i], rx, NULL);
+    kt_log("after 1000 tag fences: tag 1 %s, tag 500 %s, tag 1000000 %s", kvx_strerror(st[0]),
+           kvx_strerror(st[1]), kvx_strerror(st[2]));
+    KT_ERR(st[0], -KVX_EFENCED);
+    KT_ERR(st[1], -KVX_EFENCED);
+    KT_EQ(st[2], 0);
+    KT_EQ(check_blocks(&rt, d[2], l[2], 2, SALT, 21), 0);
+    KT_EQ(check_blocks(&rt, d[0], d[0], 2, 7, 0), 0); /* nothing of the fenced ones landed */
+    KT_EQ(check_blocks(&rt, d[1], d[1], 2, 7, 0), 0);
+    KT_OK(kvx_transport_query(rx, &ta));
+    KT_EQ(ta.recv.drop_fenced, 2);
+
+    /* the bound: tags up to KVX_FENCE_WRITER_TAGS_MAX distinct ones are remembered; a fence of
+     * one more fails with -ENOSPC and fences nothing (a write of that tag, waiting in the
+     * receiver's FIFO, lands), while fences of tags already fenced still work */
+    {
+        uint64_t tg16[16], extra = 5000000, again = 1;
+        uint64_t next = 1001;
+        while (next <= KVX_FENCE_WRITER_TAGS_MAX) {
+            size_t n = 0;
+            while (n < 16 && next <= KVX_FENCE_WRITER_TAGS_MAX)
+                tg16[n++] = next++;
+            KT_EQ(kvx_fence(rx, "many-writer", tg16, n), 1);
+        }
+        drive(rx, 50); /* the fence notices go out */
+        for (int k = 0; k < 2; k++)
+            kt_fill(&r, l[0][k], SALT, l[0][k], 22);
+        ids[0] = put(t, "t", l[0], d[0], 2, 0, extra, false);
+        usleep(50000);
+        KT_ERR(kvx_fence(rx, "many-writer", &extra, 1), -ENOSPC);
+        KT_EQ(kvx_fence(rx, "many-writer", &again, 1), 1);
+        KT_EQ(wait_driving(t, "t", ids[0], rx, NULL), 0);
+        KT_EQ(check_blocks(&rt, d[0], l[0], 2, SALT, 22), 0);
+        /* a fence of every tag frees the tag records: tag fences are possible again */
+        KT_EQ(kvx_fence(rx, "many-writer", NULL, 0), 1);
+        KT_EQ(kvx_fence(rx, "many-writer", &extra, 1), 1);
+        KT_ERR(kvx_fence_ex(rx, "many-writer", &extra, 1, 2), -EINVAL);
+    }
+    free(md);
+    kvx_transport_destroy(t);
+    kvx_transport_destroy(rx);
+    kt_region_free(&rt);
+}
+
+/*
+ * A write in flight on a connection whose handshake the receiver has not processed yet. The
+ * writer holds an older connection the receiver heard from ("old"), then adds the receiver
+ * again ("new") while the receiver's progress is held: the HELLO waits in its FIFO, the peer is
+ * KVX_PEER_WIRING, and a 16-block write waits behind the handshake. The receiver fences the
+ * writer (the call fences "old": it returns 1), then progresses.
+ *  - kvx_fence (the weaker form, documented): "new" is a connection the receiver had not heard
+ *    from; its write lands in full after the fence and succeeds.
+ *  - kvx_fence_ex with KVX_FENCE_RETIRE: the HELLO presents the retired capability and is
+ *    refused with an answer: the write fails at once with -EKEYREVOKED and none of its 16
+ *    blocks lands; the peer is FAILED with that error; the metadata changed; "old" keeps
+ *    working; a re-add with the old metadata is refused the same way, and one with the new
+ *    metadata writes, byte for byte.
+ */
+static void unheard_connection(bool retire)
+{
+    kt_region_t rt = kt_region_alloc(NB, BL);
+    const char *wname = retire ? "retire-writer" : "weak-writer";
+    kvx_transport_t *rx = kt_transport(&rt, retire ? "retire-target" : "weak-target", 0);
+    kvx_transport_t *t = writer(wname, 0, 1, 0);
+    kvx_peer_attr_t pa = {.field_mask = KVX_PEER_ATTR_STATE | KVX_PEER_ATTR_TRANSPORT};
+    kvx_transport_attr_t ta = {.field_mask = KVX_TRANSPORT_ATTR_RECV};
+    uint32_t l[16], d[16], l2 = 40, d2 = 140;
+    uint8_t *md, *md2;
+    size_t md_len, md2_len;
+    uint64_t id, ms;
+    int st, landed;
+
+    kt_fill_all(&rt, 8, 0);
+    md = kt_metadata(rx, &md_len);
+    for (uint32_t i = 0; i < 16; i++) {
+        l[i] = 16 + i;
+        d[i] = 100 + i;
+        kt_fill(&r, l[i], SALT, l[i], 31);
+    }
+    kt_fill(&r, l2, SALT, l2, 32);
+    add_wired(t, "old", md, md_len, rx);
+    KT_OK(kvx_peer_add(t, "new", md, md_len, NULL)); /* the receiver does not answer in 200 ms */
+    KT_OK(kvx_peer_query(t, "new", &pa));
+    KT_EQ(pa.state, KVX_PEER_WIRING);
+    id = put(t, "new", l, d, 16, 0, 0, false);
+    usleep(20000);
+    KT_EQ(kvx_fence_ex(rx, wname, NULL, 0, retire ? KVX_FENCE_RETIRE : 0), 1);
+    st = wait_driving(t, "new", id, rx, &ms);
+    drive(rx, 200);
+    landed = check_blocks(&rt, d, d, 16, 8, 0); /* blocks no longer the original */
+    KT_EQ(check_blocks(&rt, d, l, 16, SALT, 31), retire ? 16 : 0);
+    kt_log("%s: the write on a connection the receiver had not heard from: %s after %llu ms, "
+           "%d of 16 blocks landed",
+           retire ? "kvx_fence_ex(RETIRE)" : "kvx_fence", kvx_strerror(st), (unsigned long long)ms,
+           landed);
+    if (!retire) {
+        KT_EQ(st, 0);
+        KT_EQ(landed, 16);
+        goto out;
+    }
+    KT_ERR(st, -EKEYREVOKED);
+    KT_EQ(landed, 0);
+    KT_CHECK(ms < 1000); /* an answer, not a timeout */
+    pa.field_mask = KVX_PEER_ATTR_STATE;
+    KT_OK(kvx_peer_query(t, "new", &pa));
+    KT_EQ(pa.state, KVX_PEER_FAILED);
+    KT_ERR(pa.error, -EKEYREVOKED);
+    KT_OK(kvx_transport_query(rx, &ta));
+    KT_EQ(ta.recv.drop_capability, 1);
+    md2 = kt_metadata(rx, &md2_len);
+    KT_EQ(md2_len, md_len);
+    KT_CHECK(memcmp(md, md2, md_len) != 0);
+    /* the connection made before stays (it heard of the fence: its next write lands) */
+    id = put(t, "old", &l2, &d2, 1, 0, 0, false);
+    KT_EQ(wait_driving(t, "old", id, rx, NULL), 0);
+    KT_EQ(kt_check(&rt, d2, SALT, l2, 32), 0);
+    /* the old metadata is refused for good; the new one works */
+    KT_OK(kvx_peer_add(t, "new", md, md_len, NULL));
+    id = put(t, "new", l, d, 16, 0, 0, false);
+    KT_ERR(wait_driving(t, "new", id, rx, &ms), -EKEYREVOKED);
+    KT_CHECK(ms < 1000);
+    KT_EQ(check_blocks(&rt, d, d, 16, 8, 0), 0);
+    add_wired(t, "new", md2, md2_len, rx);
+    id = put(t, "new", l, d, 16, 0, 0, false);
+    KT_EQ(wait_driving(t, "new", id, rx, NULL), 0);
+    KT_EQ(check_blocks(&rt, d, l, 16, SALT, 31), 0);
+    KT_OK(kvx_transport_query(rx, &ta));
+    KT_EQ(ta.recv.drop_capability, 2);
+    free(md2);
+out:
+    free(md);
+    kvx_transport_destroy(t);
+    kvx_transport_destroy(rx);
+    kt_region_free(&rt);
+}
+
+int main(int argc, char **argv)
 {
     r = kt_region_alloc(NB, BL);
     kt_fill_all(&r, SALT, 0);
+    if (argc > 1 && strcmp(argv[1], "unheard-tcp") == 0) {
+        /* the same over tcp alone (the HELLO waits in UCX, not in a FIFO) */
+        setenv("UCX_TLS", "tcp", 1);
+        unheard_connection(false);
+        unheard_connection(true);
+        kt_region_free(&r);
+        return 0;
+    }
+    unheard_connection(false);
+    unheard_connection(true);
+    many_tag_fences();
     fence_tags_and_notices();
     no_notice_for_failures();
     integrity();

@@ -38,10 +38,12 @@ static kvx_transport_t *setup(void)
     snprintf(w->name, sizeof(w->name), "writer");
     kvx_list_init(&w->rconns);
     w->epoch = 2;
-    w->nfences = 1;
-    w->fences[0].at_epoch = 2;
-    w->fences[0].ntags = 1;
-    w->fences[0].tags[0] = 7; /* writes of tag 7 stamped before epoch 2 are fenced */
+    w->ftags = calloc(1, sizeof(*w->ftags));
+    w->nftags = w->ftags_cap = 1;
+    w->ftags[0].tag = 7;
+    w->ftags[0].at_epoch = 2; /* writes of tag 7 stamped before epoch 2 are fenced */
+    w->live = 1;
+    t->nftags = 1;
     rc->t = t;
     rc->w = w;
     rc->token = TOKEN;
