@@ -259,7 +259,8 @@ typedef struct kvx_recv_counters {
     uint64_t bytes_served;    /**< bytes peers' reads took from the region */
     uint64_t notices;         /**< arrival notices queued for kvx_notice_poll */
     uint64_t drop_malformed;  /**< messages kvx's decoder refused */
-    uint64_t drop_capability; /**< connection requests without the capability (or the secret) */
+    uint64_t drop_capability; /**< connection requests without the capability (or the secret), or
+                               *   with a retired one (kvx_fence_ex) */
     uint64_t drop_unknown;    /**< messages naming no connection of this transport, or forged */
     uint64_t drop_range;      /**< writes or reads of bytes outside the region */
     uint64_t drop_fenced;     /**< write messages a fence dropped */

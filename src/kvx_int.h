@@ -731,6 +731,11 @@ bool kvx_recv_busy(const kvx_transport_t *t);
 void kvx_recv_close_all(kvx_transport_t *t);
 void kvx_recv_free_all(kvx_transport_t *t);
 kvx_writer_t *kvx_writer_lookup(const kvx_transport_t *t, const char *name);
+/* A fence (kvx_fence_ex) in two halves: what can fail (0, -ENOSPC, -ENOMEM: nothing fenced),
+ * then the fence itself (the connections fenced). tags sorted and distinct. */
+int kvx_recv_fence_prepare(kvx_transport_t *t, const char *writer, const uint64_t *tags,
+                           size_t ntags);
+int kvx_recv_fence(kvx_transport_t *t, const char *writer, const uint64_t *tags, size_t ntags);
 /* Count a message dropped before it could be tied to a connection. */
 void kvx_recv_count_drop(kvx_transport_t *t, int why);
 enum { KVX_DROP_MALFORMED, KVX_DROP_CAPABILITY, KVX_DROP_UNKNOWN, KVX_DROP_RNDV };

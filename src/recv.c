@@ -952,46 +952,20 @@ static void kvx_writer_fence(kvx_transport_t *t, kvx_writer_t *w, const uint64_t
     }
 }
 
-static int kvx_tag_cmp(const void *a, const void *b)
+/* The first half of a fence (kvx_fence_ex, transport.c): the HELLOs that arrived become
+ * connections, so that their writers' writes submitted before the call are fenced too (and,
+ * retiring, they were made with the old capability); then everything that can fail, before any
+ * fence changes: the bounds and the memory for the records. tags are sorted and distinct. */
+int kvx_recv_fence_prepare(kvx_transport_t *t, const char *writer, const uint64_t *tags,
+                           size_t ntags)
 {
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
-
-int kvx_fence_ex(kvx_transport_t *t, const char *writer, const uint64_t *tags, size_t ntags,
-                 unsigned flags)
-{
-    uint64_t sorted[KVX_FENCE_TAGS_MAX];
-    size_t n = 0, bucket, total = 0;
+    size_t bucket = 0, total = 0;
     kvx_writer_t *w;
-    int count = 0, rc = 0;
+    int rc = 0;
 
-    if (t == NULL || ntags > KVX_FENCE_TAGS_MAX || (tags == NULL && ntags > 0) ||
-        (flags & ~(unsigned)KVX_FENCE_RETIRE) != 0 ||
-        (writer != NULL && (strnlen(writer, KVX_NAME_MAX + 1) == 0 ||
-                            strnlen(writer, KVX_NAME_MAX + 1) > KVX_NAME_MAX)))
-        return -EINVAL;
-    /* the distinct tags, sorted: one record each */
-    if (ntags > 0) {
-        memcpy(sorted, tags, ntags * sizeof(tags[0]));
-        qsort(sorted, ntags, sizeof(sorted[0]), kvx_tag_cmp);
-        for (size_t k = 0; k < ntags; k++)
-            if (n == 0 || sorted[k] != sorted[n - 1])
-                sorted[n++] = sorted[k];
-    }
-    kvx_lock(t);
-    if (t->closed) {
-        kvx_unlock(t);
-        return -ESHUTDOWN;
-    }
-    /* HELLOs that arrived already become connections first: their writers' writes submitted
-     * before this call are fenced too (and, retiring, they were made with the old capability) */
     kvx_recv_hellos(t);
-    /* everything that can fail comes before any fence changes: the bounds, the memory for the
-     * records, the new capability */
-    bucket = 0;
-    for (w = NULL; n > 0 && (w = kvx_fence_next(t, writer, &bucket, w)) != NULL;) {
-        uint32_t need = kvx_writer_fence_need(w, sorted, n);
+    for (w = NULL; ntags > 0 && (w = kvx_fence_next(t, writer, &bucket, w)) != NULL;) {
+        uint32_t need = kvx_writer_fence_need(w, tags, ntags);
         if (w->nftags + need > KVX_FENCE_WRITER_TAGS_MAX)
             rc = -ENOSPC;
         total += need;
@@ -999,31 +973,23 @@ int kvx_fence_ex(kvx_transport_t *t, const char *writer, const uint64_t *tags, s
     if (rc == 0 && t->nftags + total > KVX_FENCE_TOTAL_TAGS_MAX)
         rc = -ENOSPC;
     bucket = 0;
-    for (w = NULL; rc == 0 && n > 0 && (w = kvx_fence_next(t, writer, &bucket, w)) != NULL;)
-        rc = kvx_writer_fence_reserve(w, kvx_writer_fence_need(w, sorted, n));
-    if (rc == 0 && (flags & KVX_FENCE_RETIRE))
-        rc = kvx_transport_retire(t);
-    if (rc < 0) {
-        kvx_warn(t, "fence of %s: %s; nothing fenced", writer ? writer : "every writer",
-                 kvx_strerror(rc));
-        kvx_unlock(t);
-        return rc;
-    }
-    bucket = 0;
-    for (w = NULL; (w = kvx_fence_next(t, writer, &bucket, w)) != NULL;)
-        kvx_writer_fence(t, w, sorted, n, &count);
-    kvx_info(t, "fence of %s%s%s: %d connection(s)", writer ? writer : "every writer",
-             n ? " (some tags)" : "", (flags & KVX_FENCE_RETIRE) ? ", capability retired" : "",
-             count);
-    if (count > 0)
-        kvx_progress_kick(t, 0); /* tell the writers now */
-    kvx_unlock(t);
-    return count;
+    for (w = NULL; rc == 0 && ntags > 0 && (w = kvx_fence_next(t, writer, &bucket, w)) != NULL;)
+        rc = kvx_writer_fence_reserve(w, kvx_writer_fence_need(w, tags, ntags));
+    return rc;
 }
 
-int kvx_fence(kvx_transport_t *t, const char *writer, const uint64_t *tags, size_t ntags)
+/* The second half, which cannot fail: returns the number of connections fenced. */
+int kvx_recv_fence(kvx_transport_t *t, const char *writer, const uint64_t *tags, size_t ntags)
 {
-    return kvx_fence_ex(t, writer, tags, ntags, 0);
+    size_t bucket = 0;
+    kvx_writer_t *w;
+    int count = 0;
+
+    for (w = NULL; (w = kvx_fence_next(t, writer, &bucket, w)) != NULL;)
+        kvx_writer_fence(t, w, tags, ntags, &count);
+    if (count > 0)
+        kvx_progress_kick(t, 0); /* tell the writers now */
+    return count;
 }
 
 int kvx_notice_poll(kvx_transport_t *t, kvx_notice_t *out, size_t max)

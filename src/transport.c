@@ -538,6 +538,62 @@ int kvx_transport_metadata(kvx_transport_t *t, void *buf, size_t *len_p)
     return rc;
 }
 
+/* ---- fences (the receiving side's records: recv.c) ------------------------------------------ */
+
+static int kvx_tag_cmp(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+int kvx_fence_ex(kvx_transport_t *t, const char *writer, const uint64_t *tags, size_t ntags,
+                 unsigned flags)
+{
+    uint64_t sorted[KVX_FENCE_TAGS_MAX];
+    size_t n = 0;
+    int rc;
+
+    if (t == NULL || ntags > KVX_FENCE_TAGS_MAX || (tags == NULL && ntags > 0) ||
+        (flags & ~(unsigned)KVX_FENCE_RETIRE) != 0 ||
+        (writer != NULL && (strnlen(writer, KVX_NAME_MAX + 1) == 0 ||
+                            strnlen(writer, KVX_NAME_MAX + 1) > KVX_NAME_MAX)))
+        return -EINVAL;
+    /* the distinct tags, sorted: one record each */
+    if (ntags > 0) {
+        memcpy(sorted, tags, ntags * sizeof(tags[0]));
+        qsort(sorted, ntags, sizeof(sorted[0]), kvx_tag_cmp);
+        for (size_t k = 0; k < ntags; k++)
+            if (n == 0 || sorted[k] != sorted[n - 1])
+                sorted[n++] = sorted[k];
+    }
+    kvx_lock(t);
+    if (t->closed) {
+        kvx_unlock(t);
+        return -ESHUTDOWN;
+    }
+    /* what can fail comes first (the bounds, memory, the new capability): on error nothing is
+     * fenced and the capability stays */
+    rc = kvx_recv_fence_prepare(t, writer, sorted, n);
+    if (rc == 0 && (flags & KVX_FENCE_RETIRE))
+        rc = kvx_transport_retire(t);
+    if (rc < 0) {
+        kvx_warn(t, "fence of %s: %s; nothing fenced", writer ? writer : "every writer",
+                 kvx_strerror(rc));
+        kvx_unlock(t);
+        return rc;
+    }
+    rc = kvx_recv_fence(t, writer, sorted, n);
+    kvx_info(t, "fence of %s%s%s: %d connection(s)", writer ? writer : "every writer",
+             n ? " (some tags)" : "", (flags & KVX_FENCE_RETIRE) ? ", capability retired" : "", rc);
+    kvx_unlock(t);
+    return rc;
+}
+
+int kvx_fence(kvx_transport_t *t, const char *writer, const uint64_t *tags, size_t ntags)
+{
+    return kvx_fence_ex(t, writer, tags, ntags, 0);
+}
+
 /* ---- transfer ids and the object pool -------------------------------------------------------- */
 
 /* Fibonacci hashing of a 64-bit id into a table of 2^k slots. */
