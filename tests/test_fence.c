@@ -15,9 +15,12 @@
  *  - integrity: with CRC-32C on, writes and reads move every byte and nothing is refused.
  */
 #include "harness.h"
+#include "kvx_int.h" /* the paired case looks at the listener's pairings */
 
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -510,6 +513,9 @@ static void unheard_connection(bool retire)
     }
     kt_fill(&r, l2, SALT, l2, 32);
     add_wired(t, "old", md, md_len, rx);
+    KT_OK(kvx_peer_query(t, "old", &pa));
+    kt_log("unheard connection: over %s", pa.transport);
+    KT_CHECK(getenv("UCX_TLS") == NULL || strncmp(pa.transport, "tcp", 3) == 0);
     KT_OK(kvx_peer_add(t, "new", md, md_len, NULL)); /* the receiver does not answer in 200 ms */
     KT_OK(kvx_peer_query(t, "new", &pa));
     KT_EQ(pa.state, KVX_PEER_WIRING);
@@ -565,6 +571,135 @@ out:
     kt_region_free(&rt);
 }
 
+/* A thread that drives a receiver without a progress thread (run 1), holds it (run 0), or, with
+ * hold_answered, drives it until its listener's answer to a pairing has left, then holds. */
+static struct {
+    kvx_transport_t *rx;
+    atomic_int run, hold_answered, quit;
+} drv;
+
+static bool answer_gone(kvx_transport_t *rx)
+{
+    bool gone = false;
+
+    kvx_lock(rx);
+    for (kvx_list_t *n = rx->pairings.next; n != &rx->pairings; n = n->next) {
+        kvx_pairing_t *pg = kvx_container_of(n, kvx_pairing_t, link);
+        gone |= pg->accepted && pg->answered && pg->refs == 0;
+    }
+    kvx_unlock(rx);
+    return gone;
+}
+
+static void *driver(void *arg)
+{
+    (void)arg;
+    while (!atomic_load(&drv.quit)) {
+        if (atomic_load(&drv.run)) {
+            kvx_completion_t c[4];
+            KT_OK(kvx_transport_poll(drv.rx, NULL, c, 4));
+            if (atomic_load(&drv.hold_answered) && answer_gone(drv.rx)) {
+                atomic_store(&drv.run, 0);
+                atomic_store(&drv.hold_answered, 0);
+            }
+        }
+        usleep(50);
+    }
+    return NULL;
+}
+
+static struct {
+    kvx_transport_t *t;
+    const char *addr;
+    int rc;
+} conn_call;
+
+static void *connect_thread(void *arg)
+{
+    (void)arg;
+    conn_call.rc = kvx_peer_connect(conn_call.t, "p", conn_call.addr, NULL);
+    return NULL;
+}
+
+/*
+ * A peer paired by address whose handshake the receiver had not processed when it retired its
+ * capability: the listener answered the pairing with the old metadata, then the receiver's
+ * progress is held, so the HELLO waits (KVX_PEER_WIRING) with a write behind it. After
+ * kvx_fence_ex(RETIRE) the receiver resumes: the HELLO is refused, the write fails with
+ * -EKEYREVOKED and none of it lands (it is not kept for the next connection: it was submitted
+ * before the fence), and the peer pairs again by itself, gets the new metadata from the
+ * listener (events DOWN -EKEYREVOKED, then RECONNECTED) and its next write lands.
+ */
+static void paired_retire(void)
+{
+    kt_region_t rt = kt_region_alloc(NB, BL);
+    kvx_transport_t *rx = kt_transport(&rt, "paired-target", 0);
+    kvx_transport_t *t = writer("paired-writer", 0, 1, 0);
+    kvx_transport_attr_t la = {.field_mask = KVX_TRANSPORT_ATTR_LISTEN};
+    kvx_peer_attr_t pa = {.field_mask = KVX_PEER_ATTR_STATE};
+    kvx_peer_event_t ev[8];
+    pthread_t drv_th, conn_th;
+    uint32_t l[8], d[8];
+    uint8_t *md0, *md1;
+    size_t md0_len, md1_len;
+    uint64_t id;
+    int st, nev = 0;
+
+    kt_fill_all(&rt, 9, 0);
+    for (uint32_t i = 0; i < 8; i++) {
+        l[i] = 64 + i;
+        d[i] = 160 + i;
+        kt_fill(&r, l[i], SALT, l[i], 41);
+    }
+    KT_OK(kvx_transport_listen(rx, "127.0.0.1:0"));
+    KT_OK(kvx_transport_query(rx, &la));
+    md0 = kt_metadata(rx, &md0_len);
+    drv.rx = rx;
+    atomic_store(&drv.quit, 0);
+    atomic_store(&drv.hold_answered, 1);
+    atomic_store(&drv.run, 1);
+    KT_CHECK(pthread_create(&drv_th, NULL, driver, NULL) == 0);
+    conn_call.t = t;
+    conn_call.addr = la.listen_addr;
+    KT_CHECK(pthread_create(&conn_th, NULL, connect_thread, NULL) == 0);
+    pthread_join(conn_th, NULL);
+    KT_OK(conn_call.rc);
+    KT_EQ(atomic_load(&drv.run), 0); /* held since the answer left */
+    KT_OK(kvx_peer_query(t, "p", &pa));
+    KT_EQ(pa.state, KVX_PEER_WIRING);
+    id = put(t, "p", l, d, 8, 0, 0, false);
+    usleep(20000);
+    KT_EQ(kvx_fence_ex(rx, NULL, NULL, 0, KVX_FENCE_RETIRE), 0); /* nothing it heard of */
+    md1 = kt_metadata(rx, &md1_len);
+    KT_CHECK(md1_len == md0_len && memcmp(md0, md1, md0_len) != 0);
+    atomic_store(&drv.run, 1);
+    st = wait_one(t, "p", id);
+    kt_log("paired by address, the HELLO refused: the write %s", kvx_strerror(st));
+    KT_ERR(st, -EKEYREVOKED);
+    /* it pairs again by itself, with the new metadata */
+    for (uint64_t end = kt_now_ns() + 10000000000ull; nev < 2 && kt_now_ns() < end;) {
+        int n = kvx_peer_event_poll(t, ev + nev, 8 - (size_t)nev);
+        KT_OK(n);
+        nev += n;
+        usleep(1000);
+    }
+    KT_EQ(nev, 2);
+    KT_EQ(ev[0].type, KVX_PEER_EVENT_DOWN);
+    KT_ERR(ev[0].error, -EKEYREVOKED);
+    KT_EQ(ev[1].type, KVX_PEER_EVENT_RECONNECTED);
+    KT_EQ(check_blocks(&rt, d, d, 8, 9, 0), 0); /* nothing of the refused write landed */
+    id = put(t, "p", l, d, 8, 0, 0, false);
+    KT_EQ(wait_one(t, "p", id), 0);
+    KT_EQ(check_blocks(&rt, d, l, 8, SALT, 41), 0);
+    atomic_store(&drv.quit, 1);
+    pthread_join(drv_th, NULL);
+    free(md0);
+    free(md1);
+    kvx_transport_destroy(t);
+    kvx_transport_destroy(rx);
+    kt_region_free(&rt);
+}
+
 int main(int argc, char **argv)
 {
     r = kt_region_alloc(NB, BL);
@@ -574,11 +709,17 @@ int main(int argc, char **argv)
         setenv("UCX_TLS", "tcp", 1);
         unheard_connection(false);
         unheard_connection(true);
+        paired_retire();
         kt_region_free(&r);
         return 0;
     }
     unheard_connection(false);
     unheard_connection(true);
+    paired_retire();
+    if (argc > 1 && strcmp(argv[1], "unheard") == 0) { /* these alone, for repeated runs */
+        kt_region_free(&r);
+        return 0;
+    }
     many_tag_fences();
     fence_tags_and_notices();
     no_notice_for_failures();
