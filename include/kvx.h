@@ -322,7 +322,9 @@ KVX_API int kvx_transport_listen(kvx_transport_t *transport, const char *addr);
 /**
  * Copy this transport's metadata into buf. *len_p is buf's size on entry and the metadata's size
  * on return. Returns 0, or -ENOSPC with *len_p set to the size needed (buf untouched). The size
- * does not depend on num_blocks (a few hundred bytes). buf may be NULL when *len_p is 0.
+ * does not depend on num_blocks (a few hundred bytes). buf may be NULL when *len_p is 0. After
+ * kvx_fence_ex with KVX_FENCE_RETIRE it is new metadata (a fresh capability), of the same size:
+ * a peer added with the old one is refused (-EKEYREVOKED).
  */
 KVX_API int kvx_transport_metadata(kvx_transport_t *transport, void *buf, size_t *len_p);
 
@@ -349,9 +351,10 @@ typedef struct kvx_peer_params {
  * The connection is wired up at once, so that the first transfer does not pay for it: the call
  * waits up to 200 ms for the peer to answer (a healthy one takes about a millisecond), without
  * holding up other calls or other peers' transfers meanwhile; a peer that does not answer in
- * time (stopped, overloaded) finishes the wire-up in the background, and transfers to it wait
- * behind it, within their deadlines and the stall limit. A peer on this host whose process has
- * exited (reaped or not) is refused at once with -EHOSTUNREACH.
+ * time (stopped, overloaded) finishes the wire-up in the background (its state is
+ * KVX_PEER_WIRING until then), and transfers to it wait behind it, within their deadlines and
+ * the stall limit. A peer on this host whose process has exited (reaped or not) is refused at
+ * once with -EHOSTUNREACH.
  * Returns 0, or:
  *   -EINVAL           bad arguments, or metadata that disagrees with params' expected region
  *   -EBADMSG          metadata malformed, truncated, corrupted, or not kvx's
@@ -361,6 +364,9 @@ typedef struct kvx_peer_params {
  *   -ESTALE           peer_id names a peer whose metadata is newer (a later generation: see
  *                     kvx_peer_attr_t.generation) than this blob; remove the peer first to
  *                     point peer_id at an older transport on purpose
+ *   -EKEYREVOKED      the peer answered that it retired this metadata's capability
+ *                     (kvx_fence_ex, KVX_FENCE_RETIRE): get its new metadata (a peer that
+ *                     answers after the 200 ms fails the same way later, see KVX_PEER_WIRING)
  *   -EHOSTUNREACH, -ECONNREFUSED, ...  UCX could not reach the peer
  * On any error nothing changes: an existing peer of that id keeps its connection.
  * If peer_id already names a peer, that peer is replaced: the new connection is installed (a

@@ -691,6 +691,10 @@ static void paired_retire(void)
     id = put(t, "p", l, d, 8, 0, 0, false);
     KT_EQ(wait_one(t, "p", id), 0);
     KT_EQ(check_blocks(&rt, d, l, 8, SALT, 41), 0);
+    /* a receiver that answers within the add's wait: the add itself fails, nothing added */
+    KT_ERR(kvx_peer_add(t, "q", md0, md0_len, NULL), -EKEYREVOKED);
+    KT_ERR(kvx_peer_query(t, "q", &pa), -ENOENT);
+    KT_OK(kvx_peer_add(t, "q", md1, md1_len, NULL));
     atomic_store(&drv.quit, 1);
     pthread_join(drv_th, NULL);
     free(md0);
