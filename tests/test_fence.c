@@ -487,8 +487,8 @@ static void many_tag_fences(void)
  *  - kvx_fence_ex with KVX_FENCE_RETIRE: the HELLO presents the retired capability and is
  *    refused with an answer: the write fails at once with -EKEYREVOKED and none of its 16
  *    blocks lands; the peer is FAILED with that error; the metadata changed; "old" keeps
- *    working; a re-add with the old metadata is refused the same way, and one with the new
- *    metadata writes, byte for byte.
+ *    working, and so does another writer's connection made before; a re-add with the old
+ *    metadata is refused the same way, and one with the new metadata writes, byte for byte.
  */
 static void unheard_connection(bool retire)
 {
@@ -496,6 +496,7 @@ static void unheard_connection(bool retire)
     const char *wname = retire ? "retire-writer" : "weak-writer";
     kvx_transport_t *rx = kt_transport(&rt, retire ? "retire-target" : "weak-target", 0);
     kvx_transport_t *t = writer(wname, 0, 1, 0);
+    kvx_transport_t *other = writer(retire ? "retire-bystander" : "weak-bystander", 0, 1, 0);
     kvx_peer_attr_t pa = {.field_mask = KVX_PEER_ATTR_STATE | KVX_PEER_ATTR_TRANSPORT};
     kvx_transport_attr_t ta = {.field_mask = KVX_TRANSPORT_ATTR_RECV};
     uint32_t l[16], d[16], l2 = 40, d2 = 140;
@@ -513,6 +514,7 @@ static void unheard_connection(bool retire)
     }
     kt_fill(&r, l2, SALT, l2, 32);
     add_wired(t, "old", md, md_len, rx);
+    add_wired(other, "rx", md, md_len, rx); /* another writer, connected before the fence */
     KT_OK(kvx_peer_query(t, "old", &pa));
     kt_log("unheard connection: over %s", pa.transport);
     KT_CHECK(getenv("UCX_TLS") == NULL || strncmp(pa.transport, "tcp", 3) == 0);
@@ -547,10 +549,15 @@ static void unheard_connection(bool retire)
     md2 = kt_metadata(rx, &md2_len);
     KT_EQ(md2_len, md_len);
     KT_CHECK(memcmp(md, md2, md_len) != 0);
-    /* the connection made before stays (it heard of the fence: its next write lands) */
+    /* the connection made before stays (it heard of the fence: its next write lands), and so
+     * does the other writer's, unfenced */
     id = put(t, "old", &l2, &d2, 1, 0, 0, false);
     KT_EQ(wait_driving(t, "old", id, rx, NULL), 0);
     KT_EQ(kt_check(&rt, d2, SALT, l2, 32), 0);
+    kt_fill(&r, l2, SALT, l2, 33);
+    id = put(other, "rx", &l2, &d2, 1, 0, 0, false);
+    KT_EQ(wait_driving(other, "rx", id, rx, NULL), 0);
+    KT_EQ(kt_check(&rt, d2, SALT, l2, 33), 0);
     /* the old metadata is refused for good; the new one works */
     KT_OK(kvx_peer_add(t, "new", md, md_len, NULL));
     id = put(t, "new", l, d, 16, 0, 0, false);
@@ -566,6 +573,7 @@ static void unheard_connection(bool retire)
     free(md2);
 out:
     free(md);
+    kvx_transport_destroy(other);
     kvx_transport_destroy(t);
     kvx_transport_destroy(rx);
     kt_region_free(&rt);
