@@ -12,7 +12,14 @@
  *    other tag's land; the writer's next write of the fenced tag lands without a re-add;
  *  - arrival notices: one per write sent with KVX_XFER_NOTIFY, after all of its blocks landed,
  *    with its tag, block and byte counts; none for a write that failed or was fenced;
- *  - integrity: with CRC-32C on, writes and reads move every byte and nothing is refused.
+ *  - integrity: with CRC-32C on, writes and reads move every byte and nothing is refused;
+ *  - many tag fences (a receiver in this process, its progress held): after 1,000 of them,
+ *    waiting writes of fenced tags are refused and one of a tag never fenced lands; the bound
+ *    on distinct tags fails a fence with -ENOSPC and fences nothing;
+ *  - a write on a connection whose HELLO the receiver had not processed: kvx_fence lets it land
+ *    (the weaker form), kvx_fence_ex(KVX_FENCE_RETIRE) refuses it (-EKEYREVOKED, 0 blocks), for
+ *    a peer added by metadata and one paired by address (which pairs again by itself); with the
+ *    argument "unheard-tcp", the same over tcp alone ("unheard": over shared memory, alone).
  */
 #include "harness.h"
 #include "kvx_int.h" /* the paired case looks at the listener's pairings */
