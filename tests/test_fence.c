@@ -719,6 +719,58 @@ static void paired_retire(void)
     kt_region_free(&rt);
 }
 
+/*
+ * The bound over every writer: 17 writers connected, fences of 16 new tags each for every
+ * writer (writer NULL) add 272 records per call; the call that would pass
+ * KVX_FENCE_TOTAL_TAGS_MAX fails with -ENOSPC and fences no writer (each writer is still below
+ * its own bound), while one writer's 16 tags still fit; a fence of every tag of every writer
+ * frees the records.
+ */
+static void total_tag_bound(void)
+{
+    enum { NW = 17 };
+    kt_region_t rt = kt_region_alloc(NB, BL);
+    kvx_transport_t *rx = kt_transport(&rt, "bound-target", 0), *w[NW];
+    uint8_t *md = NULL;
+    size_t md_len, calls = 0;
+    uint64_t tags[16], next = 1;
+    int rc;
+
+    md = kt_metadata(rx, &md_len);
+    for (int i = 0; i < NW; i++) {
+        char name[32];
+        snprintf(name, sizeof(name), "bound-writer-%d", i);
+        w[i] = writer(name, 0, 0, 0);
+        add_wired(w[i], "t", md, md_len, rx);
+    }
+    for (;;) {
+        for (int k = 0; k < 16; k++)
+            tags[k] = next + (uint64_t)k;
+        rc = kvx_fence(rx, NULL, tags, 16);
+        if (rc < 0)
+            break;
+        KT_EQ(rc, NW);
+        next += 16;
+        calls++;
+    }
+    kt_log("tag fences of every writer: %zu calls of 16 tags x %d writers, then %s", calls, NW,
+           kvx_strerror(rc));
+    KT_ERR(rc, -ENOSPC);
+    KT_EQ(calls, KVX_FENCE_TOTAL_TAGS_MAX / (16 * NW));
+    KT_EQ(rx->nftags, calls * 16 * NW); /* nothing of the refused call was recorded */
+    /* one writer's 16 still fit (208 records were left) */
+    KT_EQ(kvx_fence(rx, "bound-writer-0", tags, 16), 1);
+    KT_EQ(rx->nftags, calls * 16 * NW + 16);
+    KT_EQ(kvx_fence(rx, NULL, NULL, 0), NW);
+    KT_EQ(rx->nftags, 0);
+    KT_EQ(kvx_fence(rx, NULL, tags, 16), NW);
+    for (int i = 0; i < NW; i++)
+        kvx_transport_destroy(w[i]);
+    free(md);
+    kvx_transport_destroy(rx);
+    kt_region_free(&rt);
+}
+
 int main(int argc, char **argv)
 {
     r = kt_region_alloc(NB, BL);
@@ -740,6 +792,7 @@ int main(int argc, char **argv)
         return 0;
     }
     many_tag_fences();
+    total_tag_bound();
     fence_tags_and_notices();
     no_notice_for_failures();
     integrity();
