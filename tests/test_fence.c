@@ -18,7 +18,8 @@
  *    on distinct tags fails a fence with -ENOSPC and fences nothing;
  *  - a write on a connection whose HELLO the receiver had not processed: kvx_fence lets it land
  *    (the weaker form), kvx_fence_ex(KVX_FENCE_RETIRE) refuses it (-EKEYREVOKED, 0 blocks), for
- *    a peer added by metadata and one paired by address (which pairs again by itself); with the
+ *    a peer added by metadata, one paired by address (which pairs again by itself) and one
+ *    with a shared secret (its HELLO proves the secret and is refused all the same); with the
  *    argument "unheard-tcp", the same over tcp alone ("unheard": over shared memory, alone).
  */
 #include "harness.h"
@@ -771,6 +772,58 @@ static void total_tag_bound(void)
     kt_region_free(&rt);
 }
 
+/* A transport with the shared secret "fence-secret" (threads: progress threads). */
+static kvx_transport_t *with_secret(const kt_region_t *rg, const char *name, unsigned threads)
+{
+    kvx_transport_t *t;
+    kvx_params_t p = {.field_mask = KVX_PARAM_REGION | KVX_PARAM_AGENT_NAME |
+                                    KVX_PARAM_NUM_THREADS | KVX_PARAM_SECRET,
+                      .base = rg->base,
+                      .num_blocks = rg->num_blocks,
+                      .block_len = rg->block_len,
+                      .agent_name = name,
+                      .num_threads = threads,
+                      .secret = "fence-secret",
+                      .secret_len = 12};
+    KT_OK(kvx_transport_create(&p, &t));
+    return t;
+}
+
+/* With a shared secret: the HELLO of the retired capability proves the secret and is refused
+ * all the same; the new metadata is signed (an add with it passes the signature check). */
+static void unheard_secret(void)
+{
+    kt_region_t rt = kt_region_alloc(NB, BL);
+    kvx_transport_t *rx = with_secret(&rt, "secret-target", 0);
+    kvx_transport_t *t = with_secret(&r, "secret-writer", 1);
+    uint32_t l[4] = {90, 91, 92, 93}, d[4] = {200, 201, 202, 203};
+    uint8_t *md, *md2;
+    size_t md_len, md2_len;
+    uint64_t id;
+
+    kt_fill_all(&rt, 10, 0);
+    for (int i = 0; i < 4; i++)
+        kt_fill(&r, l[i], SALT, l[i], 51);
+    md = kt_metadata(rx, &md_len);
+    KT_OK(kvx_peer_add(t, "s", md, md_len, NULL));
+    id = put(t, "s", l, d, 4, 0, 0, false);
+    usleep(20000);
+    KT_EQ(kvx_fence_ex(rx, NULL, NULL, 0, KVX_FENCE_RETIRE), 0);
+    KT_ERR(wait_driving(t, "s", id, rx, NULL), -EKEYREVOKED);
+    KT_EQ(check_blocks(&rt, d, d, 4, 10, 0), 0);
+    md2 = kt_metadata(rx, &md2_len);
+    KT_CHECK(md2_len == md_len && memcmp(md, md2, md_len) != 0);
+    add_wired(t, "s", md2, md2_len, rx);
+    id = put(t, "s", l, d, 4, 0, 0, false);
+    KT_EQ(wait_driving(t, "s", id, rx, NULL), 0);
+    KT_EQ(check_blocks(&rt, d, l, 4, SALT, 51), 0);
+    free(md);
+    free(md2);
+    kvx_transport_destroy(t);
+    kvx_transport_destroy(rx);
+    kt_region_free(&rt);
+}
+
 int main(int argc, char **argv)
 {
     r = kt_region_alloc(NB, BL);
@@ -787,6 +840,7 @@ int main(int argc, char **argv)
     unheard_connection(false);
     unheard_connection(true);
     paired_retire();
+    unheard_secret();
     if (argc > 1 && strcmp(argv[1], "unheard") == 0) { /* these alone, for repeated runs */
         kt_region_free(&r);
         return 0;
