@@ -719,7 +719,7 @@ enum kvx_fence_flags {
  * connection with the old metadata is refused (a re-add, a peer paired by a blob that fails and
  * is added again), so hand the new metadata to every writer. The last 8 retired capabilities are
  * answered, older ones dropped as unknown (the writer's connection then fails by its stall
- * limit), as are refusals beyond 16 at once.
+ * limit, or its transfers by their deadlines), as are refusals beyond 16 at once.
  * Returns as kvx_fence; on error nothing is fenced and the capability stays.
  */
 KVX_API int kvx_fence_ex(kvx_transport_t *transport, const char *writer, const uint64_t *tags,
