@@ -264,7 +264,8 @@ typedef struct kvx_recv_counters {
     uint64_t bytes_served;    /**< bytes peers' reads took from the region */
     uint64_t notices;         /**< arrival notices queued for kvx_notice_poll */
     uint64_t drop_malformed;  /**< messages kvx's decoder refused */
-    uint64_t drop_capability; /**< connection requests without the capability (or the secret) */
+    uint64_t drop_capability; /**< connection requests without the capability (or the secret), or
+                               *   with a retired one (kvx_fence_ex) */
     uint64_t drop_unknown;    /**< messages naming no connection of this transport, or forged */
     uint64_t drop_range;      /**< writes or reads of bytes outside the region */
     uint64_t drop_fenced;     /**< write messages a fence dropped */
@@ -326,7 +327,9 @@ KVX_API int kvx_transport_listen(kvx_transport_t *transport, const char *addr);
 /**
  * Copy this transport's metadata into buf. *len_p is buf's size on entry and the metadata's size
  * on return. Returns 0, or -ENOSPC with *len_p set to the size needed (buf untouched). The size
- * does not depend on num_blocks (a few hundred bytes). buf may be NULL when *len_p is 0.
+ * does not depend on num_blocks (a few hundred bytes). buf may be NULL when *len_p is 0. After
+ * kvx_fence_ex with KVX_FENCE_RETIRE it is new metadata (a fresh capability), of the same size:
+ * a peer added with the old one is refused (-EKEYREVOKED).
  */
 KVX_API int kvx_transport_metadata(kvx_transport_t *transport, void *buf, size_t *len_p);
 
@@ -353,9 +356,10 @@ typedef struct kvx_peer_params {
  * The connection is wired up at once, so that the first transfer does not pay for it: the call
  * waits up to 200 ms for the peer to answer (a healthy one takes about a millisecond), without
  * holding up other calls or other peers' transfers meanwhile; a peer that does not answer in
- * time (stopped, overloaded) finishes the wire-up in the background, and transfers to it wait
- * behind it, within their deadlines and the stall limit. A peer on this host whose process has
- * exited (reaped or not) is refused at once with -EHOSTUNREACH.
+ * time (stopped, overloaded) finishes the wire-up in the background (its state is
+ * KVX_PEER_WIRING until then), and transfers to it wait behind it, within their deadlines and
+ * the stall limit. A peer on this host whose process has exited (reaped or not) is refused at
+ * once with -EHOSTUNREACH.
  * Returns 0, or:
  *   -EINVAL           bad arguments, or metadata that disagrees with params' expected region
  *   -EBADMSG          metadata malformed, truncated, corrupted, or not kvx's
@@ -365,6 +369,9 @@ typedef struct kvx_peer_params {
  *   -ESTALE           peer_id names a peer whose metadata is newer (a later generation: see
  *                     kvx_peer_attr_t.generation) than this blob; remove the peer first to
  *                     point peer_id at an older transport on purpose
+ *   -EKEYREVOKED      the peer answered that it retired this metadata's capability
+ *                     (kvx_fence_ex, KVX_FENCE_RETIRE): get its new metadata (a peer that
+ *                     answers after the 200 ms fails the same way later, see KVX_PEER_WIRING)
  *   -EHOSTUNREACH, -ECONNREFUSED, ...  UCX could not reach the peer
  * On any error nothing changes: an existing peer of that id keeps its connection.
  * If peer_id already names a peer, that peer is replaced: the new connection is installed (a
@@ -465,13 +472,18 @@ KVX_API int kvx_peer_event_poll(kvx_transport_t *transport, kvx_peer_event_t *ou
 
 /** State of a peer's connection (kvx_peer_attr_t.state). */
 typedef enum kvx_peer_state {
-    KVX_PEER_CONNECTED = 0, /**< transfers can be submitted */
+    KVX_PEER_CONNECTED = 0, /**< wired: the peer answered the handshake */
     KVX_PEER_FAILED = 1,    /**< the connection failed (see error); remove or re-add the peer */
     KVX_PEER_REMOVED = 2,   /**< removed; still holds completions not yet polled */
     /** paired by address (kvx_peer_connect), its connection failed, and kvx is pairing with
      *  that address again; transfers submitted meanwhile wait for it, within their deadlines
      *  and the stall limit */
-    KVX_PEER_RECONNECTING = 3
+    KVX_PEER_RECONNECTING = 3,
+    /** the connection is open and its handshake is under way (sent, not yet answered):
+     *  transfers submitted now wait for it, within their deadlines and the stall limit.
+     *  kvx_peer_add waits up to 200 ms for the answer, so it returns with a peer in this state
+     *  when the peer is slower (stopped, overloaded, its progress held) */
+    KVX_PEER_WIRING = 4
 } kvx_peer_state_t;
 
 /** Bits of kvx_peer_attr_t.field_mask. */
@@ -663,22 +675,69 @@ KVX_API int kvx_xfer_cancel(kvx_transport_t *transport, const uint64_t *ids, siz
 
 /** Most tags one kvx_fence may name. */
 #define KVX_FENCE_TAGS_MAX 16
+/** Distinct tags whose latest fence this transport remembers per writer, at most, and over all
+ *  writers: a tag fence that would need more fails with -ENOSPC (kvx_fence). 16 bytes each. */
+#define KVX_FENCE_WRITER_TAGS_MAX 16384
+#define KVX_FENCE_TOTAL_TAGS_MAX 262144
 
 /**
- * Fence writes into this transport's region: when this returns, no byte of any write that the
- * transport named writer (its agent name; NULL: every writer) submitted before the call lands
- * in the region any more, on any of its connections to this transport; with tags (ntags > 0),
- * only writes carrying one of those tags are fenced. Bytes that landed before the call stay.
+ * Fence writes into this transport's region, the weaker form: when this returns, no byte lands
+ * in the region any more of any write that the transport named writer (its agent name; NULL:
+ * every writer) submitted before the call, on any of its connections this transport has heard
+ * from: those whose handshake (HELLO) reached this transport before the call. With tags
+ * (ntags > 0), only writes carrying one of those tags are fenced, exactly those, however many
+ * fences came before: the receiver keeps, per writer, the latest fence of every distinct tag
+ * fenced (at most KVX_FENCE_WRITER_TAGS_MAX per writer, KVX_FENCE_TOTAL_TAGS_MAX in all; a
+ * fence of every tag, ntags 0, frees the writer's tag records, and a writer with no connection
+ * keeps none). A tag fence that would exceed them fails with -ENOSPC and fences nothing: a
+ * fence never widens to other tags. Bytes that landed before the call stay.
  * The writer's fenced transfers fail with -KVX_EFENCED; kvx tells its connections at once, so
  * that its later writes carry the new epoch and land (one submitted before the writer heard of
  * the fence fails with -KVX_EFENCED too: it may simply be submitted again). The writer need not
- * re-add the peer. A connection whose handshake reaches this transport after the call is new:
- * its writes land. Returns the number of the writer's connections fenced (0: none known, a
- * no-op), -EINVAL (ntags > KVX_FENCE_TAGS_MAX, tags NULL with ntags, a bad name) or
- * -ESHUTDOWN. Never waits on the network. tags need only stay valid during the call.
+ * re-add the peer.
+ * Not fenced: a connection whose handshake had not reached this transport when the call was
+ * made (UCX still carrying it, this process stopped or busy, the writer's kvx_peer_add just
+ * made it: the writer sees KVX_PEER_WIRING). Such a connection is new to this transport: writes
+ * submitted on it before the call land in full after it, and succeed. kvx_fence_ex with
+ * KVX_FENCE_RETIRE covers them too.
+ * Returns the number of the writer's connections fenced (0: none known, nothing to fence),
+ * -EINVAL (ntags > KVX_FENCE_TAGS_MAX, tags NULL with ntags, a bad name), -ENOSPC, -ENOMEM or
+ * -ESHUTDOWN; on error nothing is fenced. Never waits on the network. tags need only stay valid
+ * during the call.
  */
 KVX_API int kvx_fence(kvx_transport_t *transport, const char *writer, const uint64_t *tags,
                       size_t ntags);
+
+/** Flags of kvx_fence_ex. */
+enum kvx_fence_flags {
+    /** Retire this transport's capability as well (kvx_fence_ex). */
+    KVX_FENCE_RETIRE = 1u << 0
+};
+
+/**
+ * kvx_fence with flags (0, or KVX_FENCE_RETIRE; other bits are -EINVAL). flags 0 is kvx_fence.
+ *
+ * KVX_FENCE_RETIRE, the stronger form: besides the fence, the transport's capability is retired.
+ * A fresh one replaces it, and kvx_transport_metadata returns new metadata from then on (the
+ * same length, signed as before when there is a secret; the listener hands out the new one).
+ * A handshake presenting the old capability that reaches this transport after the call (and,
+ * with a secret, proves it) is refused with an answer: the writer's connection fails at once
+ * with -EKEYREVOKED, so does every transfer submitted to it (whatever its tag), and its peer
+ * goes to KVX_PEER_FAILED: the writer must add the peer again with the new metadata (a peer
+ * paired by address does so itself: kvx pairs with the address again). So every write that the
+ * writer (NULL: any writer) submitted before the call is kept out, whatever connection it
+ * travels on: one this transport had heard from is fenced, one it had not is refused.
+ * What the retirement leaves alone: connections already made, the writer's and every other
+ * writer's (the capability is checked at the handshake only), and peers that map an owned
+ * region (neither form applies to their copies). But it is transport-wide: every writer's next
+ * connection with the old metadata is refused (a re-add, a peer paired by a blob that fails and
+ * is added again), so hand the new metadata to every writer. The last 8 retired capabilities are
+ * answered, older ones dropped as unknown (the writer's connection then fails by its stall
+ * limit, or its transfers by their deadlines), as are refusals beyond 16 at once.
+ * Returns as kvx_fence; on error nothing is fenced and the capability stays.
+ */
+KVX_API int kvx_fence_ex(kvx_transport_t *transport, const char *writer, const uint64_t *tags,
+                         size_t ntags, unsigned flags);
 
 /** An arrival notice: a peer's write (sent with KVX_XFER_NOTIFY) landed whole in the region. */
 typedef struct kvx_notice {

@@ -27,7 +27,10 @@ const char *kvx_strerror(int err)
     case ENOMEM:
         return "out of memory";
     case ENOSPC:
-        return "no space (buffer too small or too many transfers in flight)";
+        return "no space (buffer too small, too many transfers in flight or tags fenced)";
+    case EKEYREVOKED:
+        return "metadata retired by the receiver (kvx_fence_ex): add the peer with its new "
+               "metadata";
     case ESTALE:
         return "metadata older than the peer's current metadata";
     case EEXIST:

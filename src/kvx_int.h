@@ -263,27 +263,34 @@ struct kvx_peer {
 
 /* ---- the receiving side (recv.c) ------------------------------------------------------------ */
 
-/* A fence of a writer: messages it stamped with an epoch below at_epoch are dropped, if they
- * carry one of the tags (ntags == 0: any tag). */
-#define KVX_FENCE_TAGS_MAX 16
-#define KVX_FENCES_MAX 32
+/*
+ * The fences of a writer. A message it stamped with epoch e is dropped iff a fence made after e
+ * covered its tag: the latest fence of every tag (fence_all), or the latest fence of that very
+ * tag (ftags, sorted by tag, one record per distinct tag). A fence of every tag makes the tag
+ * records moot (they are freed), and so does a writer with no connection (a new connection
+ * starts at the current epoch). At most KVX_FENCE_WRITER_TAGS_MAX records per writer and
+ * KVX_FENCE_TOTAL_TAGS_MAX over all: a fence that would need more fails and fences nothing.
+ */
 typedef struct kvx_fence_rec {
+    uint64_t tag;
     uint64_t at_epoch;
-    uint32_t ntags;
-    uint64_t tags[KVX_FENCE_TAGS_MAX];
 } kvx_fence_rec_t;
 
 /* One remote transport (an agent name) that connected to this one to write or read. */
 struct kvx_writer {
     char name[KVX_NAME_MAX + 1];
     kvx_writer_t *hnext;
-    uint64_t epoch; /* bumped by each kvx_fence of this writer */
-    kvx_fence_rec_t fences[KVX_FENCES_MAX];
-    uint32_t nfences;  /* the most recent ones; older ones merge into a fence of all */
+    uint64_t epoch;         /* bumped by each kvx_fence of this writer */
+    uint64_t fence_all;     /* epoch of its latest fence of every tag (0: none) */
+    kvx_fence_rec_t *ftags; /* its latest fence of each tag fenced alone, sorted by tag */
+    uint32_t nftags, ftags_cap;
     kvx_list_t rconns; /* its open connections */
     unsigned live;     /* its connections not yet freed, closing ones too: it stays while any */
     kvx_recv_counters_t counters;
 };
+
+/* Retired capabilities remembered (older ones are dropped like any unknown one). */
+#define KVX_RETIRED_MAX 8
 
 /* A connection from a writer: made when its HELLO arrives with our capability. Acknowledgements
  * go out in messages of KVX_ACK_BATCH entries; at most KVX_ACKS_MAX wait at once. */
@@ -310,6 +317,9 @@ struct kvx_rconn {
     kvx_list_t w_link;    /* w->rconns */
     kvx_list_t all_link;  /* t->rconns: until freed */
     kvx_ucx_ep_t *ucx;
+
+    /* made only to refuse a HELLO of a retired capability (linked by w_link in t->refusing) */
+    bool refusing;
 };
 
 /* Transfer ids in flight or waiting for poll, for cancel: an open-addressing table. */
@@ -359,6 +369,12 @@ struct kvx_transport {
     kvx_host_id_t host;
     uint64_t generation;
     uint8_t capability[16];
+    /* capabilities kvx_fence_ex retired, newest first: a HELLO with one is refused, answered */
+    uint8_t retired[KVX_RETIRED_MAX][16];
+    unsigned nretired;
+    kvx_list_t refusing; /* connections made only to answer such a HELLO (at most 16) */
+    void *old_md;        /* metadata buffers replaced while pairings may still be sending them */
+    size_t nftags;       /* tag fence records of every writer (kvx_fence_rec_t) */
 
     kvx_log_fn log_fn;
     void *log_arg;
@@ -453,6 +469,9 @@ static inline void kvx_unlock(kvx_transport_t *t) { pthread_mutex_unlock(&t->loc
 /* ---- helpers (transport.c, log.c) ----------------------------------------------------------- */
 
 uint64_t kvx_now_ns(void);
+/* A fresh capability, and metadata that carries it; the old one joins t->retired. Returns 0 or
+ * a negative errno (nothing changed). */
+int kvx_transport_retire(kvx_transport_t *t);
 void kvx_log(const kvx_transport_t *t, int level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 #define kvx_error(t, ...) kvx_log((t), KVX_LOG_ERROR, __VA_ARGS__)
@@ -719,6 +738,11 @@ bool kvx_recv_busy(const kvx_transport_t *t);
 void kvx_recv_close_all(kvx_transport_t *t);
 void kvx_recv_free_all(kvx_transport_t *t);
 kvx_writer_t *kvx_writer_lookup(const kvx_transport_t *t, const char *name);
+/* A fence (kvx_fence_ex) in two halves: what can fail (0, -ENOSPC, -ENOMEM: nothing fenced),
+ * then the fence itself (the connections fenced). tags sorted and distinct. */
+int kvx_recv_fence_prepare(kvx_transport_t *t, const char *writer, const uint64_t *tags,
+                           size_t ntags);
+int kvx_recv_fence(kvx_transport_t *t, const char *writer, const uint64_t *tags, size_t ntags);
 /* Count a message dropped before it could be tied to a connection. */
 void kvx_recv_count_drop(kvx_transport_t *t, int why);
 enum { KVX_DROP_MALFORMED, KVX_DROP_CAPABILITY, KVX_DROP_UNKNOWN, KVX_DROP_RNDV };

@@ -895,6 +895,7 @@ int kvx_peer_query(kvx_transport_t *t, const char *peer_id, kvx_peer_attr_t *att
                       : p->reconnecting           ? KVX_PEER_RECONNECTING
                       : c->state != KVX_CONN_OPEN ? KVX_PEER_FAILED
                       : c->pending_err != 0       ? KVX_PEER_FAILED
+                      : !c->wired                 ? KVX_PEER_WIRING
                                                   : KVX_PEER_CONNECTED;
         attr->error = c == NULL ? p->last_err : c->err != 0 ? c->err : c->pending_err;
     }

@@ -23,6 +23,7 @@
 
 typedef struct kvx_hello {
     kvx_list_t link;
+    bool retired; /* it presents a retired capability: it is refused */
     size_t len;
     uint8_t buf[];
 } kvx_hello_t;
@@ -106,6 +107,20 @@ static void kvx_writer_unlink(kvx_transport_t *t, kvx_writer_t *w)
     t->nwriters--;
 }
 
+static void kvx_writer_drop_fences(kvx_transport_t *t, kvx_writer_t *w)
+{
+    t->nftags -= w->nftags;
+    free(w->ftags);
+    w->ftags = NULL;
+    w->nftags = w->ftags_cap = 0;
+}
+
+static void kvx_writer_free(kvx_transport_t *t, kvx_writer_t *w)
+{
+    kvx_writer_drop_fences(t, w);
+    free(w);
+}
+
 /* The writer of that name, made on its first connection. A full table gives up a writer with no
  * connection left, closing ones included (forgetting its fences is safe: messages of its closed
  * connections are refused by their tokens). NULL when none can be given up, or out of memory. */
@@ -124,7 +139,7 @@ static kvx_writer_t *kvx_writer_get(kvx_transport_t *t, const char *name)
         if (w == NULL)
             return NULL;
         kvx_writer_unlink(t, w);
-        free(w);
+        kvx_writer_free(t, w);
     }
     if (t->nwriters + 1 > t->wtab_cap / 2) {
         size_t cap = t->wtab_cap ? t->wtab_cap * 2 : 16;
@@ -155,20 +170,30 @@ static kvx_writer_t *kvx_writer_get(kvx_transport_t *t, const char *name)
     return w;
 }
 
+/* Where tag's record is among the writer's tag fences, or would be. */
+static uint32_t kvx_ftag_find(const kvx_writer_t *w, uint64_t tag)
+{
+    uint32_t lo = 0, hi = w->nftags;
+
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (w->ftags[mid].tag < tag)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
 /* Did a fence after the writer's epoch e cover tag? */
 static bool kvx_writer_fenced(const kvx_writer_t *w, uint64_t e, uint64_t tag)
 {
-    for (uint32_t i = w->nfences; i-- > 0;) {
-        const kvx_fence_rec_t *f = &w->fences[i];
-        if (f->at_epoch <= e)
-            return false; /* records are in epoch order: older ones cannot apply either */
-        if (f->ntags == 0)
-            return true;
-        for (uint32_t k = 0; k < f->ntags; k++)
-            if (f->tags[k] == tag)
-                return true;
-    }
-    return false;
+    uint32_t i;
+
+    if (w->fence_all > e)
+        return true;
+    i = kvx_ftag_find(w, tag);
+    return i < w->nftags && w->ftags[i].tag == tag && w->ftags[i].at_epoch > e;
 }
 
 /* ---- connections from writers -------------------------------------------------------------- */
@@ -314,6 +339,89 @@ static bool kvx_rconn_ack(kvx_rconn_t *rc, uint64_t xfer_id, uint64_t bytes, int
     return true;
 }
 
+/* ---- retired capabilities ------------------------------------------------------------------ */
+
+#define KVX_REFUSING_MAX 16 /* connections open at once only to refuse a HELLO */
+
+static bool kvx_capability_retired(const kvx_transport_t *t, const uint8_t *cap)
+{
+    bool hit = false;
+
+    for (unsigned i = 0; i < t->nretired; i++) /* every one compared: constant time */
+        hit |= kvx_equal_ct(cap, t->retired[i], sizeof(t->retired[i]));
+    return hit;
+}
+
+/*
+ * A HELLO with a retired capability (its proof of the secret checked, when one is set): the
+ * writer is told at once, by a HELLO_ACK of status -EKEYREVOKED on a connection made only for
+ * that; its connection then fails and it must add the peer again with the new metadata. Only a
+ * holder of old metadata gets this far, and such connections are bounded (KVX_REFUSING_MAX);
+ * beyond that the HELLO is dropped, and the writer's connection fails by its stall limit. The
+ * connection closes when the writer's end goes (its error), when it gives way to a newer one,
+ * or with the transport; it is never fenced, counts no writer's connection, and its id is
+ * refused to every other message.
+ */
+static void kvx_recv_refuse_hello(kvx_transport_t *t, const uint8_t *buf, size_t len)
+{
+    kvx_msg_t m;
+    kvx_writer_t *w;
+    kvx_rconn_t *rc;
+    uint8_t ack[KVX_WIRE_HELLO_ACK_LEN] = {0};
+    unsigned n = 0;
+
+    if (kvx_wire_decode(buf, len, 0, &m) < 0 || m.type != KVX_MSG_HELLO)
+        return;
+    w = kvx_writer_lookup(t, m.u.hello.name);
+    kvx_count(t, w, KVX_CNT(drop_capability));
+    kvx_info(t, "writer %s: handshake with a retired capability refused", m.u.hello.name);
+    for (kvx_list_t *l = t->refusing.next; l != &t->refusing; l = l->next)
+        n++;
+    if (n >= KVX_REFUSING_MAX) { /* the oldest that sent its answer gives way */
+        for (kvx_list_t *l = t->refusing.next; l != &t->refusing; l = l->next) {
+            kvx_rconn_t *old = kvx_container_of(l, kvx_rconn_t, w_link);
+            if (old->sending == 0) {
+                kvx_rconn_close(old);
+                n--;
+                break;
+            }
+        }
+    }
+    if (n >= KVX_REFUSING_MAX || t->nrconns >= KVX_RCONNS_MAX ||
+        (w = kvx_writer_get(t, m.u.hello.name)) == NULL || (rc = calloc(1, sizeof(*rc))) == NULL)
+        return;
+    rc->t = t;
+    rc->w = w;
+    rc->refusing = true;
+    rc->peer_conn_id = m.u.hello.conn_id;
+    rc->peer_token = m.u.hello.token;
+    kvx_list_init(&rc->serve);
+    kvx_list_init(&rc->ctl);
+    kvx_list_init(&rc->work_link);
+    kvx_list_init(&rc->all_link);
+    /* a random token no message can name: the connection takes none */
+    if (getrandom(&rc->token, sizeof(rc->token), 0) != sizeof(rc->token) ||
+        kvx_idtab_alloc(&t->rconn_ids, rc, &rc->id) < 0) {
+        free(rc);
+        return;
+    }
+    kvx_ucx_align(t, m.u.hello.waddr, m.u.hello.ep_sn);
+    if (kvx_ucx_ep_open(t, m.u.hello.waddr, m.u.hello.name, rc, true, &rc->ucx) < 0) {
+        kvx_idtab_release(&t->rconn_ids, rc->id);
+        free(rc);
+        return;
+    }
+    rc->state = KVX_CONN_OPEN;
+    w->live++;
+    kvx_list_add_tail(&t->refusing, &rc->w_link);
+    kvx_list_add_tail(&t->rconns, &rc->all_link);
+    t->nrconns++;
+    kvx_wire_put_hdr(ack, KVX_MSG_HELLO_ACK, 0, rc->peer_conn_id, rc->peer_token);
+    kvx_put32(ack + 20, (uint32_t)-EKEYREVOKED);
+    if (kvx_ucx_send_ctl(rc->ucx, ack, sizeof(ack), &rc->ucx_refs) == 1)
+        rc->sending++;
+}
+
 /* ---- messages in (inside UCX progress) ---------------------------------------------------- */
 
 /* A HELLO: the capability must match (and the proof of the secret, with one) before kvx keeps
@@ -322,8 +430,11 @@ static void kvx_recv_hello_in(kvx_transport_t *t, const kvx_msg_t *m, const void
                               size_t hdr_len)
 {
     kvx_hello_t *h;
+    bool retired = false;
 
-    if (!kvx_equal_ct(m->u.hello.capability, t->capability, sizeof(t->capability))) {
+    /* a capability kvx_fence_ex retired is refused, with an answer (kvx_recv_refuse_hello) */
+    if (!kvx_equal_ct(m->u.hello.capability, t->capability, sizeof(t->capability)) &&
+        !(retired = kvx_capability_retired(t, m->u.hello.capability))) {
         kvx_count(t, NULL, KVX_CNT(drop_capability));
         return;
     }
@@ -346,6 +457,7 @@ static void kvx_recv_hello_in(kvx_transport_t *t, const kvx_msg_t *m, const void
     }
     memcpy(h->buf, hdr, hdr_len);
     h->len = hdr_len;
+    h->retired = retired;
     kvx_list_add_tail(&t->hellos, &h->link);
     t->nhellos++;
 }
@@ -676,7 +788,10 @@ static unsigned kvx_recv_hellos(kvx_transport_t *t)
         kvx_hello_t *h = kvx_list_first(&t->hellos, kvx_hello_t, link);
         kvx_list_del(&h->link);
         t->nhellos--;
-        kvx_recv_hello(t, h->buf, h->len);
+        if (h->retired)
+            kvx_recv_refuse_hello(t, h->buf, h->len);
+        else
+            kvx_recv_hello(t, h->buf, h->len);
         free(h);
         n++;
     }
@@ -739,7 +854,7 @@ void kvx_recv_free_all(kvx_transport_t *t)
         kvx_writer_t *w, *next;
         for (w = t->wtab[i]; w != NULL; w = next) {
             next = w->hnext;
-            free(w);
+            kvx_writer_free(t, w);
         }
     }
     free(t->wtab);
@@ -751,23 +866,82 @@ void kvx_recv_free_all(kvx_transport_t *t)
 
 /* ---- the API of the receiving side -------------------------------------------------------- */
 
-static void kvx_writer_fence(kvx_writer_t *w, const uint64_t *tags, size_t ntags, int *count)
+/* The writers a fence names: the one called writer, or every one (writer NULL). Start with w
+ * NULL and *bucket 0. */
+static kvx_writer_t *kvx_fence_next(const kvx_transport_t *t, const char *writer, size_t *bucket,
+                                    kvx_writer_t *w)
 {
+    if (writer != NULL)
+        return w == NULL ? kvx_writer_lookup(t, writer) : NULL;
+    if (w != NULL && w->hnext != NULL)
+        return w->hnext;
+    while (*bucket < t->wtab_cap) {
+        kvx_writer_t *x = t->wtab[(*bucket)++];
+        if (x != NULL)
+            return x;
+    }
+    return NULL;
+}
+
+/* Tag records a fence of tags (sorted, distinct; ntags > 0) adds to w: none for a writer
+ * without connections, which needs none. */
+static uint32_t kvx_writer_fence_need(const kvx_writer_t *w, const uint64_t *tags, size_t ntags)
+{
+    uint32_t need = 0;
+
+    if (w->live == 0)
+        return 0;
+    for (size_t k = 0; k < ntags; k++) {
+        uint32_t i = kvx_ftag_find(w, tags[k]);
+        need += !(i < w->nftags && w->ftags[i].tag == tags[k]);
+    }
+    return need;
+}
+
+/* Room for need more tag records: 0 or -ENOMEM (no fence changes either way). */
+static int kvx_writer_fence_reserve(kvx_writer_t *w, uint32_t need)
+{
+    uint32_t cap = w->ftags_cap ? w->ftags_cap : 16;
     kvx_fence_rec_t *f;
 
-    if (w->nfences == KVX_FENCES_MAX) {
-        /* the two oldest merge into one fence of every tag at the later epoch: it drops at
-         * least what both did (writes whose writer has not heard of them for long) */
-        w->fences[1].ntags = 0;
-        memmove(&w->fences[0], &w->fences[1], (KVX_FENCES_MAX - 1) * sizeof(w->fences[0]));
-        w->nfences--;
-    }
+    if (w->nftags + need <= w->ftags_cap)
+        return 0;
+    while (cap < w->nftags + need)
+        cap *= 2;
+    if (cap > KVX_FENCE_WRITER_TAGS_MAX)
+        cap = KVX_FENCE_WRITER_TAGS_MAX;
+    f = realloc(w->ftags, (size_t)cap * sizeof(*f));
+    if (f == NULL)
+        return -ENOMEM;
+    w->ftags = f;
+    w->ftags_cap = cap;
+    return 0;
+}
+
+/* Fence w (room for its records was made), and tell its connections the new epoch. */
+static void kvx_writer_fence(kvx_transport_t *t, kvx_writer_t *w, const uint64_t *tags,
+                             size_t ntags, int *count)
+{
     w->epoch++;
-    f = &w->fences[w->nfences++];
-    f->at_epoch = w->epoch;
-    f->ntags = (uint32_t)ntags;
-    if (ntags > 0)
-        memcpy(f->tags, tags, ntags * sizeof(tags[0]));
+    if (w->live == 0) {
+        /* no connection: nothing can come stamped with an older epoch (a new one starts at
+         * this one), so no record is needed, and older ones are moot */
+        kvx_writer_drop_fences(t, w);
+    } else if (ntags == 0) {
+        w->fence_all = w->epoch;
+        kvx_writer_drop_fences(t, w); /* every tag record is older: moot */
+    } else {
+        for (size_t k = 0; k < ntags; k++) {
+            uint32_t i = kvx_ftag_find(w, tags[k]);
+            if (i == w->nftags || w->ftags[i].tag != tags[k]) {
+                memmove(&w->ftags[i + 1], &w->ftags[i], (w->nftags - i) * sizeof(w->ftags[0]));
+                w->ftags[i].tag = tags[k];
+                w->nftags++;
+                t->nftags++;
+            }
+            w->ftags[i].at_epoch = w->epoch;
+        }
+    }
     for (kvx_list_t *n = w->rconns.next; n != &w->rconns; n = n->next) {
         kvx_rconn_t *rc = kvx_container_of(n, kvx_rconn_t, w_link);
         uint8_t hdr[24] = {0};
@@ -778,38 +952,45 @@ static void kvx_writer_fence(kvx_writer_t *w, const uint64_t *tags, size_t ntags
     }
 }
 
-int kvx_fence(kvx_transport_t *t, const char *writer, const uint64_t *tags, size_t ntags)
+/* The first half of a fence (kvx_fence_ex, transport.c): the HELLOs that arrived become
+ * connections, so that their writers' writes submitted before the call are fenced too (and,
+ * retiring, they were made with the old capability); then everything that can fail, before any
+ * fence changes: the bounds and the memory for the records. tags are sorted and distinct. */
+int kvx_recv_fence_prepare(kvx_transport_t *t, const char *writer, const uint64_t *tags,
+                           size_t ntags)
 {
+    size_t bucket = 0, total = 0;
+    kvx_writer_t *w;
+    int rc = 0;
+
+    kvx_recv_hellos(t);
+    for (w = NULL; ntags > 0 && (w = kvx_fence_next(t, writer, &bucket, w)) != NULL;) {
+        uint32_t need = kvx_writer_fence_need(w, tags, ntags);
+        if (w->nftags + need > KVX_FENCE_WRITER_TAGS_MAX)
+            rc = -ENOSPC;
+        total += need;
+    }
+    if (rc == 0 && t->nftags + total > KVX_FENCE_TOTAL_TAGS_MAX)
+        rc = -ENOSPC;
+    bucket = 0;
+    for (w = NULL; rc == 0 && ntags > 0 && (w = kvx_fence_next(t, writer, &bucket, w)) != NULL;)
+        rc = kvx_writer_fence_reserve(w, kvx_writer_fence_need(w, tags, ntags));
+    return rc;
+}
+
+/* The second half, which cannot fail: returns the number of connections fenced. */
+int kvx_recv_fence(kvx_transport_t *t, const char *writer, const uint64_t *tags, size_t ntags)
+{
+    size_t bucket = 0;
+    kvx_writer_t *w;
     int count = 0;
 
-    if (t == NULL || ntags > KVX_FENCE_TAGS_MAX || (tags == NULL && ntags > 0) ||
-        (writer != NULL && (strnlen(writer, KVX_NAME_MAX + 1) == 0 ||
-                            strnlen(writer, KVX_NAME_MAX + 1) > KVX_NAME_MAX)))
-        return -EINVAL;
-    kvx_lock(t);
-    if (t->closed) {
-        kvx_unlock(t);
-        return -ESHUTDOWN;
-    }
-    /* HELLOs that arrived already become connections first: their writers' writes submitted
-     * before this call are fenced too */
-    kvx_recv_hellos(t);
-    if (writer != NULL) {
-        kvx_writer_t *w = kvx_writer_lookup(t, writer);
-        if (w != NULL)
-            kvx_writer_fence(w, tags, ntags, &count);
-    } else {
-        for (size_t i = 0; i < t->wtab_cap; i++)
-            for (kvx_writer_t *w = t->wtab[i]; w != NULL; w = w->hnext)
-                kvx_writer_fence(w, tags, ntags, &count);
-    }
-    kvx_info(t, "fence of %s%s: %d connection(s)", writer ? writer : "every writer",
-             ntags ? " (some tags)" : "", count);
+    for (w = NULL; (w = kvx_fence_next(t, writer, &bucket, w)) != NULL;)
+        kvx_writer_fence(t, w, tags, ntags, &count);
     if (count > 0) {
         t->stats.fences++;
         kvx_progress_kick(t, 0); /* tell the writers now */
     }
-    kvx_unlock(t);
     return count;
 }
 

@@ -113,11 +113,13 @@ static int kvx_params_check(const kvx_params_t *p)
     return 0;
 }
 
-static int kvx_metadata_build(kvx_transport_t *t)
+/* The metadata blob of t as it is now (its capability included), in a new buffer. */
+static int kvx_metadata_encode(kvx_transport_t *t, uint8_t **buf_p, size_t *len_p)
 {
     kvx_md_t md = {0};
     const void *waddr;
-    size_t waddr_len;
+    size_t waddr_len, len;
+    uint8_t *buf;
     int rc;
 
     kvx_ucx_local_address(t, &waddr, &waddr_len);
@@ -134,12 +136,78 @@ static int kvx_metadata_build(kvx_transport_t *t)
     md.rkey = t->rkey;
     md.rkey_len = (uint32_t)t->rkey_len;
     md.flags = t->secret != NULL ? KVX_MDF_MAC : 0;
-    t->metadata_len = kvx_md_encoded_len(&md);
-    t->metadata = malloc(t->metadata_len);
-    if (t->metadata == NULL)
+    len = kvx_md_encoded_len(&md);
+    buf = malloc(len);
+    if (buf == NULL)
         return -ENOMEM;
-    rc = kvx_md_encode(&md, t->secret, t->secret_len, t->metadata, t->metadata_len);
-    return rc < 0 ? rc : 0;
+    rc = kvx_md_encode(&md, t->secret, t->secret_len, buf, len);
+    if (rc < 0) {
+        free(buf);
+        return rc;
+    }
+    *buf_p = buf;
+    *len_p = len;
+    return 0;
+}
+
+static int kvx_metadata_build(kvx_transport_t *t)
+{
+    return kvx_metadata_encode(t, &t->metadata, &t->metadata_len);
+}
+
+/* A superseded metadata buffer: the listener's answers in flight may still point at one (UCX
+ * sends from it), so it is freed only once no accepted pairing is left, or at close. */
+typedef struct kvx_old_md {
+    struct kvx_old_md *next;
+    uint8_t *buf;
+} kvx_old_md_t;
+
+static void kvx_old_md_free(kvx_transport_t *t)
+{
+    while (t->old_md != NULL) {
+        kvx_old_md_t *o = t->old_md;
+        t->old_md = o->next;
+        free(o->buf);
+        free(o);
+    }
+}
+
+int kvx_transport_retire(kvx_transport_t *t)
+{
+    uint8_t old[16], *buf;
+    size_t len;
+    kvx_old_md_t *o = malloc(sizeof(*o));
+    int rc;
+
+    if (o == NULL)
+        return -ENOMEM;
+    memcpy(old, t->capability, sizeof(old));
+    if (getrandom(t->capability, sizeof(t->capability), 0) != (ssize_t)sizeof(t->capability)) {
+        rc = errno ? -errno : -EIO;
+        memcpy(t->capability, old, sizeof(old));
+        free(o);
+        return rc;
+    }
+    rc = kvx_metadata_encode(t, &buf, &len);
+    if (rc < 0) {
+        memcpy(t->capability, old, sizeof(old));
+        free(o);
+        return rc;
+    }
+    if (t->naccepted == 0)
+        kvx_old_md_free(t);
+    o->buf = t->metadata;
+    o->next = t->old_md;
+    t->old_md = o;
+    t->metadata = buf;
+    t->metadata_len = len;
+    /* the newest first; the oldest beyond KVX_RETIRED_MAX is forgotten (dropped as unknown) */
+    memmove(t->retired[1], t->retired[0], (KVX_RETIRED_MAX - 1) * sizeof(t->retired[0]));
+    memcpy(t->retired[0], old, sizeof(old));
+    if (t->nretired < KVX_RETIRED_MAX)
+        t->nretired++;
+    kvx_info(t, "capability retired: new metadata (%zu bytes)", len);
+    return 0;
 }
 
 /* What create copied from the parameters. */
@@ -188,6 +256,7 @@ int kvx_transport_create(const kvx_params_t *params, kvx_transport_t **transport
     kvx_list_init(&t->rwork);
     kvx_list_init(&t->hellos);
     kvx_list_init(&t->rconns);
+    kvx_list_init(&t->refusing);
     t->next_deadline_ns = UINT64_MAX;
     t->next_seq = 1;
     t->wake_fd = -1;
@@ -392,6 +461,7 @@ int kvx_transport_close(kvx_transport_t *t)
     memset(&t->conn_ids, 0, sizeof(t->conn_ids));
     free(t->metadata);
     t->metadata = NULL;
+    kvx_old_md_free(t);
     close(t->cq_fd);
     t->cq_fd = -1;
     if (t->ev_fd >= 0 && !t->ev_set) { /* a loop waiting on it wakes, and its calls say closed */
@@ -475,6 +545,62 @@ int kvx_transport_metadata(kvx_transport_t *t, void *buf, size_t *len_p)
     }
     kvx_unlock(t);
     return rc;
+}
+
+/* ---- fences (the receiving side's records: recv.c) ------------------------------------------ */
+
+static int kvx_tag_cmp(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+int kvx_fence_ex(kvx_transport_t *t, const char *writer, const uint64_t *tags, size_t ntags,
+                 unsigned flags)
+{
+    uint64_t sorted[KVX_FENCE_TAGS_MAX];
+    size_t n = 0;
+    int rc;
+
+    if (t == NULL || ntags > KVX_FENCE_TAGS_MAX || (tags == NULL && ntags > 0) ||
+        (flags & ~(unsigned)KVX_FENCE_RETIRE) != 0 ||
+        (writer != NULL && (strnlen(writer, KVX_NAME_MAX + 1) == 0 ||
+                            strnlen(writer, KVX_NAME_MAX + 1) > KVX_NAME_MAX)))
+        return -EINVAL;
+    /* the distinct tags, sorted: one record each */
+    if (ntags > 0) {
+        memcpy(sorted, tags, ntags * sizeof(tags[0]));
+        qsort(sorted, ntags, sizeof(sorted[0]), kvx_tag_cmp);
+        for (size_t k = 0; k < ntags; k++)
+            if (n == 0 || sorted[k] != sorted[n - 1])
+                sorted[n++] = sorted[k];
+    }
+    kvx_lock(t);
+    if (t->closed) {
+        kvx_unlock(t);
+        return -ESHUTDOWN;
+    }
+    /* what can fail comes first (the bounds, memory, the new capability): on error nothing is
+     * fenced and the capability stays */
+    rc = kvx_recv_fence_prepare(t, writer, sorted, n);
+    if (rc == 0 && (flags & KVX_FENCE_RETIRE))
+        rc = kvx_transport_retire(t);
+    if (rc < 0) {
+        kvx_warn(t, "fence of %s: %s; nothing fenced", writer ? writer : "every writer",
+                 kvx_strerror(rc));
+        kvx_unlock(t);
+        return rc;
+    }
+    rc = kvx_recv_fence(t, writer, sorted, n);
+    kvx_info(t, "fence of %s%s%s: %d connection(s)", writer ? writer : "every writer",
+             n ? " (some tags)" : "", (flags & KVX_FENCE_RETIRE) ? ", capability retired" : "", rc);
+    kvx_unlock(t);
+    return rc;
+}
+
+int kvx_fence(kvx_transport_t *t, const char *writer, const uint64_t *tags, size_t ntags)
+{
+    return kvx_fence_ex(t, writer, tags, ntags, 0);
 }
 
 /* ---- transfer ids and the object pool -------------------------------------------------------- */

@@ -275,6 +275,10 @@ void kvx_xfer_forget(kvx_xfer_t *x)
 
 void kvx_xfer_repark(kvx_conn_t *c, kvx_peer_t *p)
 {
+    /* the receiver refused a retired capability (kvx_fence_ex): what waited for this
+     * connection was submitted before it heard of the fence, and fails with it */
+    if (c->err == -EKEYREVOKED)
+        return;
     /* before the handshake nothing of them was posted (kvx_xfer_post waits for it) */
     while (!c->wired && !kvx_list_empty(&c->queue)) {
         kvx_xfer_t *x = kvx_list_first(&c->queue, kvx_xfer_t, conn_link);
@@ -661,6 +665,8 @@ void kvx_xfer_on_message(kvx_transport_t *t, const kvx_msg_t *m, const uint8_t *
         if (c->wired)
             break;
         if (m->u.hello_ack.status < 0) {
+            kvx_warn(t, "peer %s refused the handshake: %s", c->agent_name,
+                     kvx_strerror(m->u.hello_ack.status));
             kvx_on_conn_error(c, m->u.hello_ack.status);
             break;
         }

@@ -12,12 +12,23 @@
  *    other tag's land; the writer's next write of the fenced tag lands without a re-add;
  *  - arrival notices: one per write sent with KVX_XFER_NOTIFY, after all of its blocks landed,
  *    with its tag, block and byte counts; none for a write that failed or was fenced;
- *  - integrity: with CRC-32C on, writes and reads move every byte and nothing is refused.
+ *  - integrity: with CRC-32C on, writes and reads move every byte and nothing is refused;
+ *  - many tag fences (a receiver in this process, its progress held): after 1,000 of them,
+ *    waiting writes of fenced tags are refused and one of a tag never fenced lands; the bound
+ *    on distinct tags fails a fence with -ENOSPC and fences nothing;
+ *  - a write on a connection whose HELLO the receiver had not processed: kvx_fence lets it land
+ *    (the weaker form), kvx_fence_ex(KVX_FENCE_RETIRE) refuses it (-EKEYREVOKED, 0 blocks), for
+ *    a peer added by metadata, one paired by address (which pairs again by itself) and one
+ *    with a shared secret (its HELLO proves the secret and is refused all the same); with the
+ *    argument "unheard-tcp", the same over tcp alone ("unheard": over shared memory, alone).
  */
 #include "harness.h"
+#include "kvx_int.h" /* the paired case looks at the listener's pairings */
 
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -333,10 +344,509 @@ static void integrity(void)
     KT_EQ(kt_target_stop(&tg), 0);
 }
 
-int main(void)
+/* ---- receivers in this process, whose progress the test holds (no progress thread) ------ */
+
+/* Drive a receiver without a progress thread for ms milliseconds. */
+static void drive(kvx_transport_t *rx, uint64_t ms)
+{
+    uint64_t end = kt_now_ns() + ms * 1000000ull;
+    kvx_completion_t c[4];
+
+    while (kt_now_ns() < end) {
+        KT_OK(kvx_transport_poll(rx, NULL, c, 4));
+        usleep(100);
+    }
+}
+
+/* Wait for transfer id of writer t while driving receiver rx; returns its status. */
+static int wait_driving(kvx_transport_t *t, const char *peer, uint64_t id, kvx_transport_t *rx,
+                        uint64_t *ms_p)
+{
+    uint64_t t0 = kt_now_ns(), end = t0 + 10000000000ull;
+    kvx_completion_t c;
+
+    for (;;) {
+        int n = kvx_transport_poll(t, peer, &c, 1);
+        KT_OK(n);
+        if (n == 1)
+            break;
+        if (kt_now_ns() > end)
+            KT_FAIL("transfer %llu: no completion in 10 s", (unsigned long long)id);
+        if (rx != NULL)
+            drive(rx, 1);
+        else
+            usleep(100);
+    }
+    KT_EQ(c.id, id);
+    if (ms_p != NULL)
+        *ms_p = (kt_now_ns() - t0) / 1000000ull;
+    return c.status;
+}
+
+/* The blocks dst[i] of region rt hold (salt, src[i], round): the number that do not. */
+static int check_blocks(const kt_region_t *rt, const uint32_t *dst, const uint32_t *src, size_t n,
+                        uint64_t salt, uint64_t round)
+{
+    int bad = 0;
+    for (size_t i = 0; i < n; i++)
+        bad += kt_check(rt, dst[i], salt, src[i], round) != 0;
+    return bad;
+}
+
+/* Add rx (metadata md) to t as peer and wait until the connection is wired (rx driven). */
+static void add_wired(kvx_transport_t *t, const char *peer, const uint8_t *md, size_t md_len,
+                      kvx_transport_t *rx)
+{
+    kvx_peer_attr_t pa = {.field_mask = KVX_PEER_ATTR_STATE};
+    uint32_t l = NB - 1, d = NB - 1;
+    uint64_t id;
+
+    KT_OK(kvx_peer_add(t, peer, md, md_len, NULL));
+    /* a read completes only once the handshake is done */
+    KT_OK(kvx_xfer_read(t, peer, &l, &d, 1, NULL, &id));
+    KT_EQ(wait_driving(t, peer, id, rx, NULL), 0);
+    KT_OK(kvx_peer_query(t, peer, &pa));
+    KT_EQ(pa.state, KVX_PEER_CONNECTED);
+}
+
+/*
+ * Tag fences fence exactly their tags, however many: with a receiver that holds its progress,
+ * writes of tags 1, 500 and 1000000 wait unprocessed in its FIFO; 1,000 fences of tags 1..1000
+ * follow (one tag each). The writes of tags 1 and 500 are refused (nothing of them lands), the
+ * one of tag 1000000 lands byte for byte. (Before, fence records past 32 merged into a fence of
+ * every tag, and the write of tag 1000000 failed too.)
+ */
+static void many_tag_fences(void)
+{
+    kt_region_t rt = kt_region_alloc(NB, BL);
+    kvx_transport_t *rx = kt_transport(&rt, "many-target", 0);
+    kvx_transport_t *t = writer("many-writer", 0, 1, 0);
+    uint32_t l[3][2] = {{1, 2}, {3, 4}, {5, 6}}, d[3][2] = {{40, 41}, {50, 51}, {60, 61}};
+    uint64_t tags[3] = {1, 500, 1000000}, ids[3];
+    kvx_transport_attr_t ta = {.field_mask = KVX_TRANSPORT_ATTR_RECV};
+    uint8_t *md;
+    size_t md_len;
+    int st[3];
+
+    kt_fill_all(&rt, 7, 0);
+    md = kt_metadata(rx, &md_len);
+    add_wired(t, "t", md, md_len, rx);
+    for (int i = 0; i < 3; i++) {
+        for (int k = 0; k < 2; k++)
+            kt_fill(&r, l[i][k], SALT, l[i][k], 21);
+        ids[i] = put(t, "t", l[i], d[i], 2, 0, tags[i], false);
+    }
+    usleep(50000); /* the writer's thread posted them: they wait in the receiver's FIFO */
+    for (uint64_t tag = 1; tag <= 1000; tag++)
+        KT_EQ(kvx_fence(rx, "many-writer", &tag, 1), 1);
+    for (int i = 0; i < 3; i++)
+        st[i] = wait_driving(t, "t", ids[i], rx, NULL);
+    kt_log("after 1000 tag fences: tag 1 %s, tag 500 %s, tag 1000000 %s", kvx_strerror(st[0]),
+           kvx_strerror(st[1]), kvx_strerror(st[2]));
+    KT_ERR(st[0], -KVX_EFENCED);
+    KT_ERR(st[1], -KVX_EFENCED);
+    KT_EQ(st[2], 0);
+    KT_EQ(check_blocks(&rt, d[2], l[2], 2, SALT, 21), 0);
+    KT_EQ(check_blocks(&rt, d[0], d[0], 2, 7, 0), 0); /* nothing of the fenced ones landed */
+    KT_EQ(check_blocks(&rt, d[1], d[1], 2, 7, 0), 0);
+    KT_OK(kvx_transport_query(rx, &ta));
+    KT_EQ(ta.recv.drop_fenced, 2);
+
+    /* the bound: tags up to KVX_FENCE_WRITER_TAGS_MAX distinct ones are remembered; a fence of
+     * one more fails with -ENOSPC and fences nothing (a write of that tag, waiting in the
+     * receiver's FIFO, lands), while fences of tags already fenced still work */
+    {
+        uint64_t tg16[16], extra = 5000000, again = 1;
+        uint64_t next = 1001;
+        while (next <= KVX_FENCE_WRITER_TAGS_MAX) {
+            size_t n = 0;
+            while (n < 16 && next <= KVX_FENCE_WRITER_TAGS_MAX)
+                tg16[n++] = next++;
+            KT_EQ(kvx_fence(rx, "many-writer", tg16, n), 1);
+        }
+        drive(rx, 50); /* the fence notices go out */
+        for (int k = 0; k < 2; k++)
+            kt_fill(&r, l[0][k], SALT, l[0][k], 22);
+        ids[0] = put(t, "t", l[0], d[0], 2, 0, extra, false);
+        usleep(50000);
+        KT_ERR(kvx_fence(rx, "many-writer", &extra, 1), -ENOSPC);
+        KT_EQ(kvx_fence(rx, "many-writer", &again, 1), 1);
+        KT_EQ(wait_driving(t, "t", ids[0], rx, NULL), 0);
+        KT_EQ(check_blocks(&rt, d[0], l[0], 2, SALT, 22), 0);
+        /* a fence of every tag frees the tag records: tag fences are possible again */
+        KT_EQ(kvx_fence(rx, "many-writer", NULL, 0), 1);
+        KT_EQ(kvx_fence(rx, "many-writer", &extra, 1), 1);
+        KT_ERR(kvx_fence_ex(rx, "many-writer", &extra, 1, 2), -EINVAL);
+    }
+    free(md);
+    kvx_transport_destroy(t);
+    kvx_transport_destroy(rx);
+    kt_region_free(&rt);
+}
+
+/*
+ * A write in flight on a connection whose handshake the receiver has not processed yet. The
+ * writer holds an older connection the receiver heard from ("old"), then adds the receiver
+ * again ("new") while the receiver's progress is held: the HELLO waits in its FIFO, the peer is
+ * KVX_PEER_WIRING, and a 16-block write waits behind the handshake. The receiver fences the
+ * writer (the call fences "old": it returns 1), then progresses.
+ *  - kvx_fence (the weaker form, documented): "new" is a connection the receiver had not heard
+ *    from; its write lands in full after the fence and succeeds.
+ *  - kvx_fence_ex with KVX_FENCE_RETIRE: the HELLO presents the retired capability and is
+ *    refused with an answer: the write fails at once with -EKEYREVOKED and none of its 16
+ *    blocks lands; the peer is FAILED with that error; the metadata changed; "old" keeps
+ *    working, and so does another writer's connection made before; a re-add with the old
+ *    metadata is refused the same way, and one with the new metadata writes, byte for byte.
+ */
+static void unheard_connection(bool retire)
+{
+    kt_region_t rt = kt_region_alloc(NB, BL);
+    const char *wname = retire ? "retire-writer" : "weak-writer";
+    kvx_transport_t *rx = kt_transport(&rt, retire ? "retire-target" : "weak-target", 0);
+    kvx_transport_t *t = writer(wname, 0, 1, 0);
+    kvx_transport_t *other = writer(retire ? "retire-bystander" : "weak-bystander", 0, 1, 0);
+    kvx_peer_attr_t pa = {.field_mask = KVX_PEER_ATTR_STATE | KVX_PEER_ATTR_TRANSPORT};
+    kvx_transport_attr_t ta = {.field_mask = KVX_TRANSPORT_ATTR_RECV};
+    uint32_t l[16], d[16], l2 = 40, d2 = 140;
+    uint8_t *md, *md2;
+    size_t md_len, md2_len;
+    uint64_t id, ms;
+    int st, landed;
+
+    kt_fill_all(&rt, 8, 0);
+    md = kt_metadata(rx, &md_len);
+    for (uint32_t i = 0; i < 16; i++) {
+        l[i] = 16 + i;
+        d[i] = 100 + i;
+        kt_fill(&r, l[i], SALT, l[i], 31);
+    }
+    kt_fill(&r, l2, SALT, l2, 32);
+    add_wired(t, "old", md, md_len, rx);
+    add_wired(other, "rx", md, md_len, rx); /* another writer, connected before the fence */
+    KT_OK(kvx_peer_query(t, "old", &pa));
+    kt_log("unheard connection: over %s", pa.transport);
+    KT_CHECK(getenv("UCX_TLS") == NULL || strncmp(pa.transport, "tcp", 3) == 0);
+    KT_OK(kvx_peer_add(t, "new", md, md_len, NULL)); /* the receiver does not answer in 200 ms */
+    KT_OK(kvx_peer_query(t, "new", &pa));
+    KT_EQ(pa.state, KVX_PEER_WIRING);
+    id = put(t, "new", l, d, 16, 0, 0, false);
+    usleep(20000);
+    KT_EQ(kvx_fence_ex(rx, wname, NULL, 0, retire ? KVX_FENCE_RETIRE : 0), 1);
+    st = wait_driving(t, "new", id, rx, &ms);
+    drive(rx, 200);
+    landed = check_blocks(&rt, d, d, 16, 8, 0); /* blocks no longer the original */
+    KT_EQ(check_blocks(&rt, d, l, 16, SALT, 31), retire ? 16 : 0);
+    kt_log("%s: the write on a connection the receiver had not heard from: %s after %llu ms, "
+           "%d of 16 blocks landed",
+           retire ? "kvx_fence_ex(RETIRE)" : "kvx_fence", kvx_strerror(st), (unsigned long long)ms,
+           landed);
+    if (!retire) {
+        KT_EQ(st, 0);
+        KT_EQ(landed, 16);
+        goto out;
+    }
+    KT_ERR(st, -EKEYREVOKED);
+    KT_EQ(landed, 0);
+    KT_CHECK(ms < 1000); /* an answer, not a timeout */
+    pa.field_mask = KVX_PEER_ATTR_STATE;
+    KT_OK(kvx_peer_query(t, "new", &pa));
+    KT_EQ(pa.state, KVX_PEER_FAILED);
+    KT_ERR(pa.error, -EKEYREVOKED);
+    KT_OK(kvx_transport_query(rx, &ta));
+    KT_EQ(ta.recv.drop_capability, 1);
+    md2 = kt_metadata(rx, &md2_len);
+    KT_EQ(md2_len, md_len);
+    KT_CHECK(memcmp(md, md2, md_len) != 0);
+    /* the connection made before stays (it heard of the fence: its next write lands), and so
+     * does the other writer's, unfenced */
+    id = put(t, "old", &l2, &d2, 1, 0, 0, false);
+    KT_EQ(wait_driving(t, "old", id, rx, NULL), 0);
+    KT_EQ(kt_check(&rt, d2, SALT, l2, 32), 0);
+    kt_fill(&r, l2, SALT, l2, 33);
+    id = put(other, "rx", &l2, &d2, 1, 0, 0, false);
+    KT_EQ(wait_driving(other, "rx", id, rx, NULL), 0);
+    KT_EQ(kt_check(&rt, d2, SALT, l2, 33), 0);
+    /* the old metadata is refused for good; the new one works */
+    KT_OK(kvx_peer_add(t, "new", md, md_len, NULL));
+    id = put(t, "new", l, d, 16, 0, 0, false);
+    KT_ERR(wait_driving(t, "new", id, rx, &ms), -EKEYREVOKED);
+    KT_CHECK(ms < 1000);
+    KT_EQ(check_blocks(&rt, d, d, 16, 8, 0), 0);
+    add_wired(t, "new", md2, md2_len, rx);
+    id = put(t, "new", l, d, 16, 0, 0, false);
+    KT_EQ(wait_driving(t, "new", id, rx, NULL), 0);
+    KT_EQ(check_blocks(&rt, d, l, 16, SALT, 31), 0);
+    KT_OK(kvx_transport_query(rx, &ta));
+    KT_EQ(ta.recv.drop_capability, 2);
+    free(md2);
+out:
+    free(md);
+    kvx_transport_destroy(other);
+    kvx_transport_destroy(t);
+    kvx_transport_destroy(rx);
+    kt_region_free(&rt);
+}
+
+/* A thread that drives a receiver without a progress thread (run 1), holds it (run 0), or, with
+ * hold_answered, drives it until its listener's answer to a pairing has left, then holds. */
+static struct {
+    kvx_transport_t *rx;
+    atomic_int run, hold_answered, quit;
+} drv;
+
+static bool answer_gone(kvx_transport_t *rx)
+{
+    bool gone = false;
+
+    kvx_lock(rx);
+    for (kvx_list_t *n = rx->pairings.next; n != &rx->pairings; n = n->next) {
+        kvx_pairing_t *pg = kvx_container_of(n, kvx_pairing_t, link);
+        gone |= pg->accepted && pg->answered && pg->refs == 0;
+    }
+    kvx_unlock(rx);
+    return gone;
+}
+
+static void *driver(void *arg)
+{
+    (void)arg;
+    while (!atomic_load(&drv.quit)) {
+        if (atomic_load(&drv.run)) {
+            kvx_completion_t c[4];
+            KT_OK(kvx_transport_poll(drv.rx, NULL, c, 4));
+            if (atomic_load(&drv.hold_answered) && answer_gone(drv.rx)) {
+                atomic_store(&drv.run, 0);
+                atomic_store(&drv.hold_answered, 0);
+            }
+        }
+        usleep(50);
+    }
+    return NULL;
+}
+
+static struct {
+    kvx_transport_t *t;
+    const char *addr;
+    int rc;
+} conn_call;
+
+static void *connect_thread(void *arg)
+{
+    (void)arg;
+    conn_call.rc = kvx_peer_connect(conn_call.t, "p", conn_call.addr, NULL);
+    return NULL;
+}
+
+/*
+ * A peer paired by address whose handshake the receiver had not processed when it retired its
+ * capability: the listener answered the pairing with the old metadata, then the receiver's
+ * progress is held, so the HELLO waits (KVX_PEER_WIRING) with a write behind it. After
+ * kvx_fence_ex(RETIRE) the receiver resumes: the HELLO is refused, the write fails with
+ * -EKEYREVOKED and none of it lands (it is not kept for the next connection: it was submitted
+ * before the fence), and the peer pairs again by itself, gets the new metadata from the
+ * listener (events DOWN -EKEYREVOKED, then RECONNECTED) and its next write lands.
+ */
+static void paired_retire(void)
+{
+    kt_region_t rt = kt_region_alloc(NB, BL);
+    kvx_transport_t *rx = kt_transport(&rt, "paired-target", 0);
+    kvx_transport_t *t = writer("paired-writer", 0, 1, 0);
+    kvx_transport_attr_t la = {.field_mask = KVX_TRANSPORT_ATTR_LISTEN};
+    kvx_peer_attr_t pa = {.field_mask = KVX_PEER_ATTR_STATE};
+    kvx_peer_event_t ev[8];
+    pthread_t drv_th, conn_th;
+    uint32_t l[8], d[8];
+    uint8_t *md0, *md1;
+    size_t md0_len, md1_len;
+    uint64_t id;
+    int st, nev = 0;
+
+    kt_fill_all(&rt, 9, 0);
+    for (uint32_t i = 0; i < 8; i++) {
+        l[i] = 64 + i;
+        d[i] = 160 + i;
+        kt_fill(&r, l[i], SALT, l[i], 41);
+    }
+    KT_OK(kvx_transport_listen(rx, "127.0.0.1:0"));
+    KT_OK(kvx_transport_query(rx, &la));
+    md0 = kt_metadata(rx, &md0_len);
+    drv.rx = rx;
+    atomic_store(&drv.quit, 0);
+    atomic_store(&drv.hold_answered, 1);
+    atomic_store(&drv.run, 1);
+    KT_CHECK(pthread_create(&drv_th, NULL, driver, NULL) == 0);
+    conn_call.t = t;
+    conn_call.addr = la.listen_addr;
+    KT_CHECK(pthread_create(&conn_th, NULL, connect_thread, NULL) == 0);
+    pthread_join(conn_th, NULL);
+    KT_OK(conn_call.rc);
+    KT_EQ(atomic_load(&drv.run), 0); /* held since the answer left */
+    KT_OK(kvx_peer_query(t, "p", &pa));
+    KT_EQ(pa.state, KVX_PEER_WIRING);
+    id = put(t, "p", l, d, 8, 0, 0, false);
+    usleep(20000);
+    KT_EQ(kvx_fence_ex(rx, NULL, NULL, 0, KVX_FENCE_RETIRE), 0); /* nothing it heard of */
+    md1 = kt_metadata(rx, &md1_len);
+    KT_CHECK(md1_len == md0_len && memcmp(md0, md1, md0_len) != 0);
+    atomic_store(&drv.run, 1);
+    st = wait_one(t, "p", id);
+    kt_log("paired by address, the HELLO refused: the write %s", kvx_strerror(st));
+    KT_ERR(st, -EKEYREVOKED);
+    /* it pairs again by itself, with the new metadata */
+    for (uint64_t end = kt_now_ns() + 10000000000ull; nev < 2 && kt_now_ns() < end;) {
+        int n = kvx_peer_event_poll(t, ev + nev, 8 - (size_t)nev);
+        KT_OK(n);
+        nev += n;
+        usleep(1000);
+    }
+    KT_EQ(nev, 2);
+    KT_EQ(ev[0].type, KVX_PEER_EVENT_DOWN);
+    KT_ERR(ev[0].error, -EKEYREVOKED);
+    KT_EQ(ev[1].type, KVX_PEER_EVENT_RECONNECTED);
+    KT_EQ(check_blocks(&rt, d, d, 8, 9, 0), 0); /* nothing of the refused write landed */
+    id = put(t, "p", l, d, 8, 0, 0, false);
+    KT_EQ(wait_one(t, "p", id), 0);
+    KT_EQ(check_blocks(&rt, d, l, 8, SALT, 41), 0);
+    /* a receiver that answers within the add's wait: the add itself fails, nothing added */
+    KT_ERR(kvx_peer_add(t, "q", md0, md0_len, NULL), -EKEYREVOKED);
+    KT_ERR(kvx_peer_query(t, "q", &pa), -ENOENT);
+    KT_OK(kvx_peer_add(t, "q", md1, md1_len, NULL));
+    atomic_store(&drv.quit, 1);
+    pthread_join(drv_th, NULL);
+    free(md0);
+    free(md1);
+    kvx_transport_destroy(t);
+    kvx_transport_destroy(rx);
+    kt_region_free(&rt);
+}
+
+/*
+ * The bound over every writer: 17 writers connected, fences of 16 new tags each for every
+ * writer (writer NULL) add 272 records per call; the call that would pass
+ * KVX_FENCE_TOTAL_TAGS_MAX fails with -ENOSPC and fences no writer (each writer is still below
+ * its own bound), while one writer's 16 tags still fit; a fence of every tag of every writer
+ * frees the records.
+ */
+static void total_tag_bound(void)
+{
+    enum { NW = 17 };
+    kt_region_t rt = kt_region_alloc(NB, BL);
+    kvx_transport_t *rx = kt_transport(&rt, "bound-target", 0), *w[NW];
+    uint8_t *md = NULL;
+    size_t md_len, calls = 0;
+    uint64_t tags[16], next = 1;
+    int rc;
+
+    md = kt_metadata(rx, &md_len);
+    for (int i = 0; i < NW; i++) {
+        char name[32];
+        snprintf(name, sizeof(name), "bound-writer-%d", i);
+        w[i] = writer(name, 0, 0, 0);
+        add_wired(w[i], "t", md, md_len, rx);
+    }
+    for (;;) {
+        for (int k = 0; k < 16; k++)
+            tags[k] = next + (uint64_t)k;
+        rc = kvx_fence(rx, NULL, tags, 16);
+        if (rc < 0)
+            break;
+        KT_EQ(rc, NW);
+        next += 16;
+        calls++;
+    }
+    kt_log("tag fences of every writer: %zu calls of 16 tags x %d writers, then %s", calls, NW,
+           kvx_strerror(rc));
+    KT_ERR(rc, -ENOSPC);
+    KT_EQ(calls, KVX_FENCE_TOTAL_TAGS_MAX / (16 * NW));
+    KT_EQ(rx->nftags, calls * 16 * NW); /* nothing of the refused call was recorded */
+    /* one writer's 16 still fit (208 records were left) */
+    KT_EQ(kvx_fence(rx, "bound-writer-0", tags, 16), 1);
+    KT_EQ(rx->nftags, calls * 16 * NW + 16);
+    KT_EQ(kvx_fence(rx, NULL, NULL, 0), NW);
+    KT_EQ(rx->nftags, 0);
+    KT_EQ(kvx_fence(rx, NULL, tags, 16), NW);
+    for (int i = 0; i < NW; i++)
+        kvx_transport_destroy(w[i]);
+    free(md);
+    kvx_transport_destroy(rx);
+    kt_region_free(&rt);
+}
+
+/* A transport with the shared secret "fence-secret" (threads: progress threads). */
+static kvx_transport_t *with_secret(const kt_region_t *rg, const char *name, unsigned threads)
+{
+    kvx_transport_t *t;
+    kvx_params_t p = {.field_mask = KVX_PARAM_REGION | KVX_PARAM_AGENT_NAME |
+                                    KVX_PARAM_NUM_THREADS | KVX_PARAM_SECRET,
+                      .base = rg->base,
+                      .num_blocks = rg->num_blocks,
+                      .block_len = rg->block_len,
+                      .agent_name = name,
+                      .num_threads = threads,
+                      .secret = "fence-secret",
+                      .secret_len = 12};
+    KT_OK(kvx_transport_create(&p, &t));
+    return t;
+}
+
+/* With a shared secret: the HELLO of the retired capability proves the secret and is refused
+ * all the same; the new metadata is signed (an add with it passes the signature check). */
+static void unheard_secret(void)
+{
+    kt_region_t rt = kt_region_alloc(NB, BL);
+    kvx_transport_t *rx = with_secret(&rt, "secret-target", 0);
+    kvx_transport_t *t = with_secret(&r, "secret-writer", 1);
+    uint32_t l[4] = {90, 91, 92, 93}, d[4] = {200, 201, 202, 203};
+    uint8_t *md, *md2;
+    size_t md_len, md2_len;
+    uint64_t id;
+
+    kt_fill_all(&rt, 10, 0);
+    for (int i = 0; i < 4; i++)
+        kt_fill(&r, l[i], SALT, l[i], 51);
+    md = kt_metadata(rx, &md_len);
+    KT_OK(kvx_peer_add(t, "s", md, md_len, NULL));
+    id = put(t, "s", l, d, 4, 0, 0, false);
+    usleep(20000);
+    KT_EQ(kvx_fence_ex(rx, NULL, NULL, 0, KVX_FENCE_RETIRE), 0);
+    KT_ERR(wait_driving(t, "s", id, rx, NULL), -EKEYREVOKED);
+    KT_EQ(check_blocks(&rt, d, d, 4, 10, 0), 0);
+    md2 = kt_metadata(rx, &md2_len);
+    KT_CHECK(md2_len == md_len && memcmp(md, md2, md_len) != 0);
+    add_wired(t, "s", md2, md2_len, rx);
+    id = put(t, "s", l, d, 4, 0, 0, false);
+    KT_EQ(wait_driving(t, "s", id, rx, NULL), 0);
+    KT_EQ(check_blocks(&rt, d, l, 4, SALT, 51), 0);
+    free(md);
+    free(md2);
+    kvx_transport_destroy(t);
+    kvx_transport_destroy(rx);
+    kt_region_free(&rt);
+}
+
+int main(int argc, char **argv)
 {
     r = kt_region_alloc(NB, BL);
     kt_fill_all(&r, SALT, 0);
+    if (argc > 1 && strcmp(argv[1], "unheard-tcp") == 0) {
+        /* the same over tcp alone (the HELLO waits in UCX, not in a FIFO) */
+        setenv("UCX_TLS", "tcp", 1);
+        unheard_connection(false);
+        unheard_connection(true);
+        paired_retire();
+        kt_region_free(&r);
+        return 0;
+    }
+    unheard_connection(false);
+    unheard_connection(true);
+    paired_retire();
+    unheard_secret();
+    if (argc > 1 && strcmp(argv[1], "unheard") == 0) { /* these alone, for repeated runs */
+        kt_region_free(&r);
+        return 0;
+    }
+    many_tag_fences();
+    total_tag_bound();
     fence_tags_and_notices();
     no_notice_for_failures();
     integrity();

@@ -116,6 +116,12 @@ static void same_id_adds(kt_target_t *fresh, kt_target_t *stale)
     KT_OK(kvx_peer_query(t, "x", &pa));
     kt_log("two adds of one id: the later one's connection (to %s) is left", pa.agent_name);
     KT_CHECK(strcmp(pa.agent_name, "healthy") == 0);
+    /* its handshake may still be under way (kvx_peer_add waits 200 ms for it) */
+    for (uint64_t end = kt_now_ns() + 5000000000ull;
+         pa.state == KVX_PEER_WIRING && kt_now_ns() < end;) {
+        usleep(1000);
+        KT_OK(kvx_peer_query(t, "x", &pa));
+    }
     KT_EQ(pa.state, KVX_PEER_CONNECTED);
     KT_OK(kvx_xfer_write(t, "x", li, ri, 2, NULL, &id));
     KT_EQ(kt_poll_n(t, "x", &c, 1, 5000), 1);

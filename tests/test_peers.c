@@ -145,6 +145,12 @@ static void replace(kt_target_t *tb, kt_target_t *tc)
     KT_OK(kvx_peer_add(t, "B", tc->md, tc->md_len, NULL));
     KT_OK(kvx_peer_query(t, "B", &pa));
     KT_CHECK(strcmp(pa.agent_name, "target-c") == 0);
+    /* its handshake may still be under way (kvx_peer_add waits 200 ms for it) */
+    for (uint64_t end = kt_now_ns() + 5000000000ull;
+         pa.state == KVX_PEER_WIRING && kt_now_ns() < end;) {
+        usleep(1000);
+        KT_OK(kvx_peer_query(t, "B", &pa));
+    }
     KT_EQ(pa.state, KVX_PEER_CONNECTED);
     submit("B", 256, 32);
     KT_EQ(kt_poll_n(t, "B", c, 1, 5000), 1);

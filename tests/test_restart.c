@@ -70,6 +70,10 @@ int main(void)
     tg = start_target("127.0.0.1:0", 100);
     memcpy(addr, tg.listen_addr, sizeof(addr));
     KT_OK(kvx_peer_connect(t, "p", addr, NULL));
+    /* its handshake may still be under way (the add waits 200 ms for it) */
+    for (uint64_t end = kt_now_ns() + 5000000000ull;
+         peer_state(t, NULL) == KVX_PEER_WIRING && kt_now_ns() < end;)
+        usleep(1000);
     KT_EQ(peer_state(t, &gen), KVX_PEER_CONNECTED);
 
     for (int round = 1; round <= ROUNDS; round++) {

@@ -43,6 +43,7 @@ XFER_PARAM_FLAGS = 1 << 2
 XFER_NOTIFY = 1 << 0
 EFENCED = 1000 + 2
 FENCE_TAGS_MAX = 16
+FENCE_RETIRE = 1 << 0
 CANCEL_IMMEDIATE = 0
 CANCEL_WAIT = 1
 COMPLETION_READ = 1
@@ -261,6 +262,8 @@ def _declare(lib):
                                            c_uint64_p]),
         "kvx_transport_query": (ctypes.c_int, [t, ctypes.POINTER(TransportAttr)]),
         "kvx_fence": (ctypes.c_int, [t, ctypes.c_char_p, c_uint64_p, ctypes.c_size_t]),
+        "kvx_fence_ex": (ctypes.c_int, [t, ctypes.c_char_p, c_uint64_p, ctypes.c_size_t,
+                                        ctypes.c_uint]),
         "kvx_notice_poll": (ctypes.c_int, [t, ctypes.POINTER(Notice), ctypes.c_size_t]),
         "kvx_peer_event_poll": (ctypes.c_int, [t, ctypes.POINTER(PeerEvent), ctypes.c_size_t]),
     }

@@ -77,7 +77,7 @@ _U32 = [ctypes.c_uint32 * n for n in range(_SMALL + 1)]
 # Errors of add_remote_peer that mean "this peer is not acceptable": ValueError. The others
 # (the peer is unreachable) are ConnectionError.
 _VALUE_ERRORS = {errno.EINVAL, errno.EBADMSG, errno.EPROTONOSUPPORT, errno.EEXIST, errno.EACCES,
-                 errno.ESTALE, _lib.EINCOMPAT}
+                 errno.ESTALE, errno.EKEYREVOKED, _lib.EINCOMPAT}
 
 
 class KvxError(RuntimeError):
@@ -828,7 +828,8 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
             return None
         return Failure(st, _lib.errno_name(st), _lib.strerror(st))
 
-    def fence(self, writer: Optional[str] = None, tags: Optional[Iterable[int]] = None) -> int:
+    def fence(self, writer: Optional[str] = None, tags: Optional[Iterable[int]] = None,
+              retire: bool = False) -> int:
         """Fence writes into this region. What it guarantees: when this returns, no byte of a
         write that writer (a peer id of this transport, or the writer's agent name; None: every
         writer) submitted before the call lands here any more, on every connection of that
@@ -842,7 +843,13 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
         The writer's fenced transfers fail (a failed id in its poll, whose failure() is
         KVX_EFENCED) and it need not re-add anything: writes it submits once it heard of the
         fence land (kvx tells it at once; one submitted before that fails too and may simply be
-        submitted again). Never waits on the network."""
+        submitted again). Never waits on the network.
+        retire=True is the stronger form (kvx_fence_ex, KVX_FENCE_RETIRE): it also retires this
+        transport's capability, so that a connection whose HELLO arrives after the call is
+        refused (it and its transfers fail with EKEYREVOKED, and add_remote_peer with the old
+        metadata raises ValueError): every write submitted before the call, on any connection,
+        is then kept out. get_agent_metadata() returns the new metadata (same size) from then
+        on, which writers must be given again; connections already made keep working."""
         h = self._h()
         name = None
         if writer is not None:
@@ -854,7 +861,8 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
         if len(tl) > _lib.FENCE_TAGS_MAX or any(not 0 <= x < 2**64 for x in tl):
             raise ValueError(f"fence: at most {_lib.FENCE_TAGS_MAX} tags of 0..2**64-1")
         arr = (ctypes.c_uint64 * len(tl))(*tl) if tl else None
-        return self._check("fence", self._lib.kvx_fence(h, name, arr, len(tl)))
+        return self._check("fence", self._lib.kvx_fence_ex(
+            h, name, arr, len(tl), _lib.FENCE_RETIRE if retire else 0))
 
     def poll_notices(self) -> tuple:
         """The arrival notices waiting (Notice(writer, tag, blocks, bytes)), oldest first, each

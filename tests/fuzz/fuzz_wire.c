@@ -2,10 +2,11 @@
  * libFuzzer harness for what kvx does with a peer's messages before they touch anything: the
  * strict header decoder (src/wire.c) and the receiving side that acts on what it decoded
  * (src/recv.c: token check, fences, region bounds, applying writes into a region, queueing read
- * requests, notices, handshakes). Each input is one message: a byte choosing where the header
- * ends, the header, the payload. Messages naming connection 1 get that connection's token when
- * the input asks, so that the fuzzer reaches what a peer holding the token could do. Build with
- * clang (CMake: CC=clang, -DKVX_BUILD_FUZZ=ON); ASan checks every byte written to the region.
+ * requests, notices, handshakes, a retired capability's). Each input is one message: a byte
+ * choosing where the header ends, the header, the payload. Messages naming connection 1 get that
+ * connection's token when the input asks, so that the fuzzer reaches what a peer holding the token
+ * could do. Build with clang (CMake: CC=clang, -DKVX_BUILD_FUZZ=ON); ASan checks every byte written
+ * to the region.
  */
 #include "kvx_int.h"
 
@@ -28,6 +29,9 @@ static kvx_transport_t *setup(void)
     t->block_len = 4096;
     t->num_blocks = REGION / 4096;
     memset(t->capability, 0x42, sizeof(t->capability));
+    memset(t->retired[0], 0x43, sizeof(t->retired[0])); /* a HELLO with it is kept, to refuse */
+    t->nretired = 1;
+    kvx_list_init(&t->refusing);
     t->notice_cap = 4;
     t->notices = calloc(t->notice_cap, sizeof(*t->notices));
     kvx_list_init(&t->rwork);
@@ -38,10 +42,12 @@ static kvx_transport_t *setup(void)
     snprintf(w->name, sizeof(w->name), "writer");
     kvx_list_init(&w->rconns);
     w->epoch = 2;
-    w->nfences = 1;
-    w->fences[0].at_epoch = 2;
-    w->fences[0].ntags = 1;
-    w->fences[0].tags[0] = 7; /* writes of tag 7 stamped before epoch 2 are fenced */
+    w->ftags = calloc(1, sizeof(*w->ftags));
+    w->nftags = w->ftags_cap = 1;
+    w->ftags[0].tag = 7;
+    w->ftags[0].at_epoch = 2; /* writes of tag 7 stamped before epoch 2 are fenced */
+    w->live = 1;
+    t->nftags = 1;
     rc->t = t;
     rc->w = w;
     rc->token = TOKEN;

@@ -1179,6 +1179,54 @@ class TestWhyItFailed(unittest.TestCase):
         self.assertEqual(rx.block(20), block_pattern(BL, SALT, 6, 0))
         self.assertEqual(rx.block(21), block_pattern(BL, SALT, 7, 0))
 
+    def test_retiring_fence_covers_a_connection_not_heard_from(self):
+        """fence(retire=True): the same early write is refused (EKEYREVOKED, nothing lands),
+        the metadata changes, the old one is refused, and the new one works."""
+        rx = Local("retire-rx", num_threads=0)
+        tx = Local("retire-writer")
+        self.addCleanup(rx.close)
+        self.addCleanup(tx.close)
+        old = rx.t.get_agent_metadata()
+        before = (rx.block(20), rx.block(21))
+        tx.t.add_remote_peer("R", old, rx.t.base_addr, NB, BL)
+        tid = tx.t.write_blocks("R", [6, 7], [20, 21])
+        self.assertIsNotNone(tid)
+        self.assertEqual(rx.t.fence("retire-writer", retire=True), 0)
+        new = rx.t.get_agent_metadata()
+        self.assertNotEqual(new, old)
+        self.assertEqual(len(new), len(old))
+        end = time.time() + 10
+        done = failed = ()
+        while tid not in done + failed and time.time() < end:
+            rx.t.poll()
+            r = tx.t.poll("R")
+            done, failed = done + r.done, failed + r.failed
+            time.sleep(0.0005)
+        self.assertEqual((done, failed), ((), (tid,)))
+        self.assertEqual(tx.t.failure(tid).name, "EKEYREVOKED")
+        self.assertEqual((rx.block(20), rx.block(21)), before)
+        # the old metadata is refused; the new one writes
+        stop = threading.Event()
+        pump = threading.Thread(target=lambda: [rx.t.poll() or time.sleep(0.0005)
+                                                for _ in iter(stop.is_set, True)])
+        pump.start()
+        try:
+            with self.assertRaises(ValueError):
+                tx.t.add_remote_peer("R", old, rx.t.base_addr, NB, BL)
+            tx.t.add_remote_peer("R", new, rx.t.base_addr, NB, BL)
+            tid = tx.t.write_blocks("R", [6, 7], [20, 21])
+            end = time.time() + 10
+            done = ()
+            while tid not in done and time.time() < end:
+                done += tx.t.poll("R").done
+                time.sleep(0.0005)
+            self.assertIn(tid, done)
+        finally:
+            stop.set()
+            pump.join()
+        self.assertEqual(rx.block(20), block_pattern(BL, SALT, 6, 0))
+        self.assertEqual(rx.block(21), block_pattern(BL, SALT, 7, 0))
+
     def test_failures_kept_are_bounded(self):
         loc = Local("bounded", 4, 4096, num_threads=0)
         self.addCleanup(loc.close)
