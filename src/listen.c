@@ -135,6 +135,10 @@ static void kvx_pair_close(kvx_pairing_t *pg, int err)
         pg->t->next_reconnect_ns = 0; /* a reconnection: its peer looks at once */
 }
 
+/* The pairing's endpoint, when it can still be used: NULL once kvx_pair_close closed it (which
+ * an error reported in the same progress step as an answer does before the answer is taken). */
+static kvx_ucx_ep_t *kvx_pair_ep(const kvx_pairing_t *pg) { return pg->closing ? NULL : pg->ucx; }
+
 /* Something for kvx_listen_work to do about pg. */
 static void kvx_pair_want_work(kvx_pairing_t *pg)
 {
@@ -279,6 +283,8 @@ static void kvx_listen_answer(kvx_pairing_t *pg)
                      hdr + 40);
     pg->answered = true;
     pg->expires_ns = kvx_now_ns() + KVX_PAIR_TIMEOUT_NS; /* for the other side to close */
+    if (kvx_pair_ep(pg) == NULL)
+        return;
     rc = kvx_ucx_send_pair(pg->ucx, hdr, sizeof(hdr), status == 0 ? t->metadata : NULL,
                            status == 0 ? t->metadata_len : 0, &pg->refs);
     if (rc < 0)
@@ -302,6 +308,8 @@ static void kvx_connect_request(kvx_pairing_t *pg)
         kvx_pair_close(pg, -EACCES);
         return;
     }
+    if (kvx_pair_ep(pg) == NULL)
+        return;
     kvx_wire_put_hdr(hdr, KVX_MSG_MD_REQ, t->secret != NULL ? KVX_MSGF_PROOF : 0, 0, 0);
     if (t->secret != NULL)
         kvx_pair_mac(t, kvx_pair_req_label, pg->nonce, pg->cnonce, NULL, 0, hdr + KVX_WIRE_HDR_LEN);
@@ -347,7 +355,7 @@ void kvx_listen_on_message(kvx_pairing_t *pg, const kvx_msg_t *m, const uint8_t 
 {
     if (pg->closing || pg->fail_err != 0)
         return;
-    if (pg->accepted && m->type == KVX_MSG_MD_REQ && !pg->asked && pg->ucx != NULL) {
+    if (pg->accepted && m->type == KVX_MSG_MD_REQ && !pg->asked && kvx_pair_ep(pg) != NULL) {
         pg->asked = true;
         pg->has_proof = m->u.md_req.proof != NULL;
         if (pg->has_proof)
@@ -465,14 +473,24 @@ int kvx_peer_connect(kvx_transport_t *t, const char *peer_id, const char *addr,
     } else if (pg->err < 0) {
         rc = pg->err;
     } else if (pg->answered) {
-        char lanes[KVX_TRANSPORT_NAME_MAX];
-        int hw;
-        size_t seg;
+        /* a whole answer, checked: the metadata is the listener's, whatever became of the
+         * connection after it (a failure reported in the same progress step has closed the
+         * endpoint already; kvx_peer_add_at below finds out whether that process is still
+         * there) */
         md = pg->md;
         md_len = pg->md_len;
         pg->md = NULL;
-        kvx_ucx_ep_describe(pg->ucx, lanes, sizeof(lanes), &hw, &seg);
-        kvx_debug(t, "peer %s: the pairing connection to %s ran over '%s'", peer_id, addr, lanes);
+        if (kvx_pair_ep(pg) != NULL) {
+            char lanes[KVX_TRANSPORT_NAME_MAX];
+            int hw;
+            size_t seg;
+            kvx_ucx_ep_describe(pg->ucx, lanes, sizeof(lanes), &hw, &seg);
+            kvx_debug(t, "peer %s: the pairing connection to %s ran over '%s'", peer_id, addr,
+                      lanes);
+        } else {
+            kvx_debug(t, "peer %s: the pairing connection to %s closed right after its answer",
+                      peer_id, addr);
+        }
     } else {
         rc = -ETIMEDOUT;
     }
