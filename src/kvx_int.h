@@ -250,6 +250,9 @@ struct kvx_peer {
     uint64_t bytes_written, bytes_read, xfers_done, xfers_failed, lat_sum_ns, lat_max_ns;
     char last_agent[KVX_NAME_MAX + 1];
     uint64_t last_base, last_num_blocks, last_generation;
+    /* the caller's kvx_peer_params_t of the add or connect that installed the connection
+     * (field_mask 0: none): a reconnection's metadata passes the same checks */
+    kvx_peer_params_t expect;
     /* paired by address (kvx_peer_connect): where it listens, and, once its connection failed,
      * the pairing again (listen.c) */
     char *addr;
