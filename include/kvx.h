@@ -408,7 +408,9 @@ KVX_API int kvx_peer_remove_ex(kvx_transport_t *transport, const char *peer_id, 
  * secret if this transport has one, receives the listener's metadata, closes that connection,
  * and adds the peer with that metadata exactly as kvx_peer_add does (the same checks, errors,
  * replacement rules, and the same data path: shared memory between processes on one host).
- * Waits up to 2 s for the listener's answer, without holding up other calls. addr and params
+ * Waits up to 5 s for the listener's answer, without holding up other calls: UCX's connection
+ * manager wires up in about 10 ms on an idle machine, but on a loaded one, behind a flood of
+ * connections the listener drops first, it took up to 2.1 s (test_pair). addr and params
  * need only stay valid during the call; a name is resolved once (its first address), and the
  * peer pairs again at that address. Returns what
  * kvx_peer_add returns, or -EINVAL (bad address), -ECONNREFUSED / -EHOSTUNREACH (nothing

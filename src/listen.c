@@ -23,8 +23,15 @@
 #include <string.h>
 #include <sys/random.h>
 
-/* An exchange not finished in this time is closed (at the next housekeeping, 0.1-1 s later). */
+/* An exchange the listener took that is not finished in this time is closed (at the next
+ * housekeeping, 0.1-1 s later): what one client can hold of the listener. */
 #define KVX_PAIR_TIMEOUT_NS (2ull * 1000000000ull)
+/* How long the connecting side waits for the answer. Longer than the listener's bound: its wait
+ * also covers UCX's connection-manager wire-up (a dozen hand-offs between the two processes'
+ * threads, 0.15-0.4 s each way on a loaded 2-core machine for 1.19) and, behind a flood, the
+ * time the listener's UCX takes to accept and drop the connections that came first (764 of
+ * test_pair's: 0.03-0.4 s); together they reached 2.1 s there, which timed out the 2 s wait. */
+#define KVX_CONNECT_TIMEOUT_NS (5ull * 1000000000ull)
 /* Pairing again: at once, then after pauses that double from the first to the last. */
 #define KVX_RECONNECT_MIN_NS 10000000ull
 #define KVX_RECONNECT_MAX_NS 500000000ull
@@ -223,6 +230,7 @@ void kvx_listen_on_request(kvx_transport_t *t, void *conn_req)
     pg->expires_ns = kvx_now_ns() + KVX_PAIR_TIMEOUT_NS;
     kvx_list_add_tail(&t->pairings, &pg->link);
     t->naccepted++;
+    kvx_debug(t, "listener: a connection request (%u under way)", t->naccepted);
     kvx_pair_want_work(pg);
 }
 
@@ -310,6 +318,7 @@ static void kvx_connect_request(kvx_pairing_t *pg)
     }
     if (kvx_pair_ep(pg) == NULL)
         return;
+    kvx_debug(t, "pairing: the listener's challenge came; asking for its metadata");
     kvx_wire_put_hdr(hdr, KVX_MSG_MD_REQ, t->secret != NULL ? KVX_MSGF_PROOF : 0, 0, 0);
     if (t->secret != NULL)
         kvx_pair_mac(t, kvx_pair_req_label, pg->nonce, pg->cnonce, NULL, 0, hdr + KVX_WIRE_HDR_LEN);
@@ -430,7 +439,7 @@ static int kvx_pair_dial(kvx_transport_t *t, const struct sockaddr_storage *ss, 
         return rc;
     }
     kvx_list_add_tail(&t->pairings, &pg->link);
-    pg->expires_ns = kvx_now_ns() + KVX_PAIR_TIMEOUT_NS;
+    pg->expires_ns = kvx_now_ns() + KVX_CONNECT_TIMEOUT_NS;
     *pg_p = pg;
     return 0;
 }
