@@ -43,18 +43,14 @@
 static const char kvx_pair_req_label[] = "kvx-pair-req-v1";
 static const char kvx_pair_md_label[] = "kvx-pair-md-v1";
 
-/* "host:port" or "[v6 address]:port" to a socket address: 0, or -EINVAL. */
-static int kvx_addr_parse(const char *addr, bool any_port, struct sockaddr_storage *ss,
-                          socklen_t *len)
+int kvx_addr_split(const char *addr, bool any_port, char buf[KVX_ADDR_MAX], char **host_p,
+                   char **port_p)
 {
-    char buf[KVX_ADDR_MAX], *host, *port;
-    struct addrinfo hints = {
-        .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV};
-    struct addrinfo *res = NULL;
+    char *host, *port;
     size_t n;
     long pn;
 
-    if (addr == NULL || (n = strlen(addr)) == 0 || n >= sizeof(buf))
+    if (addr == NULL || (n = strnlen(addr, KVX_ADDR_MAX)) == 0 || n >= KVX_ADDR_MAX)
         return -EINVAL;
     memcpy(buf, addr, n + 1);
     if (buf[0] == '[') {
@@ -79,6 +75,21 @@ static int kvx_addr_parse(const char *addr, bool any_port, struct sockaddr_stora
     pn = strtol(port, NULL, 10);
     if (pn > 65535 || (pn == 0 && !any_port))
         return -EINVAL;
+    *host_p = host;
+    *port_p = port;
+    return 0;
+}
+
+int kvx_addr_parse(const char *addr, bool any_port, struct sockaddr_storage *ss, socklen_t *len)
+{
+    char buf[KVX_ADDR_MAX], *host, *port;
+    struct addrinfo hints = {
+        .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV};
+    struct addrinfo *res = NULL;
+    int rc = kvx_addr_split(addr, any_port, buf, &host, &port);
+
+    if (rc < 0)
+        return rc;
     if (getaddrinfo(host, port, &hints, &res) != 0 || res == NULL)
         return -EINVAL;
     if (res->ai_addrlen > sizeof(*ss)) {
@@ -91,7 +102,7 @@ static int kvx_addr_parse(const char *addr, bool any_port, struct sockaddr_stora
     return 0;
 }
 
-static void kvx_addr_format(const struct sockaddr_storage *ss, char *out, size_t cap)
+void kvx_addr_format(const struct sockaddr_storage *ss, char *out, size_t cap)
 {
     char host[64], port[8];
     socklen_t len =
