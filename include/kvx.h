@@ -343,7 +343,8 @@ enum kvx_peer_params_field {
     KVX_PEER_PARAM_EXPECT_REGION = 1u << 0
 };
 
-/** Optional parameters of kvx_peer_add. */
+/** Optional parameters of kvx_peer_add and kvx_peer_connect. The peer keeps them: a peer paired
+ *  by address checks every reconnection's metadata against them too. */
 typedef struct kvx_peer_params {
     uint64_t field_mask;
     uint64_t base_addr;
@@ -366,9 +367,15 @@ typedef struct kvx_peer_params {
  *   -EPROTONOSUPPORT  metadata of a format version this library does not know
  *   -KVX_EINCOMPAT    block length differs from ours, or both fingerprints set and different
  *   -EEXIST           the metadata is this transport's own (same agent name)
- *   -ESTALE           peer_id names a peer whose metadata is newer (a later generation: see
- *                     kvx_peer_attr_t.generation) than this blob; remove the peer first to
- *                     point peer_id at an older transport on purpose
+ *   -ESTALE           peer_id names a peer whose connection is healthy (open, its handshake
+ *                     answered, no error, not pairing again) and of a later generation (see
+ *                     kvx_peer_attr_t.generation) than this blob: a stale copy. The refusal
+ *                     lasts only as long as that connection: once it failed, a blob of any
+ *                     generation replaces it, so a peer whose clock stepped back, or one
+ *                     forged blob of generation 2^64-1 (without a secret, anyone holding the
+ *                     metadata can make one), cannot lock the id out. Remove the peer first to
+ *                     point a healthy peer_id at an older transport on purpose. (kvx_peer_connect
+ *                     never returns it: a listener's answer is not a copy.)
  *   -EKEYREVOKED      the peer answered that it retired this metadata's capability
  *                     (kvx_fence_ex, KVX_FENCE_RETIRE): get its new metadata (a peer that
  *                     answers after the 200 ms fails the same way later, see KVX_PEER_WIRING)
@@ -416,7 +423,9 @@ KVX_API int kvx_peer_remove_ex(kvx_transport_t *transport, const char *peer_id, 
  * secret if this transport has one, receives the listener's metadata, closes that connection,
  * and adds the peer with that metadata exactly as kvx_peer_add does (the same checks, errors,
  * replacement rules, and the same data path: shared memory between processes on one host).
- * Waits up to 2 s for the listener's answer, without holding up other calls. addr and params
+ * Waits up to 5 s for the listener's answer, without holding up other calls: UCX's connection
+ * manager wires up in about 10 ms on an idle machine, but on a loaded one, behind a flood of
+ * connections the listener drops first, it took up to 2.1 s (test_pair). addr and params
  * need only stay valid during the call; a name is resolved once (its first address), and the
  * peer pairs again at that address. Returns what
  * kvx_peer_add returns, or -EINVAL (bad address), -ECONNREFUSED / -EHOSTUNREACH (nothing
@@ -432,10 +441,13 @@ KVX_API int kvx_peer_remove_ex(kvx_transport_t *transport, const char *peer_id, 
  * indices checked against the region last known) until the new connection takes them or their
  * deadline or the stall limit (stall_ms after their submission) fails them with -ETIMEDOUT; a
  * transfer whose blocks lie beyond the new region fails with -EINVAL.
- * The listener's new metadata passes kvx_peer_add's checks (an incompatible one is refused and
- * kvx keeps trying). kvx_peer_event_poll reports KVX_PEER_EVENT_DOWN, then RESTARTED (a newer
- * generation: kvx_peer_attr_t.generation changed, the remote region's contents are gone) or
- * RECONNECTED. A peer added with kvx_peer_add (a metadata blob) keeps failing as before.
+ * The listener's new metadata passes kvx_peer_add's checks, params' expected region included (an
+ * incompatible one is refused and kvx keeps trying), but not the generation: the address's
+ * answer is authoritative, so a process that restarted with its wall clock behind (an older
+ * generation) is taken too. kvx_peer_event_poll reports KVX_PEER_EVENT_DOWN, then RESTARTED
+ * (another generation, older or newer: kvx_peer_attr_t.generation changed, the remote region's
+ * contents are gone) or RECONNECTED. A peer added with kvx_peer_add (a metadata blob) keeps
+ * failing as before.
  */
 KVX_API int kvx_peer_connect(kvx_transport_t *transport, const char *peer_id, const char *addr,
                              const kvx_peer_params_t *params);
@@ -444,8 +456,9 @@ KVX_API int kvx_peer_connect(kvx_transport_t *transport, const char *peer_id, co
 typedef enum kvx_peer_event_type {
     /** a peer paired by address lost its connection; kvx pairs with the address again */
     KVX_PEER_EVENT_DOWN = 1,
-    /** ... and paired again with a transport of a newer generation: the process restarted, and
-     *  the contents of its region did not survive */
+    /** ... and paired again with a transport of another generation (newer, or older when its
+     *  clock stepped back): the process restarted, and the contents of its region did not
+     *  survive */
     KVX_PEER_EVENT_RESTARTED = 2,
     /** ... and paired again with the same transport (the same generation): its region is intact,
      *  but writes that failed when the connection did may or may not have landed */
@@ -527,8 +540,8 @@ typedef struct kvx_peer_attr {
      *  connections to it, and what kvx refused it; zero if it never connected. */
     kvx_recv_counters_t recv;
     /** The generation of the peer's metadata: when its transport was created (ns since the
-     *  epoch, by its host's clock). A peer whose process restarted has a newer one, and its
-     *  region's contents did not survive. */
+     *  epoch, by its host's clock). A peer whose process restarted has another one (newer,
+     *  unless its clock stepped back), and its region's contents did not survive. */
     uint64_t generation;
 } kvx_peer_attr_t;
 

@@ -250,6 +250,9 @@ struct kvx_peer {
     uint64_t bytes_written, bytes_read, xfers_done, xfers_failed, lat_sum_ns, lat_max_ns;
     char last_agent[KVX_NAME_MAX + 1];
     uint64_t last_base, last_num_blocks, last_generation;
+    /* the caller's kvx_peer_params_t of the add or connect that installed the connection
+     * (field_mask 0: none): a reconnection's metadata passes the same checks */
+    kvx_peer_params_t expect;
     /* paired by address (kvx_peer_connect): where it listens, and, once its connection failed,
      * the pairing again (listen.c) */
     char *addr;
@@ -776,6 +779,13 @@ struct kvx_pairing {
     kvx_list_t link; /* t->pairings */
 };
 
+/* "host:port" or "[v6 address]:port" (port 0 only with any_port), split in buf (KVX_ADDR_MAX
+ * bytes) into *host_p and *port_p: 0, or -EINVAL. kvx_addr_parse resolves it too (host may be a
+ * name) into *ss: 0, or -EINVAL. kvx_addr_format writes ss back as text (numeric). */
+int kvx_addr_split(const char *addr, bool any_port, char buf[KVX_ADDR_MAX], char **host_p,
+                   char **port_p);
+int kvx_addr_parse(const char *addr, bool any_port, struct sockaddr_storage *ss, socklen_t *len);
+void kvx_addr_format(const struct sockaddr_storage *ss, char *out, size_t cap);
 void kvx_listen_on_request(kvx_transport_t *t, void *conn_req);
 void kvx_listen_on_message(kvx_pairing_t *pg, const kvx_msg_t *m, const uint8_t *data,
                            size_t data_len);

@@ -23,8 +23,15 @@
 #include <string.h>
 #include <sys/random.h>
 
-/* An exchange not finished in this time is closed (at the next housekeeping, 0.1-1 s later). */
+/* An exchange the listener took that is not finished in this time is closed (at the next
+ * housekeeping, 0.1-1 s later): what one client can hold of the listener. */
 #define KVX_PAIR_TIMEOUT_NS (2ull * 1000000000ull)
+/* How long the connecting side waits for the answer. Longer than the listener's bound: its wait
+ * also covers UCX's connection-manager wire-up (a dozen hand-offs between the two processes'
+ * threads, 0.15-0.4 s each way on a loaded 2-core machine for 1.19) and, behind a flood, the
+ * time the listener's UCX takes to accept and drop the connections that came first (764 of
+ * test_pair's: 0.03-0.4 s); together they reached 2.1 s there, which timed out the 2 s wait. */
+#define KVX_CONNECT_TIMEOUT_NS (5ull * 1000000000ull)
 /* Pairing again: at once, then after pauses that double from the first to the last. */
 #define KVX_RECONNECT_MIN_NS 10000000ull
 #define KVX_RECONNECT_MAX_NS 500000000ull
@@ -36,18 +43,14 @@
 static const char kvx_pair_req_label[] = "kvx-pair-req-v1";
 static const char kvx_pair_md_label[] = "kvx-pair-md-v1";
 
-/* "host:port" or "[v6 address]:port" to a socket address: 0, or -EINVAL. */
-static int kvx_addr_parse(const char *addr, bool any_port, struct sockaddr_storage *ss,
-                          socklen_t *len)
+int kvx_addr_split(const char *addr, bool any_port, char buf[KVX_ADDR_MAX], char **host_p,
+                   char **port_p)
 {
-    char buf[KVX_ADDR_MAX], *host, *port;
-    struct addrinfo hints = {
-        .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV};
-    struct addrinfo *res = NULL;
+    char *host, *port;
     size_t n;
     long pn;
 
-    if (addr == NULL || (n = strlen(addr)) == 0 || n >= sizeof(buf))
+    if (addr == NULL || (n = strnlen(addr, KVX_ADDR_MAX)) == 0 || n >= KVX_ADDR_MAX)
         return -EINVAL;
     memcpy(buf, addr, n + 1);
     if (buf[0] == '[') {
@@ -72,6 +75,21 @@ static int kvx_addr_parse(const char *addr, bool any_port, struct sockaddr_stora
     pn = strtol(port, NULL, 10);
     if (pn > 65535 || (pn == 0 && !any_port))
         return -EINVAL;
+    *host_p = host;
+    *port_p = port;
+    return 0;
+}
+
+int kvx_addr_parse(const char *addr, bool any_port, struct sockaddr_storage *ss, socklen_t *len)
+{
+    char buf[KVX_ADDR_MAX], *host, *port;
+    struct addrinfo hints = {
+        .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV};
+    struct addrinfo *res = NULL;
+    int rc = kvx_addr_split(addr, any_port, buf, &host, &port);
+
+    if (rc < 0)
+        return rc;
     if (getaddrinfo(host, port, &hints, &res) != 0 || res == NULL)
         return -EINVAL;
     if (res->ai_addrlen > sizeof(*ss)) {
@@ -84,7 +102,7 @@ static int kvx_addr_parse(const char *addr, bool any_port, struct sockaddr_stora
     return 0;
 }
 
-static void kvx_addr_format(const struct sockaddr_storage *ss, char *out, size_t cap)
+void kvx_addr_format(const struct sockaddr_storage *ss, char *out, size_t cap)
 {
     char host[64], port[8];
     socklen_t len =
@@ -134,6 +152,10 @@ static void kvx_pair_close(kvx_pairing_t *pg, int err)
     if (pg->peer != NULL)
         pg->t->next_reconnect_ns = 0; /* a reconnection: its peer looks at once */
 }
+
+/* The pairing's endpoint, when it can still be used: NULL once kvx_pair_close closed it (which
+ * an error reported in the same progress step as an answer does before the answer is taken). */
+static kvx_ucx_ep_t *kvx_pair_ep(const kvx_pairing_t *pg) { return pg->closing ? NULL : pg->ucx; }
 
 /* Something for kvx_listen_work to do about pg. */
 static void kvx_pair_want_work(kvx_pairing_t *pg)
@@ -219,6 +241,7 @@ void kvx_listen_on_request(kvx_transport_t *t, void *conn_req)
     pg->expires_ns = kvx_now_ns() + KVX_PAIR_TIMEOUT_NS;
     kvx_list_add_tail(&t->pairings, &pg->link);
     t->naccepted++;
+    kvx_debug(t, "listener: a connection request (%u under way)", t->naccepted);
     kvx_pair_want_work(pg);
 }
 
@@ -279,6 +302,8 @@ static void kvx_listen_answer(kvx_pairing_t *pg)
                      hdr + 40);
     pg->answered = true;
     pg->expires_ns = kvx_now_ns() + KVX_PAIR_TIMEOUT_NS; /* for the other side to close */
+    if (kvx_pair_ep(pg) == NULL)
+        return;
     rc = kvx_ucx_send_pair(pg->ucx, hdr, sizeof(hdr), status == 0 ? t->metadata : NULL,
                            status == 0 ? t->metadata_len : 0, &pg->refs);
     if (rc < 0)
@@ -302,6 +327,9 @@ static void kvx_connect_request(kvx_pairing_t *pg)
         kvx_pair_close(pg, -EACCES);
         return;
     }
+    if (kvx_pair_ep(pg) == NULL)
+        return;
+    kvx_debug(t, "pairing: the listener's challenge came; asking for its metadata");
     kvx_wire_put_hdr(hdr, KVX_MSG_MD_REQ, t->secret != NULL ? KVX_MSGF_PROOF : 0, 0, 0);
     if (t->secret != NULL)
         kvx_pair_mac(t, kvx_pair_req_label, pg->nonce, pg->cnonce, NULL, 0, hdr + KVX_WIRE_HDR_LEN);
@@ -347,7 +375,7 @@ void kvx_listen_on_message(kvx_pairing_t *pg, const kvx_msg_t *m, const uint8_t 
 {
     if (pg->closing || pg->fail_err != 0)
         return;
-    if (pg->accepted && m->type == KVX_MSG_MD_REQ && !pg->asked && pg->ucx != NULL) {
+    if (pg->accepted && m->type == KVX_MSG_MD_REQ && !pg->asked && kvx_pair_ep(pg) != NULL) {
         pg->asked = true;
         pg->has_proof = m->u.md_req.proof != NULL;
         if (pg->has_proof)
@@ -422,7 +450,7 @@ static int kvx_pair_dial(kvx_transport_t *t, const struct sockaddr_storage *ss, 
         return rc;
     }
     kvx_list_add_tail(&t->pairings, &pg->link);
-    pg->expires_ns = kvx_now_ns() + KVX_PAIR_TIMEOUT_NS;
+    pg->expires_ns = kvx_now_ns() + KVX_CONNECT_TIMEOUT_NS;
     *pg_p = pg;
     return 0;
 }
@@ -465,14 +493,24 @@ int kvx_peer_connect(kvx_transport_t *t, const char *peer_id, const char *addr,
     } else if (pg->err < 0) {
         rc = pg->err;
     } else if (pg->answered) {
-        char lanes[KVX_TRANSPORT_NAME_MAX];
-        int hw;
-        size_t seg;
+        /* a whole answer, checked: the metadata is the listener's, whatever became of the
+         * connection after it (a failure reported in the same progress step has closed the
+         * endpoint already; kvx_peer_add_at below finds out whether that process is still
+         * there) */
         md = pg->md;
         md_len = pg->md_len;
         pg->md = NULL;
-        kvx_ucx_ep_describe(pg->ucx, lanes, sizeof(lanes), &hw, &seg);
-        kvx_debug(t, "peer %s: the pairing connection to %s ran over '%s'", peer_id, addr, lanes);
+        if (kvx_pair_ep(pg) != NULL) {
+            char lanes[KVX_TRANSPORT_NAME_MAX];
+            int hw;
+            size_t seg;
+            kvx_ucx_ep_describe(pg->ucx, lanes, sizeof(lanes), &hw, &seg);
+            kvx_debug(t, "peer %s: the pairing connection to %s ran over '%s'", peer_id, addr,
+                      lanes);
+        } else {
+            kvx_debug(t, "peer %s: the pairing connection to %s closed right after its answer",
+                      peer_id, addr);
+        }
     } else {
         rc = -ETIMEDOUT;
     }

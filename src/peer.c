@@ -623,6 +623,24 @@ static int kvx_conn_open(kvx_transport_t *t, const char *peer_id, const kvx_md_t
     return 0;
 }
 
+/*
+ * Whether a blob of generation gen is refused as stale for peer p: only while p's connection is
+ * healthy (open, answered its handshake, no error, not pairing again) and of a later generation.
+ * A stale copy of the metadata of a process since restarted cannot take the id from its live
+ * successor; but a connection that failed or never answered holds nothing: a peer whose clock
+ * stepped back, or one forged blob of generation 2^64-1 (without a secret, any holder of the
+ * metadata can make one), keeps the id no longer than the connection it made stays healthy.
+ * Answers of a listener (kvx_peer_connect, a reconnection) are never stale: the address is
+ * authoritative, whatever the generation.
+ */
+static bool kvx_peer_stale(const kvx_peer_t *p, uint64_t gen)
+{
+    const kvx_conn_t *c = p->conn;
+
+    return c != NULL && gen < c->generation && c->state == KVX_CONN_OPEN && c->wired &&
+           c->pending_err == 0 && !p->reconnecting;
+}
+
 static void kvx_conn_retire(kvx_conn_t *old, int err)
 {
     old->pins++;
@@ -688,8 +706,9 @@ int kvx_peer_add_at(kvx_transport_t *t, const char *peer_id, const void *metadat
         rc = -ENOMEM;
         goto out_turn;
     }
-    /* metadata older than the peer's: a stale copy (of a process since restarted, say) */
-    if (p->conn != NULL && md.generation < p->conn->generation) {
+    /* a blob older than the peer's live connection: a stale copy (of a process since
+     * restarted, say); a listener's answer never is */
+    if (addr == NULL && kvx_peer_stale(p, md.generation)) {
         kvx_error(t, "peer %s (%s) rejected: its metadata is older than the peer's (%s)", peer_id,
                   md.agent_name, p->conn->agent_name);
         rc = -ESTALE;
@@ -732,6 +751,9 @@ int kvx_peer_add_at(kvx_transport_t *t, const char *peer_id, const void *metadat
     p->last_base = c->remote_base;
     p->last_num_blocks = c->remote_num_blocks;
     p->last_generation = c->generation;
+    memset(&p->expect, 0, sizeof(p->expect));
+    if (params != NULL && (params->field_mask & KVX_PEER_PARAM_EXPECT_REGION))
+        p->expect = *params;
     /* paired by address or not from now on; a reconnection under way is over, and the
      * transfers it parked go to this connection */
     free(p->addr);
@@ -762,15 +784,13 @@ int kvx_peer_reinstall(kvx_transport_t *t, kvx_peer_t *p, const kvx_md_t *md)
     bool restarted;
     int rc;
 
-    rc = kvx_peer_check(t, md, NULL, &why);
+    /* the checks of the add or connect that made the peer, expectations included; not the
+     * generation: the address's answer is authoritative (a restarted process whose clock is
+     * behind has an older one) */
+    rc = kvx_peer_check(t, md, &p->expect, &why);
     if (rc < 0) {
         kvx_error(t, "peer %s (%s) at %s refused: %s", p->id, md->agent_name, p->addr, why);
         return rc;
-    }
-    if (md->generation < p->last_generation) {
-        kvx_error(t, "peer %s at %s refused: its metadata is older than the peer's", p->id,
-                  p->addr);
-        return -ESTALE;
     }
     /* not prefaulted (the first copies fault the pages in); not the peer's until installed
      * below, so a failure here starts no reconnection of its own */
@@ -786,7 +806,7 @@ int kvx_peer_reinstall(kvx_transport_t *t, kvx_peer_t *p, const kvx_md_t *md)
     restarted = c->generation != p->last_generation;
     p->last_generation = c->generation;
     kvx_info(t, "peer %s: paired again with %s at %s over %s (generation %s)", p->id, c->agent_name,
-             p->addr, c->transport, restarted ? "new: it restarted" : "the same");
+             p->addr, c->transport, restarted ? "another: it restarted" : "the same");
     kvx_listen_event(t, p, restarted ? KVX_PEER_EVENT_RESTARTED : KVX_PEER_EVENT_RECONNECTED, 0);
     p->stats.reconnections++;
     t->stats.reconnections++;

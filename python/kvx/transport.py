@@ -582,8 +582,8 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
     def connect(self, peer_id: str, addr: str) -> None:
         """Pair with the transport listening at addr and call it peer_id: its metadata comes
         over UCX's connection manager, then the peer is added as add_remote_peer does (the same
-        checks: ValueError when incompatible, refused, or stale; PeerUnreachableError when
-        nothing answers there, or not within 2 s). Such a peer heals: when its connection fails,
+        checks: ValueError when incompatible, or refused; PeerUnreachableError when
+        nothing answers there, or not within 5 s). Such a peer heals: when its connection fails,
         kvx pairs with the address again by itself (peer_info's state is "reconnecting"
         meanwhile, and transfers submitted then wait, within their deadlines), and
         poll_peer_events() tells what happened."""
