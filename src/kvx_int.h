@@ -725,6 +725,19 @@ bool kvx_recv_busy(const kvx_transport_t *t);
 void kvx_recv_close_all(kvx_transport_t *t);
 void kvx_recv_free_all(kvx_transport_t *t);
 kvx_writer_t *kvx_writer_lookup(const kvx_transport_t *t, const char *name);
+/* Connection slots and the bounds over all connections (rslots.c). Slots give way in the order
+ * of rslots[]: unproven, fresh (no transfer completed yet), active (least recently first). */
+enum { KVX_SLOT_UNPROVEN = 0, KVX_SLOT_FRESH, KVX_SLOT_ACTIVE };
+void kvx_rq_add(kvx_rconn_t *rc, size_t n); /* past the transport's bound, one is doomed */
+void kvx_rq_sub(kvx_rconn_t *rc, size_t n);
+void kvx_rconn_doom(kvx_rconn_t *rc, const char *why); /* recv.c: over a bound, it closes */
+/* May a HELLO of w open an endpoint now (the rates of new connections)? Takes it if so. */
+bool kvx_hello_rate(kvx_transport_t *t, kvx_writer_t *w, uint64_t now);
+void kvx_slots_init(kvx_transport_t *t);
+void kvx_slot_set(kvx_rconn_t *rc, int cls, uint64_t now);
+void kvx_rconn_active(kvx_rconn_t *rc); /* it completed (part of) a transfer */
+/* The connection that gives way to a new one: of writer w (over its share), or of any. */
+kvx_rconn_t *kvx_slot_victim(kvx_transport_t *t, kvx_writer_t *w, uint64_t now);
 /* What a writer with the secret answers a HELLO_ACK's nonce with (PROOF, src/wire.c). */
 void kvx_recv_proof_mac(const uint8_t *secret, size_t secret_len, const uint8_t *nonce,
                         uint32_t rconn_id, uint64_t token, uint8_t out[32]);

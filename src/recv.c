@@ -21,7 +21,8 @@
  * closed once one of its queues is full (conns_overflow), and its writer's transfers on it fail.
  * Per connection: KVX_SEND_WINDOW + KVX_ACK_WINDOW messages in UCX's hands, KVX_ACKS_MAX
  * acknowledgements, KVX_SERVE_MAX read requests, KVX_CTL_MAX control messages. All connections
- * together: KVX_RQ_MAX bytes of that (past it, the connection holding the most is closed).
+ * together: KVX_RQ_MAX bytes of that (past it, the connection holding the most is closed:
+ * rslots.c, with the slots and the rates of new connections).
  */
 #define KVX_RCONNS_MAX 4096                  /* connections from writers, at most */
 #define KVX_RCONNS_PER_WRITER 1024           /* ... of one writer's name: a quarter */
@@ -31,17 +32,8 @@
 #define KVX_CTL_MAX 256    /* control messages queued per connection */
 #define KVX_SEND_WINDOW 16 /* messages of one connection UCX may hold */
 #define KVX_ACK_WINDOW 8   /* ... and this many more, of acknowledgements only */
-#define KVX_RQ_MAX ((size_t)32 << 20)
 /* With a secret, a connection must prove it within this (else it is closed, drop_unproven). */
 #define KVX_PROOF_WAIT_NS (2000ull * 1000000ull)
-/* A new connection that has not completed a transfer yet is spared eviction this long while an
- * older one can give way. */
-#define KVX_SLOT_GRACE_NS (1000ull * 1000000ull)
-/* Endpoints a HELLO makes this transport open (to the address it names): per writer's name and
- * per transport, this many per second, in bursts of as many. */
-#define KVX_EP_RATE_WRITER 256
-#define KVX_EP_RATE_TRANSPORT 4096
-enum { KVX_SLOT_UNPROVEN = 0, KVX_SLOT_FRESH, KVX_SLOT_ACTIVE };
 
 typedef struct kvx_hello {
     kvx_list_t link;
@@ -74,43 +66,6 @@ static void kvx_count(kvx_transport_t *t, kvx_writer_t *w, size_t field)
 }
 #define KVX_CNT(f) (offsetof(kvx_recv_counters_t, f) / sizeof(uint64_t))
 
-static void kvx_rq_sub(kvx_rconn_t *rc, size_t n)
-{
-    rc->qbytes -= n;
-    rc->t->rqbytes -= n;
-}
-static void kvx_rconn_doom(kvx_rconn_t *rc, const char *why);
-
-/* More queued for rc; past the transport's bound, the connection holding the most gives way. */
-static void kvx_rq_add(kvx_rconn_t *rc, size_t n)
-{
-    kvx_transport_t *t = rc->t;
-    kvx_rconn_t *big = NULL;
-
-    rc->qbytes += n;
-    t->rqbytes += n;
-    if (t->rqbytes <= KVX_RQ_MAX)
-        return;
-    for (kvx_list_t *l = t->rconns.next; l != &t->rconns; l = l->next) {
-        kvx_rconn_t *x = kvx_container_of(l, kvx_rconn_t, all_link);
-        if (x->state == KVX_CONN_OPEN && !x->doomed && (big == NULL || x->qbytes > big->qbytes))
-            big = x;
-    }
-    if (big != NULL)
-        kvx_rconn_doom(big, "the transport's reply queues are full");
-}
-
-/* A rate bound as the time its budget is spent up to (a leaky bucket): take one if it allows. */
-static bool kvx_rate_ok(const uint64_t *tat, uint64_t now, uint64_t per_s)
-{
-    uint64_t iv = 1000000000ull / per_s, t0 = *tat > now ? *tat : now;
-    return t0 - now <= (per_s - 1) * iv;
-}
-static void kvx_rate_take(uint64_t *tat, uint64_t now, uint64_t per_s)
-{
-    *tat = (*tat > now ? *tat : now) + 1000000000ull / per_s;
-}
-
 void kvx_recv_count_drop(kvx_transport_t *t, int why)
 {
     kvx_debug(t, "message dropped (%s)",
@@ -132,66 +87,6 @@ void kvx_recv_count_drop(kvx_transport_t *t, int why)
         kvx_count(t, NULL, KVX_CNT(drop_other));
         break;
     }
-}
-
-/* ---- connection slots ----------------------------------------------------------------------- */
-
-static void kvx_slots_init(kvx_transport_t *t)
-{
-    if (t->rslots[0].next == NULL)
-        for (int i = 0; i < 3; i++)
-            kvx_list_init(&t->rslots[i]);
-}
-
-static void kvx_slot_set(kvx_rconn_t *rc, int cls, uint64_t now)
-{
-    kvx_slots_init(rc->t);
-    kvx_list_del(&rc->slot_link);
-    rc->slot_class = (uint8_t)cls;
-    rc->since_ns = now;
-    kvx_list_add_tail(&rc->t->rslots[cls], &rc->slot_link);
-}
-
-/* It completed (a part of) a transfer: it goes last in the order of eviction. */
-static void kvx_rconn_active(kvx_rconn_t *rc)
-{
-    if (rc->slot_class != KVX_SLOT_ACTIVE || rc->t->rslots[KVX_SLOT_ACTIVE].prev != &rc->slot_link)
-        kvx_slot_set(rc, KVX_SLOT_ACTIVE, kvx_now_ns());
-}
-
-static bool kvx_slot_before(const kvx_rconn_t *a, const kvx_rconn_t *b, uint64_t now)
-{
-    /* unproven first, then fresh ones past their grace, then the least recently active, then
-     * fresh ones in their grace; oldest first within each */
-    int ka = a->slot_class == KVX_SLOT_FRESH && now - a->since_ns < KVX_SLOT_GRACE_NS ? 3
-             : a->slot_class == KVX_SLOT_ACTIVE                                       ? 2
-                                                : a->slot_class;
-    int kb = b->slot_class == KVX_SLOT_FRESH && now - b->since_ns < KVX_SLOT_GRACE_NS ? 3
-             : b->slot_class == KVX_SLOT_ACTIVE                                       ? 2
-                                                : b->slot_class;
-    return ka != kb ? ka < kb : a->since_ns < b->since_ns;
-}
-
-/* The connection that gives way to a new one: of writer w (over its share), or of any. */
-static kvx_rconn_t *kvx_slot_victim(kvx_transport_t *t, kvx_writer_t *w, uint64_t now)
-{
-    kvx_rconn_t *v = NULL;
-
-    if (w != NULL) {
-        for (kvx_list_t *n = w->rconns.next; n != &w->rconns; n = n->next) {
-            kvx_rconn_t *x = kvx_container_of(n, kvx_rconn_t, w_link);
-            if (v == NULL || kvx_slot_before(x, v, now))
-                v = x;
-        }
-        return v;
-    }
-    for (int i = 0; i < 3; i++)
-        if (!kvx_list_empty(&t->rslots[i])) {
-            kvx_rconn_t *x = kvx_list_first(&t->rslots[i], kvx_rconn_t, slot_link);
-            if (v == NULL || kvx_slot_before(x, v, now))
-                v = x;
-        }
-    return v;
 }
 
 /* ---- writers ------------------------------------------------------------------------------- */
@@ -359,7 +254,7 @@ static void kvx_rconn_close(kvx_rconn_t *rc)
 
 /* Over a bound: what it queued goes now, and kvx_recv_work closes it (a caller may be walking a
  * list it is on); its messages are refused meanwhile. */
-static void kvx_rconn_doom(kvx_rconn_t *rc, const char *why)
+void kvx_rconn_doom(kvx_rconn_t *rc, const char *why)
 {
     if (rc->doomed || rc->state != KVX_CONN_OPEN)
         return;
@@ -645,21 +540,6 @@ static void kvx_recv_notice(kvx_transport_t *t, const kvx_msg_t *m)
     kvx_rconn_ctl(rc, hdr, sizeof(hdr));
 }
 
-/* HMAC-SHA256(secret, "kvx-proof" || nonce || connection id (le32) || token (le64)): what a
- * writer with the secret answers HELLO_ACK's nonce with (src/wire.c). */
-void kvx_recv_proof_mac(const uint8_t *secret, size_t secret_len, const uint8_t *nonce,
-                        uint32_t rconn_id, uint64_t token, uint8_t out[KVX_PROOF_LEN])
-{
-    uint8_t buf[9 + KVX_WIRE_NONCE_LEN + 12];
-    kvx_iov_t part = {buf, sizeof(buf)};
-
-    memcpy(buf, "kvx-proof", 9);
-    memcpy(buf + 9, nonce, KVX_WIRE_NONCE_LEN);
-    kvx_put32(buf + 9 + KVX_WIRE_NONCE_LEN, rconn_id);
-    kvx_put64(buf + 13 + KVX_WIRE_NONCE_LEN, token);
-    kvx_hmac_sha256(secret, secret_len, &part, 1, out);
-}
-
 static void kvx_recv_proof(kvx_transport_t *t, const kvx_msg_t *m)
 {
     kvx_rconn_t *rc = kvx_rconn_of(t, m);
@@ -733,14 +613,11 @@ static void kvx_recv_hello(kvx_transport_t *t, const uint8_t *buf, size_t len)
         return;
     }
     /* how fast a HELLO may make this transport open an endpoint to the address it names */
-    if (!kvx_rate_ok(&w->hello_credit_ns, now, KVX_EP_RATE_WRITER) ||
-        !kvx_rate_ok(&t->hello_credit_ns, now, KVX_EP_RATE_TRANSPORT)) {
+    if (!kvx_hello_rate(t, w, now)) {
         kvx_count(t, w, KVX_CNT(drop_hello_limit));
         kvx_debug(t, "writer %s: HELLO over the rate of new connections, dropped", w->name);
         return;
     }
-    kvx_rate_take(&w->hello_credit_ns, now, KVX_EP_RATE_WRITER);
-    kvx_rate_take(&t->hello_credit_ns, now, KVX_EP_RATE_TRANSPORT);
     /* slots: a writer's name over its share gives up one of its own, a full table one of any */
     if (w->nopen >= KVX_RCONNS_PER_WRITER)
         v = kvx_slot_victim(t, w, now);
