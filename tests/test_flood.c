@@ -4,15 +4,18 @@
  *  writes  1M one-byte writes from a connection whose replies go to a worker that never
  *          progresses (the HELLO names that worker): acknowledgements cannot leave;
  *  reads   the same with 1M read requests: read data and refusals cannot leave;
- *  slots   4096 HELLOs under one name, then 4096 under as many names: an honest writer's transfer
- *          still completes within 2 s after each;
+ *  slots   1100 HELLOs under one name within its rate (its share of 1024 holds), 4096 under one
+ *          name at once (its rate), then 4096 under as many names (every slot): an honest
+ *          writer's transfer still completes within 2 s after each;
  *  replay  a target with a secret; one valid HELLO (proof included) sent 4096 times: no replayed
  *          connection takes a write, and a writer with the secret succeeds;
  *  align   HELLOs that claim endpoint sequence numbers far ahead: the catch-up endpoints they make
- *          the target open stay within their bound, and a real peer is served.
- * For writes and reads the target is another process: its RSS (/proc/<pid>/status VmRSS) must
- * grow by less than 64 MiB, a real kvx peer's writes keep landing meanwhile (every byte checked)
- * and the target's counters say what it did.
+ *          the target open stay within their bound, and a real peer is served;
+ *  reap    (tcp) the catch-up endpoints towards workers that are gone close and free their
+ *          budget.
+ * argv[2] "tcp": over tcp only (else shared memory). For writes and reads the target is another
+ * process: its RSS (/proc/<pid>/status VmRSS) must grow by less than 64 MiB, a real kvx peer's
+ * writes keep landing meanwhile (every byte checked) and the target's counters say what it did.
  */
 #include "harness.h"
 #include "kvx_int.h"
@@ -98,9 +101,11 @@ static void attacker_start(const void *target_waddr)
 
     memset(&seen, 0, sizeof(seen));
     KT_CHECK(ucp_config_read(NULL, NULL, &cfg) == UCS_OK);
-    ucp_config_modify(cfg, "MM_ERROR_HANDLING", "y"); /* kvx's shared-memory geometry */
-    ucp_config_modify(cfg, "MM_SEG_SIZE", "32k");
-    ucp_config_modify(cfg, "MM_FIFO_SIZE", "128");
+    if (getenv("UCX_TLS") == NULL) {
+        ucp_config_modify(cfg, "MM_ERROR_HANDLING", "y"); /* kvx's shared-memory geometry */
+        ucp_config_modify(cfg, "MM_SEG_SIZE", "32k");
+        ucp_config_modify(cfg, "MM_FIFO_SIZE", "128");
+    }
     KT_CHECK(ucp_init(&pp, cfg, &ctx) == UCS_OK);
     ucp_config_release(cfg);
     wsend = worker_new();
@@ -364,8 +369,11 @@ static int slots(void)
     attacker_start(md.worker_addr);
     for (int round = 0; round < 3; round++) {
         int acks0 = seen.hello_acks;
+        uint64_t t0 = kt_now_ns();
+        double secs;
         kt_target_counters(&tg, &c0);
         hello_flood(&md, rounds[round].name, rounds[round].count, rounds[round].gap_us, NULL);
+        secs = (double)(kt_now_ns() - t0) / 1e9;
         kt_log("%d HELLOs under %s: %d answered", rounds[round].count, rounds[round].name,
                seen.hello_acks - acks0);
         honest_within_2s(tg.md, tg.md_len, NULL, NULL);
@@ -374,8 +382,10 @@ static int slots(void)
         if (round == 0) { /* one name within its rate: its share (1024) holds */
             KT_EQ(seen.hello_acks - acks0, 1100);
             KT_CHECK(c1.conns_evicted - c0.conns_evicted >= 1100 - 1024);
-        } else if (round == 1) { /* one name at once: its rate of new connections */
-            KT_CHECK(c1.drop_hello_limit - c0.drop_hello_limit >= 3000);
+        } else if (round == 1) { /* one name at once: its rate (256 a second, bursts of 256) */
+            kt_log("... in %.2f s", secs);
+            KT_CHECK(seen.hello_acks - acks0 <= 256 + (int)(256 * secs) + 64);
+            KT_CHECK(c1.drop_hello_limit - c0.drop_hello_limit >= 1);
         } else { /* as many names: the slots fill, the oldest unused give way */
             KT_CHECK(c1.conns_evicted - c0.conns_evicted >= 1);
         }
@@ -471,6 +481,108 @@ static int replay(void)
     return 0;
 }
 
+/* Catch-up endpoints are bounded at once, not for the transport's life: 8 workers take the 256
+ * (32 each, in two HELLOs 16 ahead), a ninth is refused; once the 8 are gone (over tcp the target
+ * sees their connections fail) their catch-up endpoints close, and the ninth is answered. */
+static int reap(void)
+{
+    ucp_config_t *cfg;
+    ucp_params_t pp = {.field_mask = UCP_PARAM_FIELD_FEATURES, .features = UCP_FEATURE_AM};
+    ucp_worker_h w[9];
+    ucp_ep_h e[9];
+    kvx_md_t md;
+    kvx_recv_counters_t c0, c1;
+    uint8_t h[4096];
+    int answered[9] = {0};
+
+    KT_OK(kvx_md_decode(tg.md, tg.md_len, &md));
+    memset(&seen, 0, sizeof(seen));
+    KT_CHECK(ucp_config_read(NULL, NULL, &cfg) == UCS_OK);
+    KT_CHECK(ucp_init(&pp, cfg, &ctx) == UCS_OK);
+    ucp_config_release(cfg);
+    for (int k = 0; k < 9; k++) {
+        ucp_ep_params_t ep_params = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
+                                                   UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
+                                     .address = (const ucp_address_t *)md.worker_addr,
+                                     .err_mode = UCP_ERR_HANDLING_MODE_PEER};
+        w[k] = worker_new();
+        KT_CHECK(ucp_ep_create(w[k], &ep_params, &e[k]) == UCS_OK);
+    }
+    kt_target_counters(&tg, &c0);
+    /* worker k: HELLOs 16 ahead of what the target opened towards it, then 16 more */
+    for (int k = 0; k < 9; k++) {
+        uint32_t sn = 16;
+        for (int round = 0; round < (k < 8 ? 2 : 1); round++) {
+            int acks0 = seen.hello_acks;
+            size_t n = hello(h, md.capability, w[k], "reaper", sn, NULL);
+            wsend = w[k];
+            ep = e[k];
+            send_raw(h, n, NULL, 0);
+            for (int i = 0; i < 300 && seen.hello_acks == acks0; i++) {
+                uint64_t end = kt_now_ns() + 1000000ull;
+                while (kt_now_ns() < end)
+                    for (int j = 0; j < 9; j++)
+                        ucp_worker_progress(w[j]);
+            }
+            if (seen.hello_acks > acks0) {
+                answered[k]++;
+                sn += 17;
+            }
+        }
+    }
+    kt_target_counters(&tg, &c1);
+    kt_log("catch-up: workers answered %d %d %d %d %d %d %d %d, the ninth %d; refused %llu",
+           answered[0], answered[1], answered[2], answered[3], answered[4], answered[5],
+           answered[6], answered[7], answered[8],
+           (unsigned long long)(c1.drop_hello_limit - c0.drop_hello_limit));
+    for (int k = 0; k < 8; k++)
+        KT_EQ(answered[k], 2);
+    KT_EQ(answered[8], 0); /* the 256 are taken */
+    /* the eight go; the target's endpoints towards them fail */
+    for (int k = 0; k < 8; k++) {
+        ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                                 .flags = UCP_EP_CLOSE_FLAG_FORCE};
+        void *req = ucp_ep_close_nbx(e[k], &p);
+        if (UCS_PTR_IS_PTR(req)) {
+            while (ucp_request_check_status(req) == UCS_INPROGRESS)
+                ucp_worker_progress(w[k]);
+            ucp_request_free(req);
+        }
+        ucp_worker_destroy(w[k]);
+    }
+    {
+        int acks0 = seen.hello_acks;
+        uint64_t end = kt_now_ns() + 10000000000ull;
+        wsend = w[8];
+        ep = e[8];
+        /* ask again until the target has closed enough of them (it learns of each failure
+         * from UCX), at most 10 s */
+        while (seen.hello_acks == acks0 && kt_now_ns() < end) {
+            size_t n = hello(h, md.capability, w[8], "reaper", 16, NULL);
+            send_raw(h, n, NULL, 0);
+            for (int i = 0; i < 200 && seen.hello_acks == acks0; i++)
+                ucp_worker_progress(w[8]), usleep(1000);
+        }
+        kt_log("the ninth worker answered %.1f s after the eight went",
+               (double)(kt_now_ns() - (end - 10000000000ull)) / 1e9);
+        KT_CHECK(seen.hello_acks > acks0);
+    }
+    honest_within_2s(tg.md, tg.md_len, NULL, NULL);
+    {
+        ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                                 .flags = UCP_EP_CLOSE_FLAG_FORCE};
+        void *req = ucp_ep_close_nbx(e[8], &p);
+        if (UCS_PTR_IS_PTR(req)) {
+            while (ucp_request_check_status(req) == UCS_INPROGRESS)
+                ucp_worker_progress(w[8]);
+            ucp_request_free(req);
+        }
+        ucp_worker_destroy(w[8]);
+    }
+    ucp_cleanup(ctx);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "writes";
@@ -478,6 +590,8 @@ int main(int argc, char **argv)
         .num_blocks = NB, .block_len = BL, .salt = 8, .threads = 1, .name = "victim"};
     int rc;
 
+    if (argc > 2 && strcmp(argv[2], "tcp") == 0)
+        setenv("UCX_TLS", "tcp", 1);
     if (strcmp(mode, "replay") == 0)
         return replay();
     tg = kt_target_start(&a);
@@ -487,6 +601,8 @@ int main(int argc, char **argv)
         rc = slots();
     else if (strcmp(mode, "align") == 0)
         rc = align();
+    else if (strcmp(mode, "reap") == 0)
+        rc = reap();
     else
         KT_FAIL("unknown mode %s", mode);
     return rc | kt_target_stop(&tg);
