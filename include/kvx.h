@@ -204,7 +204,8 @@ typedef struct kvx_params {
     /** A shared secret (1..KVX_SECRET_MAX bytes; copied). With one, the metadata is signed
      * (HMAC-SHA256) and peers' metadata must carry this secret's signature (else kvx_peer_add
      * returns -EACCES before any of it reaches UCX), and a peer connecting to this transport must
-     * prove it holds the secret before anything else happens. See docs/security.md. */
+     * prove it holds the secret, in its HELLO and then over a fresh nonce of this transport's,
+     * before anything else happens. See docs/security.md. */
     const void *secret;
     size_t secret_len;
 
