@@ -4,6 +4,7 @@
  *  writes  1M one-byte writes from a connection whose replies go to a worker that never
  *          progresses (the HELLO names that worker): acknowledgements cannot leave;
  *  reads   the same with 1M read requests: read data and refusals cannot leave;
+ *  sum     40 such connections, each below its own bound: their sum is the transport's;
  *  slots   1100 HELLOs under one name within its rate (its share of 1024 holds), 4096 under one
  *          name at once (its rate), then 4096 under as many names (every slot): an honest
  *          writer's transfer still completes within 2 s after each;
@@ -288,6 +289,84 @@ static int flood(bool reads)
     KT_CHECK(c1.drop_unknown - c0.drop_unknown > FLOOD / 2);
     if (!reads)
         KT_CHECK(c1.writes_landed - c0.writes_landed >= KVX_ACKS_MAX);
+    attacker_stop();
+    kvx_transport_destroy(t);
+    kt_region_free(&r);
+    return 0;
+}
+
+/* 40 connections (as many names, one reply worker that never progresses), 40,000 one-byte
+ * writes each: no connection reaches its own bound (65,536 acknowledgements), their sum (1 MiB of
+ * acknowledgements each) passes the transport's 32 MiB, and the connections holding the most
+ * give way. */
+static int sum(void)
+{
+    static uint8_t byte = 0x5a;
+    enum { NCONN = 40, PER = 40000 };
+    kt_region_t r = kt_region_alloc(NB, BL);
+    kvx_transport_t *t;
+    kvx_md_t md;
+    kvx_recv_counters_t c0, c1;
+    uint32_t ids[NCONN];
+    uint64_t tokens[NCONN];
+    long rss0, rss_max = 0;
+    uint8_t h[4096];
+
+    KT_OK(kvx_md_decode(tg.md, tg.md_len, &md));
+    kt_fill_all(&r, 0x71, 1);
+    t = kt_transport(&r, "honest", 1);
+    KT_OK(kvx_peer_add(t, "target", tg.md, tg.md_len, NULL));
+    honest_round(t, 0);
+    attacker_start(md.worker_addr);
+    for (int k = 0; k < NCONN; k++) {
+        char name[32];
+        int acks0 = seen.hello_acks;
+        size_t n;
+        snprintf(name, sizeof(name), "summer%d", k);
+        n = hello(h, md.capability, wreply, name, 0, NULL);
+        send_raw(h, n, NULL, 0);
+        for (int i = 0; i < 500 && seen.hello_acks == acks0; i++)
+            progress_both(1);
+        KT_EQ(seen.hello_acks, acks0 + 1);
+        ids[k] = seen.rconn_id;
+        tokens[k] = seen.token;
+    }
+    kt_target_counters(&tg, &c0);
+    rss0 = rss_kb(tg.proc.pid);
+    for (uint32_t i = 0; i < PER; i++) {
+        for (int k = 0; k < NCONN; k++) {
+            kvx_wire_run_t run = {(uint64_t)(i % 8) * BL, 1, 0};
+            kvx_wire_put_hdr(h, KVX_MSG_WRITE, 0, ids[k], tokens[k]);
+            kvx_put64(h + 16, 1000 + i);
+            memset(h + 24, 0, 16);
+            kvx_put32(h + 40, 1);
+            kvx_put32(h + 44, 0);
+            kvx_wire_run_put(h + KVX_WIRE_WRITE_LEN, 0, &run);
+            send_raw(h, KVX_WIRE_WRITE_LEN + KVX_WIRE_RUN_LEN, &byte, 1);
+            ucp_worker_progress(wsend);
+        }
+        if (i % 10000 == 9999) {
+            long rss = rss_kb(tg.proc.pid);
+            rss_max = rss > rss_max ? rss : rss_max;
+            honest_round(t, i / 10000 + 1);
+        }
+    }
+    for (int k = 0; k < 10; k++) {
+        long rss;
+        usleep(100000);
+        rss = rss_kb(tg.proc.pid);
+        rss_max = rss > rss_max ? rss : rss_max;
+    }
+    honest_round(t, 99);
+    kt_target_counters(&tg, &c1);
+    kt_log(
+        "%d connections x %d one-byte writes: target RSS %ld kB before, at most %ld kB (+%ld kB)",
+        NCONN, PER, rss0, rss_max, rss_max - rss0);
+    log_counters("sum", &c0, &c1);
+    KT_CHECK(rss_max - rss0 < RSS_MAX_KB);
+    /* 32 MiB hold 32 connections' 1 MiB each (and less once they give way) */
+    KT_CHECK(c1.conns_overflow - c0.conns_overflow >= NCONN - 32);
+    KT_CHECK(c1.conns_overflow - c0.conns_overflow < NCONN);
     attacker_stop();
     kvx_transport_destroy(t);
     kt_region_free(&r);
@@ -603,6 +682,8 @@ int main(int argc, char **argv)
         rc = align();
     else if (strcmp(mode, "reap") == 0)
         rc = reap();
+    else if (strcmp(mode, "sum") == 0)
+        rc = sum();
     else
         KT_FAIL("unknown mode %s", mode);
     return rc | kt_target_stop(&tg);
