@@ -671,6 +671,11 @@ int main(int argc, char **argv)
 
     if (argc > 2 && strcmp(argv[2], "tcp") == 0)
         setenv("UCX_TLS", "tcp", 1);
+#if defined(__SANITIZE_ADDRESS__)
+    /* the target's RSS is what is measured: ASan's quarantine of freed memory (256 MB by
+     * default) would count as the target's */
+    setenv("ASAN_OPTIONS", "quarantine_size_mb=1", 0);
+#endif
     if (strcmp(mode, "replay") == 0)
         return replay();
     tg = kt_target_start(&a);
