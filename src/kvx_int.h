@@ -722,6 +722,8 @@ void kvx_recv_on_sent(kvx_rconn_t *rc, int status);
 void kvx_recv_on_error(kvx_rconn_t *rc, int status);
 void kvx_recv_on_closed(kvx_rconn_t *rc);
 bool kvx_recv_busy(const kvx_transport_t *t);
+/* Periodic (kvx_progress_step's housekeeping): unproven connections past their time close. */
+void kvx_recv_housekeeping(kvx_transport_t *t, uint64_t now);
 void kvx_recv_close_all(kvx_transport_t *t);
 void kvx_recv_free_all(kvx_transport_t *t);
 kvx_writer_t *kvx_writer_lookup(const kvx_transport_t *t, const char *name);

@@ -819,14 +819,13 @@ static unsigned kvx_recv_hellos(kvx_transport_t *t)
     return n;
 }
 
-/* With a secret: connections that did not prove it in time close (oldest first). */
-static void kvx_recv_expire(kvx_transport_t *t)
+/* With a secret: connections that did not prove it in time close (oldest first). Run after
+ * each round of HELLOs and from the housekeeping, which an idle progress thread runs at least
+ * once a second: an unproven connection lasts 2-3 s. */
+void kvx_recv_housekeeping(kvx_transport_t *t, uint64_t now)
 {
-    uint64_t now;
-
-    if (t->rslots[KVX_SLOT_UNPROVEN].next == NULL || kvx_list_empty(&t->rslots[KVX_SLOT_UNPROVEN]))
+    if (t->rslots[KVX_SLOT_UNPROVEN].next == NULL)
         return;
-    now = kvx_now_ns();
     while (!kvx_list_empty(&t->rslots[KVX_SLOT_UNPROVEN])) {
         kvx_rconn_t *rc = kvx_list_first(&t->rslots[KVX_SLOT_UNPROVEN], kvx_rconn_t, slot_link);
         if (now - rc->since_ns < KVX_PROOF_WAIT_NS)
@@ -843,7 +842,8 @@ unsigned kvx_recv_work(kvx_transport_t *t)
     unsigned n = kvx_recv_hellos(t);
     kvx_list_t todo;
 
-    kvx_recv_expire(t);
+    if (n > 0)
+        kvx_recv_housekeeping(t, kvx_now_ns());
     kvx_list_splice_init(&t->rwork, &todo);
     while (!kvx_list_empty(&todo)) {
         kvx_rconn_t *rc = kvx_list_first(&todo, kvx_rconn_t, work_link);

@@ -553,6 +553,14 @@ static int replay(void)
            (unsigned long long)a.recv.writes_landed);
     KT_EQ(a.recv.writes_landed, 1); /* the honest writer's only */
     KT_CHECK(a.recv.drop_unproven >= 1);
+    /* the replayed connections never prove anything: 2 s on, every one of them is gone */
+    usleep(2200000);
+    KT_OK(kvx_notice_poll(t, NULL, 0)); /* a progress step, which expires them */
+    KT_OK(kvx_transport_query(t, &a));
+    kt_log("replay, 2.2 s later: unproven drops %llu, evicted %llu (of %d answered)",
+           (unsigned long long)a.recv.drop_unproven, (unsigned long long)a.recv.conns_evicted,
+           seen.hello_acks);
+    KT_CHECK(a.recv.drop_unproven + a.recv.conns_evicted >= (uint64_t)seen.hello_acks);
     attacker_stop();
     kvx_transport_destroy(t);
     free(mdb);
