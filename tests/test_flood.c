@@ -561,6 +561,40 @@ static int replay(void)
            (unsigned long long)a.recv.drop_unproven, (unsigned long long)a.recv.conns_evicted,
            seen.hello_acks);
     KT_CHECK(a.recv.drop_unproven + a.recv.conns_evicted >= (uint64_t)seen.hello_acks);
+    /* the same HELLO once more: a wrong proof closes the connection; a right one (this program
+     * holds the secret) makes it a writer's like any */
+    for (int right = 0; right < 2; right++) {
+        kvx_recv_counters_t before = a.recv;
+        kvx_wire_run_t run = {10 * BL, BL, 0};
+        int acks0 = seen.hello_acks;
+        uint8_t pr[KVX_WIRE_PROOF_LEN];
+        hello_flood(&md, "holder", 1, 0, secret);
+        KT_EQ(seen.hello_acks, acks0 + 1);
+        kvx_wire_put_hdr(pr, KVX_MSG_PROOF, 0, seen.rconn_id, seen.token);
+        kvx_recv_proof_mac((const uint8_t *)secret, strlen(secret), seen.nonce, seen.rconn_id,
+                           seen.token, pr + KVX_WIRE_HDR_LEN);
+        if (!right)
+            pr[KVX_WIRE_HDR_LEN + 5] ^= 1;
+        send_raw(pr, sizeof(pr), NULL, 0);
+        memset(data, 0x10 + right, sizeof(data));
+        kvx_wire_put_hdr(h, KVX_MSG_WRITE, 0, seen.rconn_id, seen.token);
+        kvx_put64(h + 16, 6);
+        memset(h + 24, 0, 24);
+        kvx_put32(h + 40, 1);
+        kvx_wire_run_put(h + KVX_WIRE_WRITE_LEN, 0, &run);
+        send_raw(h, KVX_WIRE_WRITE_LEN + KVX_WIRE_RUN_LEN, data, BL);
+        progress_both(200);
+        KT_OK(kvx_transport_query(t, &a));
+        kt_log("%s proof: unproven drops +%llu, writes landed +%llu", right ? "a right" : "a wrong",
+               (unsigned long long)(a.recv.drop_unproven - before.drop_unproven),
+               (unsigned long long)(a.recv.writes_landed - before.writes_landed));
+        KT_EQ(a.recv.drop_unproven - before.drop_unproven, right ? 0 : 1);
+        KT_EQ(a.recv.writes_landed - before.writes_landed, right ? 1 : 0);
+        if (right) /* every byte of it */
+            KT_CHECK(memcmp(r.base + 10 * BL, data, BL) == 0);
+        else
+            KT_EQ(kt_check(&r, 10, 0x44, 10, 0), 0);
+    }
     attacker_stop();
     kvx_transport_destroy(t);
     free(mdb);
