@@ -282,7 +282,7 @@ struct kvx_writer {
     kvx_list_t rconns; /* its open connections */
     unsigned live;     /* its connections not yet freed, closing ones too: it stays while any */
     unsigned nopen;    /* its open connections (at most KVX_RCONNS_PER_WRITER) */
-    uint64_t hello_credit_ns; /* its endpoint-open budget: refilled with time (recv.c) */
+    uint64_t hello_credit_ns; /* its endpoint-open budget: refilled with time (rslots.c) */
     kvx_recv_counters_t counters;
 };
 
@@ -307,7 +307,7 @@ struct kvx_rconn {
     unsigned nserve;
     kvx_list_t ctl; /* small messages to send (HELLO_ACK, FENCE, NOTICE_ACK) */
     unsigned nctl;
-    size_t qbytes;        /* what it has queued and UCX holds of it (recv.c's bounds) */
+    size_t qbytes;        /* what it has queued and UCX holds of it (the bounds of recv.c) */
     bool doomed;          /* over a bound: closed by kvx_recv_work, its messages refused */
     bool proven;          /* the writer proved the secret over nonce (always, without one) */
     uint8_t slot_class;   /* which of t->rslots it is in: unproven, fresh or active */
@@ -397,9 +397,9 @@ struct kvx_transport {
     kvx_list_t rwork;  /* rconns with acknowledgements, read data or control to send */
     kvx_list_t hellos; /* HELLOs with a valid capability, handled after UCX progress */
     unsigned nhellos;
-    kvx_list_t rslots[3];     /* open rconns by eviction order: unproven, fresh, active (recv.c) */
-    size_t rqbytes;           /* sum of their qbytes */
-    uint64_t hello_credit_ns; /* the transport's endpoint-open budget (recv.c) */
+    kvx_list_t rslots[3]; /* open rconns by eviction order: unproven, fresh, active (rslots.c) */
+    size_t rqbytes;       /* sum of their qbytes */
+    uint64_t hello_credit_ns; /* the transport's endpoint-open budget (rslots.c) */
     kvx_recv_counters_t rcounters;
     kvx_notice_t *notices; /* a ring of notice_cap */
     size_t notice_cap, notice_head, notice_count;
