@@ -209,7 +209,8 @@ typedef struct kvx_params {
     /** A shared secret (1..KVX_SECRET_MAX bytes; copied). With one, the metadata is signed
      * (HMAC-SHA256) and peers' metadata must carry this secret's signature (else kvx_peer_add
      * returns -EACCES before any of it reaches UCX), and a peer connecting to this transport must
-     * prove it holds the secret before anything else happens. See docs/security.md. */
+     * prove it holds the secret, in its HELLO and then over a fresh nonce of this transport's,
+     * before anything else happens. See docs/security.md. */
     const void *secret;
     size_t secret_len;
 
@@ -271,6 +272,20 @@ typedef struct kvx_recv_counters {
     uint64_t drop_fenced;     /**< write messages a fence dropped */
     uint64_t drop_crc;        /**< data whose checksum did not match */
     uint64_t drop_other;      /**< rendezvous messages, notices over the queue, overflows */
+    /** Connections closed because their replies could not leave (docs/security.md, "Resource
+     *  bounds"): acknowledgements, read requests or control messages over their bound, per
+     *  connection or per transport. Their writers' transfers on them fail. */
+    uint64_t conns_overflow;
+    /** Connections closed to give their slot to a new one (slots short, or the writer's name
+     *  over its share): unproven ones first, then those that never completed a transfer (after
+     *  their first second), then the least recently active, oldest first. */
+    uint64_t conns_evicted;
+    /** With a secret: messages on a connection that had not proven the secret over this
+     *  receiver's nonce yet, wrong proofs, and unproven connections expired (each closes it). */
+    uint64_t drop_unproven;
+    /** HELLOs refused by a bound on endpoints: too fast for the transport or for the writer's
+     *  name, or catch-up endpoints over their budget. */
+    uint64_t drop_hello_limit;
 } kvx_recv_counters_t;
 
 /** Bits of kvx_transport_attr_t.field_mask. */

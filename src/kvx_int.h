@@ -289,6 +289,8 @@ struct kvx_writer {
     uint32_t nftags, ftags_cap;
     kvx_list_t rconns; /* its open connections */
     unsigned live;     /* its connections not yet freed, closing ones too: it stays while any */
+    unsigned nopen;    /* its open connections (at most KVX_RCONNS_PER_WRITER) */
+    uint64_t hello_credit_ns; /* its endpoint-open budget: refilled with time (rslots.c) */
     kvx_recv_counters_t counters;
 };
 
@@ -314,7 +316,15 @@ struct kvx_rconn {
     uint8_t *acks;
     kvx_list_t serve; /* read requests to answer, oldest first */
     unsigned nserve;
-    kvx_list_t ctl;       /* small messages to send (HELLO_ACK, FENCE, NOTICE_ACK) */
+    kvx_list_t ctl; /* small messages to send (HELLO_ACK, FENCE, NOTICE_ACK) */
+    unsigned nctl;
+    size_t qbytes;        /* what it has queued and UCX holds of it (the bounds of recv.c) */
+    bool doomed;          /* over a bound: closed by kvx_recv_work, its messages refused */
+    bool proven;          /* the writer proved the secret over nonce (always, without one) */
+    uint8_t slot_class;   /* which of t->rslots it is in: unproven, fresh or active */
+    uint64_t since_ns;    /* made (or proven) at; last active at, once active */
+    uint8_t nonce[16];    /* KVX_WIRE_NONCE_LEN: what its PROOF must cover */
+    kvx_list_t slot_link; /* t->rslots[slot_class], oldest first */
     size_t seg;           /* a message's size on its lane */
     kvx_list_t work_link; /* t->rwork */
     kvx_list_t w_link;    /* w->rconns */
@@ -407,6 +417,9 @@ struct kvx_transport {
     kvx_list_t rwork;  /* rconns with acknowledgements, read data or control to send */
     kvx_list_t hellos; /* HELLOs with a valid capability, handled after UCX progress */
     unsigned nhellos;
+    kvx_list_t rslots[3]; /* open rconns by eviction order: unproven, fresh, active (rslots.c) */
+    size_t rqbytes;       /* sum of their qbytes */
+    uint64_t hello_credit_ns; /* the transport's endpoint-open budget (rslots.c) */
     kvx_recv_counters_t rcounters;
     kvx_notice_t *notices; /* a ring of notice_cap */
     size_t notice_cap, notice_head, notice_count;
@@ -738,6 +751,8 @@ void kvx_recv_on_sent(kvx_rconn_t *rc, int status);
 void kvx_recv_on_error(kvx_rconn_t *rc, int status);
 void kvx_recv_on_closed(kvx_rconn_t *rc);
 bool kvx_recv_busy(const kvx_transport_t *t);
+/* Periodic (kvx_progress_step's housekeeping): unproven connections past their time close. */
+void kvx_recv_housekeeping(kvx_transport_t *t, uint64_t now);
 void kvx_recv_close_all(kvx_transport_t *t);
 void kvx_recv_free_all(kvx_transport_t *t);
 kvx_writer_t *kvx_writer_lookup(const kvx_transport_t *t, const char *name);
@@ -746,6 +761,22 @@ kvx_writer_t *kvx_writer_lookup(const kvx_transport_t *t, const char *name);
 int kvx_recv_fence_prepare(kvx_transport_t *t, const char *writer, const uint64_t *tags,
                            size_t ntags);
 int kvx_recv_fence(kvx_transport_t *t, const char *writer, const uint64_t *tags, size_t ntags);
+/* Connection slots and the bounds over all connections (rslots.c). Slots give way in the order
+ * of rslots[]: unproven, fresh (no transfer completed yet), active (least recently first). */
+enum { KVX_SLOT_UNPROVEN = 0, KVX_SLOT_FRESH, KVX_SLOT_ACTIVE };
+void kvx_rq_add(kvx_rconn_t *rc, size_t n); /* past the transport's bound, one is doomed */
+void kvx_rq_sub(kvx_rconn_t *rc, size_t n);
+void kvx_rconn_doom(kvx_rconn_t *rc, const char *why); /* recv.c: over a bound, it closes */
+/* May a HELLO of w open an endpoint now (the rates of new connections)? Takes it if so. */
+bool kvx_hello_rate(kvx_transport_t *t, kvx_writer_t *w, uint64_t now);
+void kvx_slots_init(kvx_transport_t *t);
+void kvx_slot_set(kvx_rconn_t *rc, int cls, uint64_t now);
+void kvx_rconn_active(kvx_rconn_t *rc); /* it completed (part of) a transfer */
+/* The connection that gives way to a new one: of writer w (over its share), or of any. */
+kvx_rconn_t *kvx_slot_victim(kvx_transport_t *t, kvx_writer_t *w, uint64_t now);
+/* What a writer with the secret answers a HELLO_ACK's nonce with (PROOF, src/wire.c). */
+void kvx_recv_proof_mac(const uint8_t *secret, size_t secret_len, const uint8_t *nonce,
+                        uint32_t rconn_id, uint64_t token, uint8_t out[32]);
 /* Count a message dropped before it could be tied to a connection. */
 void kvx_recv_count_drop(kvx_transport_t *t, int why);
 enum { KVX_DROP_MALFORMED, KVX_DROP_CAPABILITY, KVX_DROP_UNKNOWN, KVX_DROP_RNDV };
@@ -854,7 +885,8 @@ int kvx_ucx_ep_open(kvx_transport_t *t, const void *waddr, const char *name, voi
  * of ep among this worker's endpoints to that peer, and a catch-up to the peer's place before
  * answering it (see ucx.c). */
 uint32_t kvx_ucx_ep_sn(const kvx_ucx_ep_t *ep);
-void kvx_ucx_align(kvx_transport_t *t, const void *waddr, uint32_t sn);
+/* Returns 0, or -ENOBUFS when the catch-up is over its budget (the HELLO is refused). */
+int kvx_ucx_align(kvx_transport_t *t, const void *waddr, uint32_t sn);
 /* Close (forced). Returns 0 when closed on return, 1 when the owner's on_closed follows. */
 int kvx_ucx_ep_close(kvx_ucx_ep_t *ep, unsigned *refs);
 void kvx_ucx_ep_free(kvx_ucx_ep_t *ep);

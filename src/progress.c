@@ -37,6 +37,7 @@ static void kvx_progress_housekeeping(kvx_transport_t *t, uint64_t now)
 {
     kvx_conn_housekeeping(t, now);
     kvx_listen_housekeeping(t, now);
+    kvx_recv_housekeeping(t, now);
     if (now >= t->next_pool_trim_ns) {
         kvx_xfer_trim_pool(t);
         t->next_pool_trim_ns = now + KVX_POOL_PERIOD_NS;

@@ -15,11 +15,25 @@
 #include <string.h>
 #include <sys/random.h>
 
-#define KVX_RCONNS_MAX 4096 /* connections from writers, at most */
-#define KVX_WRITERS_MAX 4096
-#define KVX_HELLOS_MAX 64  /* handshakes waiting for kvx_recv_work */
+/*
+ * Resource bounds (docs/security.md, "Resource bounds"). UCX's active messages cannot be paused
+ * per connection, so a connection whose replies cannot leave (its writer does not drain) is
+ * closed once one of its queues is full (conns_overflow), and its writer's transfers on it fail.
+ * Per connection: KVX_SEND_WINDOW + KVX_ACK_WINDOW messages in UCX's hands, KVX_ACKS_MAX
+ * acknowledgements, KVX_SERVE_MAX read requests, KVX_CTL_MAX control messages. All connections
+ * together: KVX_RQ_MAX bytes of that (past it, the connection holding the most is closed:
+ * rslots.c, with the slots and the rates of new connections).
+ */
+#define KVX_RCONNS_MAX 4096                  /* connections from writers, at most */
+#define KVX_RCONNS_PER_WRITER 1024           /* ... of one writer's name: a quarter */
+#define KVX_WRITERS_MAX (2 * KVX_RCONNS_MAX) /* names: room for new ones while slots turn over */
+#define KVX_HELLOS_MAX 64                    /* handshakes waiting for kvx_recv_work */
 #define KVX_SERVE_MAX 64   /* read requests queued per connection (an initiator sends 16) */
+#define KVX_CTL_MAX 256    /* control messages queued per connection */
 #define KVX_SEND_WINDOW 16 /* messages of one connection UCX may hold */
+#define KVX_ACK_WINDOW 8   /* ... and this many more, of acknowledgements only */
+/* With a secret, a connection must prove it within this (else it is closed, drop_unproven). */
+#define KVX_PROOF_WAIT_NS (2000ull * 1000000ull)
 
 typedef struct kvx_hello {
     kvx_list_t link;
@@ -210,14 +224,21 @@ static void kvx_rconn_drop_queued(kvx_rconn_t *rc)
     while (!kvx_list_empty(&rc->serve)) {
         kvx_serve_t *s = kvx_list_first(&rc->serve, kvx_serve_t, link);
         kvx_list_del(&s->link);
+        kvx_rq_sub(rc, sizeof(*s) + s->nruns * sizeof(s->runs[0]));
         free(s);
     }
     while (!kvx_list_empty(&rc->ctl)) {
         kvx_ctl_t *c = kvx_list_first(&rc->ctl, kvx_ctl_t, link);
         kvx_list_del(&c->link);
+        kvx_rq_sub(rc, sizeof(*c));
         free(c);
     }
+    kvx_rq_sub(rc, (size_t)rc->acks_cap * KVX_WIRE_ACK_ENTRY_LEN);
+    free(rc->acks);
+    rc->acks = NULL;
+    rc->acks_cap = 0;
     rc->nserve = 0;
+    rc->nctl = 0;
     rc->nacks = 0;
 }
 
@@ -230,7 +251,6 @@ static void kvx_rconn_maybe_free(kvx_rconn_t *rc)
     kvx_list_del(&rc->all_link);
     kvx_ucx_ep_free(rc->ucx);
     rc->w->live--;
-    free(rc->acks);
     free(rc);
 }
 
@@ -245,7 +265,9 @@ static void kvx_rconn_close(kvx_rconn_t *rc)
     rc->state = KVX_CONN_CLOSING;
     kvx_idtab_release(&t->rconn_ids, rc->id);
     t->nrconns--;
+    rc->w->nopen--;
     kvx_list_del(&rc->w_link);
+    kvx_list_del(&rc->slot_link);
     kvx_list_del(&rc->work_link);
     kvx_rconn_drop_queued(rc);
     kvx_info(t, "writer %s: connection %u closed", rc->w->name, rc->id);
@@ -253,6 +275,22 @@ static void kvx_rconn_close(kvx_rconn_t *rc)
         rc->state = KVX_CONN_CLOSED;
         kvx_rconn_maybe_free(rc);
     }
+}
+
+/* Over a bound: what it queued goes now, and kvx_recv_work closes it (a caller may be walking a
+ * list it is on); its messages are refused meanwhile. */
+void kvx_rconn_doom(kvx_rconn_t *rc, const char *why)
+{
+    if (rc->doomed || rc->state != KVX_CONN_OPEN)
+        return;
+    rc->doomed = true;
+    kvx_count(rc->t, rc->w, KVX_CNT(conns_overflow));
+    kvx_warn(rc->t,
+             "writer %s: connection %u closed: %s (%u acknowledgements, %u reads, %u "
+             "control messages waiting, %u held by UCX)",
+             rc->w->name, rc->id, why, rc->nacks, rc->nserve, rc->nctl, rc->sending);
+    kvx_rconn_drop_queued(rc);
+    kvx_rconn_want_work(rc);
 }
 
 /* The forced close completed (its callback). */
@@ -275,6 +313,7 @@ void kvx_recv_on_sent(kvx_rconn_t *rc, int status)
     (void)status; /* a reply lost with its connection: the writer sees that connection fail */
     rc->ucx_refs--;
     rc->sending--;
+    kvx_rq_sub(rc, sizeof(kvx_send_t));
     if (rc->state == KVX_CONN_OPEN &&
         (rc->nacks > 0 || !kvx_list_empty(&rc->serve) || !kvx_list_empty(&rc->ctl)))
         kvx_rconn_want_work(rc);
@@ -291,9 +330,17 @@ static kvx_rconn_t *kvx_rconn_of(kvx_transport_t *t, const kvx_msg_t *m)
         kvx_put64(a, rc->token);
         kvx_put64(b, m->token);
     }
-    if (rc == NULL || rc->state != KVX_CONN_OPEN || !kvx_equal_ct(a, b, 8)) {
+    if (rc == NULL || rc->state != KVX_CONN_OPEN || rc->doomed || !kvx_equal_ct(a, b, 8)) {
         kvx_debug(t, "message for unknown connection %u dropped", m->conn_id);
         kvx_count(t, NULL, KVX_CNT(drop_unknown));
+        return NULL;
+    }
+    if (!rc->proven && m->type != KVX_MSG_PROOF && m->type != KVX_MSG_BYE) {
+        /* a kvx writer sends its PROOF first: this is not one */
+        kvx_count(t, rc->w, KVX_CNT(drop_unproven));
+        kvx_info(t, "writer %s: connection %u sent before proving the secret: closed", rc->w->name,
+                 rc->id);
+        kvx_rconn_close(rc);
         return NULL;
     }
     return rc;
@@ -301,14 +348,20 @@ static kvx_rconn_t *kvx_rconn_of(kvx_transport_t *t, const kvx_msg_t *m)
 
 static int kvx_rconn_ctl(kvx_rconn_t *rc, const uint8_t *hdr, size_t len)
 {
-    kvx_ctl_t *c = malloc(sizeof(*c));
+    kvx_ctl_t *c;
 
-    if (c == NULL)
-        return -ENOMEM;
+    if (rc->doomed)
+        return -ENOBUFS;
+    if (rc->nctl >= KVX_CTL_MAX || (c = malloc(sizeof(*c))) == NULL) {
+        kvx_rconn_doom(rc, "its control messages cannot leave");
+        return -ENOBUFS;
+    }
     memcpy(c->hdr, hdr, len);
     c->len = len;
     kvx_list_add_tail(&rc->ctl, &c->link);
+    rc->nctl++;
     kvx_rconn_want_work(rc);
+    kvx_rq_add(rc, sizeof(*c));
     return 0;
 }
 
@@ -332,7 +385,10 @@ static bool kvx_rconn_ack(kvx_rconn_t *rc, uint64_t xfer_id, uint64_t bytes, int
         if (acks == NULL)
             return false;
         rc->acks = acks;
+        kvx_rq_add(rc, (size_t)(cap - rc->acks_cap) * KVX_WIRE_ACK_ENTRY_LEN);
         rc->acks_cap = cap;
+        if (rc->doomed) /* the transport's bound took this one */
+            return true;
     }
     kvx_wire_ack_put(rc->acks, rc->nacks++, xfer_id, (uint32_t)bytes, status);
     kvx_rconn_want_work(rc);
@@ -388,38 +444,50 @@ static void kvx_recv_refuse_hello(kvx_transport_t *t, const uint8_t *buf, size_t
         }
     }
     if (n >= KVX_REFUSING_MAX || t->nrconns >= KVX_RCONNS_MAX ||
-        (w = kvx_writer_get(t, m.u.hello.name)) == NULL || (rc = calloc(1, sizeof(*rc))) == NULL)
+        (w = kvx_writer_get(t, m.u.hello.name)) == NULL)
+        return;
+    /* the rates of new connections bound these endpoints too */
+    if (!kvx_hello_rate(t, w, kvx_now_ns())) {
+        kvx_count(t, w, KVX_CNT(drop_hello_limit));
+        return;
+    }
+    if ((rc = calloc(1, sizeof(*rc))) == NULL)
         return;
     rc->t = t;
     rc->w = w;
     rc->refusing = true;
+    rc->proven = true; /* it takes no message: nothing to prove */
     rc->peer_conn_id = m.u.hello.conn_id;
     rc->peer_token = m.u.hello.token;
     kvx_list_init(&rc->serve);
     kvx_list_init(&rc->ctl);
     kvx_list_init(&rc->work_link);
     kvx_list_init(&rc->all_link);
+    kvx_list_init(&rc->slot_link); /* on no slot list: KVX_REFUSING_MAX bounds these */
     /* a random token no message can name: the connection takes none */
     if (getrandom(&rc->token, sizeof(rc->token), 0) != sizeof(rc->token) ||
         kvx_idtab_alloc(&t->rconn_ids, rc, &rc->id) < 0) {
         free(rc);
         return;
     }
-    kvx_ucx_align(t, m.u.hello.waddr, m.u.hello.ep_sn);
-    if (kvx_ucx_ep_open(t, m.u.hello.waddr, m.u.hello.name, rc, true, &rc->ucx) < 0) {
+    if (kvx_ucx_align(t, m.u.hello.waddr, m.u.hello.ep_sn) < 0 ||
+        kvx_ucx_ep_open(t, m.u.hello.waddr, m.u.hello.name, rc, true, &rc->ucx) < 0) {
         kvx_idtab_release(&t->rconn_ids, rc->id);
         free(rc);
         return;
     }
     rc->state = KVX_CONN_OPEN;
     w->live++;
+    w->nopen++; /* as any connection's: kvx_rconn_close takes it back */
     kvx_list_add_tail(&t->refusing, &rc->w_link);
     kvx_list_add_tail(&t->rconns, &rc->all_link);
     t->nrconns++;
     kvx_wire_put_hdr(ack, KVX_MSG_HELLO_ACK, 0, rc->peer_conn_id, rc->peer_token);
     kvx_put32(ack + 20, (uint32_t)-EKEYREVOKED);
-    if (kvx_ucx_send_ctl(rc->ucx, ack, sizeof(ack), &rc->ucx_refs) == 1)
+    if (kvx_ucx_send_ctl(rc->ucx, ack, sizeof(ack), &rc->ucx_refs) == 1) {
         rc->sending++;
+        kvx_rq_add(rc, sizeof(kvx_send_t)); /* kvx_recv_on_sent takes it back */
+    }
 }
 
 /* ---- messages in (inside UCX progress) ---------------------------------------------------- */
@@ -505,15 +573,12 @@ static void kvx_recv_write(kvx_transport_t *t, const kvx_msg_t *m, const uint8_t
         t->rcounters.bytes_landed += data_len;
         w->counters.bytes_landed += data_len;
         kvx_count(t, w, KVX_CNT(writes_landed));
+        kvx_rconn_active(rc);
     }
-    if (!kvx_rconn_ack(rc, m->u.write.xfer_id, data_len, status)) {
-        /* no room to remember the answer: rather than leave the writer waiting for it, close
-         * the connection (the writer's transfers on it fail) */
-        kvx_count(t, w, KVX_CNT(drop_other));
-        kvx_warn(t, "writer %s: %u acknowledgements waiting: closing connection %u", w->name,
-                 rc->nacks, rc->id);
-        kvx_rconn_close(rc);
-    }
+    /* no room to remember the answer: rather than leave the writer waiting for it, close the
+     * connection (the writer's transfers on it fail) */
+    if (!kvx_rconn_ack(rc, m->u.write.xfer_id, data_len, status))
+        kvx_rconn_doom(rc, "its acknowledgements cannot leave");
 }
 
 /* Answer a read request with a refusal: the reader's transfer fails with err at once. */
@@ -525,8 +590,7 @@ static void kvx_recv_refuse_read(kvx_rconn_t *rc, const kvx_msg_t *m, int err)
     kvx_put64(hdr + 16, m->u.read_req.xfer_id);
     kvx_put64(hdr + 24, m->u.read_req.stream_off);
     kvx_put32(hdr + 40, (uint32_t)err);
-    if (kvx_rconn_ctl(rc, hdr, sizeof(hdr)) < 0)
-        kvx_rconn_close(rc); /* out of memory: the reader sees its connection fail */
+    kvx_rconn_ctl(rc, hdr, sizeof(hdr)); /* no room: the connection closes (kvx_rconn_doom) */
 }
 
 static void kvx_recv_read_req(kvx_transport_t *t, const kvx_msg_t *m)
@@ -563,6 +627,8 @@ static void kvx_recv_read_req(kvx_transport_t *t, const kvx_msg_t *m)
     kvx_list_add_tail(&rc->serve, &s->link);
     rc->nserve++;
     kvx_rconn_want_work(rc);
+    kvx_rconn_active(rc);
+    kvx_rq_add(rc, sizeof(*s) + n * sizeof(s->runs[0]));
 }
 
 static void kvx_recv_notice(kvx_transport_t *t, const kvx_msg_t *m)
@@ -588,6 +654,7 @@ static void kvx_recv_notice(kvx_transport_t *t, const kvx_msg_t *m)
         n->bytes = m->u.notice.bytes;
         t->notice_count++;
         kvx_count(t, rc->w, KVX_CNT(notices));
+        kvx_rconn_active(rc);
         if (t->waiters > 0)
             kvx_progress_notify_waiters(t);
     }
@@ -595,6 +662,28 @@ static void kvx_recv_notice(kvx_transport_t *t, const kvx_msg_t *m)
     kvx_put64(hdr + 16, m->u.notice.xfer_id);
     kvx_put32(hdr + 24, (uint32_t)status);
     kvx_rconn_ctl(rc, hdr, sizeof(hdr));
+}
+
+static void kvx_recv_proof(kvx_transport_t *t, const kvx_msg_t *m)
+{
+    kvx_rconn_t *rc = kvx_rconn_of(t, m);
+    uint8_t mac[KVX_PROOF_LEN];
+
+    if (rc == NULL)
+        return;
+    if (rc->proven) { /* none was asked for, or it came already */
+        kvx_count(t, rc->w, KVX_CNT(drop_other));
+        return;
+    }
+    kvx_recv_proof_mac(t->secret, t->secret_len, rc->nonce, rc->id, rc->token, mac);
+    if (!kvx_equal_ct(mac, m->u.proof.mac, KVX_PROOF_LEN)) {
+        kvx_count(t, rc->w, KVX_CNT(drop_unproven));
+        kvx_info(t, "writer %s: connection %u: wrong proof, closed", rc->w->name, rc->id);
+        kvx_rconn_close(rc);
+        return;
+    }
+    rc->proven = true;
+    kvx_slot_set(rc, KVX_SLOT_FRESH, kvx_now_ns());
 }
 
 void kvx_recv_on_message(kvx_transport_t *t, const kvx_msg_t *m, const void *hdr, size_t hdr_len,
@@ -619,6 +708,9 @@ void kvx_recv_on_message(kvx_transport_t *t, const kvx_msg_t *m, const void *hdr
         if ((rc = kvx_rconn_of(t, m)) != NULL)
             kvx_rconn_close(rc);
         break;
+    case KVX_MSG_PROOF:
+        kvx_recv_proof(t, m);
+        break;
     default:
         break;
     }
@@ -635,11 +727,34 @@ static void kvx_recv_hello(kvx_transport_t *t, const uint8_t *buf, size_t len)
     char tl[KVX_TRANSPORT_NAME_MAX];
     int rma_hw;
 
+    uint64_t now = kvx_now_ns();
+    kvx_rconn_t *v = NULL;
+
     if (kvx_wire_decode(buf, len, 0, &m) < 0 || m.type != KVX_MSG_HELLO)
         return; /* decoded once already */
-    if (t->nrconns >= KVX_RCONNS_MAX || (w = kvx_writer_get(t, m.u.hello.name)) == NULL ||
-        (rc = calloc(1, sizeof(*rc))) == NULL) {
+    if ((w = kvx_writer_get(t, m.u.hello.name)) == NULL) {
         kvx_count(t, NULL, KVX_CNT(drop_other));
+        return;
+    }
+    /* how fast a HELLO may make this transport open an endpoint to the address it names */
+    if (!kvx_hello_rate(t, w, now)) {
+        kvx_count(t, w, KVX_CNT(drop_hello_limit));
+        kvx_debug(t, "writer %s: HELLO over the rate of new connections, dropped", w->name);
+        return;
+    }
+    /* slots: a writer's name over its share gives up one of its own, a full table one of any */
+    if (w->nopen >= KVX_RCONNS_PER_WRITER)
+        v = kvx_slot_victim(t, w, now);
+    else if (t->nrconns >= KVX_RCONNS_MAX)
+        v = kvx_slot_victim(t, NULL, now);
+    if (v != NULL) {
+        kvx_count(t, v->w, KVX_CNT(conns_evicted));
+        kvx_info(t, "writer %s: connection %u gives its slot to a new one of %s", v->w->name, v->id,
+                 w->name);
+        kvx_rconn_close(v);
+    }
+    if (t->nrconns >= KVX_RCONNS_MAX || (rc = calloc(1, sizeof(*rc))) == NULL) {
+        kvx_count(t, w, KVX_CNT(drop_other));
         return;
     }
     rc->t = t;
@@ -651,7 +766,10 @@ static void kvx_recv_hello(kvx_transport_t *t, const uint8_t *buf, size_t len)
     kvx_list_init(&rc->work_link);
     kvx_list_init(&rc->w_link);
     kvx_list_init(&rc->all_link);
+    kvx_list_init(&rc->slot_link);
+    rc->proven = t->secret == NULL;
     if (getrandom(&rc->token, sizeof(rc->token), 0) != sizeof(rc->token) ||
+        (!rc->proven && getrandom(rc->nonce, sizeof(rc->nonce), 0) != sizeof(rc->nonce)) ||
         kvx_idtab_alloc(&t->rconn_ids, rc, &rc->id) < 0) {
         free(rc);
         kvx_count(t, w, KVX_CNT(drop_other));
@@ -659,7 +777,12 @@ static void kvx_recv_hello(kvx_transport_t *t, const uint8_t *buf, size_t len)
     }
     /* UCX parses the writer's address here: what holds the capability (and, with a secret, what
      * proved it) may make this transport parse an address (docs/security.md) */
-    kvx_ucx_align(t, m.u.hello.waddr, m.u.hello.ep_sn);
+    if (kvx_ucx_align(t, m.u.hello.waddr, m.u.hello.ep_sn) < 0) {
+        kvx_idtab_release(&t->rconn_ids, rc->id);
+        free(rc);
+        kvx_count(t, w, KVX_CNT(drop_hello_limit));
+        return;
+    }
     if (kvx_ucx_ep_open(t, m.u.hello.waddr, m.u.hello.name, rc, true, &rc->ucx) < 0) {
         kvx_idtab_release(&t->rconn_ids, rc->id);
         free(rc);
@@ -669,14 +792,18 @@ static void kvx_recv_hello(kvx_transport_t *t, const uint8_t *buf, size_t len)
     kvx_ucx_ep_describe(rc->ucx, tl, sizeof(tl), &rma_hw, &rc->seg);
     rc->state = KVX_CONN_OPEN;
     w->live++;
+    w->nopen++;
     kvx_list_add_tail(&w->rconns, &rc->w_link);
     kvx_list_add_tail(&t->rconns, &rc->all_link);
+    kvx_slot_set(rc, rc->proven ? KVX_SLOT_FRESH : KVX_SLOT_UNPROVEN, now);
     t->nrconns++;
     kvx_wire_put_hdr(ack, KVX_MSG_HELLO_ACK, 0, rc->peer_conn_id, rc->peer_token);
     kvx_put32(ack + 16, rc->id);
     kvx_put32(ack + 20, 0);
     kvx_put64(ack + 24, rc->token);
     kvx_put64(ack + 32, w->epoch);
+    if (!rc->proven) /* the writer's PROOF must cover it (kvx_recv_proof) */
+        memcpy(ack + 56, rc->nonce, KVX_WIRE_NONCE_LEN);
     kvx_rconn_ctl(rc, ack, sizeof(ack));
     kvx_info(t, "writer %s: connection %u over %s", w->name, rc->id, tl);
 }
@@ -730,8 +857,13 @@ static unsigned kvx_recv_serve(kvx_transport_t *t, kvx_rconn_t *rc, size_t seg)
         if (s->run == s->nruns || rc2 < 0) {
             kvx_list_del(&s->link);
             rc->nserve--;
+            kvx_rq_sub(rc, sizeof(*s) + s->nruns * sizeof(s->runs[0]));
             free(s);
         }
+        if (rc2 == 1) /* last: over the transport's bound, rc may lose its queues here */
+            kvx_rq_add(rc, sizeof(kvx_send_t));
+        if (rc->doomed)
+            break;
     }
     return n;
 }
@@ -740,18 +872,23 @@ static unsigned kvx_recv_flush(kvx_transport_t *t, kvx_rconn_t *rc)
 {
     unsigned n = 0;
 
-    while (!kvx_list_empty(&rc->ctl) && rc->sending < KVX_SEND_WINDOW) {
+    while (!kvx_list_empty(&rc->ctl) && rc->sending < KVX_SEND_WINDOW && !rc->doomed) {
         kvx_ctl_t *c = kvx_list_first(&rc->ctl, kvx_ctl_t, link);
         kvx_list_del(&c->link);
-        if (kvx_ucx_send_ctl(rc->ucx, c->hdr, c->len, &rc->ucx_refs) == 1)
+        rc->nctl--;
+        kvx_rq_sub(rc, sizeof(*c));
+        if (kvx_ucx_send_ctl(rc->ucx, c->hdr, c->len, &rc->ucx_refs) == 1) {
             rc->sending++;
+            kvx_rq_add(rc, sizeof(kvx_send_t));
+        }
         free(c);
         n++;
     }
     /* acknowledgements, KVX_ACK_BATCH per message: they are how writers make progress, so they
-     * go out whatever the window (it bounds read data) */
+     * have KVX_ACK_WINDOW more messages than read data and control; what the window holds back
+     * waits in rc->acks (at most KVX_ACKS_MAX) */
     uint32_t done = 0;
-    while (done < rc->nacks) {
+    while (done < rc->nacks && rc->sending < KVX_SEND_WINDOW + KVX_ACK_WINDOW && !rc->doomed) {
         kvx_send_t *m = kvx_ucx_send_get(rc->ucx);
         uint32_t k = rc->nacks - done < KVX_ACK_BATCH ? rc->nacks - done : KVX_ACK_BATCH;
         size_t len = KVX_WIRE_ACK_LEN + (size_t)k * KVX_WIRE_ACK_ENTRY_LEN;
@@ -762,18 +899,28 @@ static unsigned kvx_recv_flush(kvx_transport_t *t, kvx_rconn_t *rc)
         kvx_put32(m->hdr + 20, 0);
         memcpy(m->hdr + KVX_WIRE_ACK_LEN, rc->acks + (size_t)done * KVX_WIRE_ACK_ENTRY_LEN,
                len - KVX_WIRE_ACK_LEN);
-        if (kvx_ucx_send(m, len, 0, &rc->ucx_refs) == 1)
-            rc->sending++;
         done += k;
         n++;
+        if (kvx_ucx_send(m, len, 0, &rc->ucx_refs) == 1) {
+            rc->sending++;
+            kvx_rq_add(rc, sizeof(kvx_send_t));
+        }
     }
+    if (rc->doomed)
+        return n;
     /* what could not go out (no message buffer) stays for the next round */
     if (done > 0 && done < rc->nacks)
         memmove(rc->acks, rc->acks + (size_t)done * KVX_WIRE_ACK_ENTRY_LEN,
                 (size_t)(rc->nacks - done) * KVX_WIRE_ACK_ENTRY_LEN);
     rc->nacks -= done;
-    if (rc->nacks > 0)
-        kvx_rconn_want_work(rc);
+    if (rc->nacks == 0 && rc->acks_cap > 4 * KVX_ACK_BATCH) { /* a burst's buffer goes */
+        kvx_rq_sub(rc, (size_t)rc->acks_cap * KVX_WIRE_ACK_ENTRY_LEN);
+        free(rc->acks);
+        rc->acks = NULL;
+        rc->acks_cap = 0;
+    }
+    if (rc->nacks > 0 && rc->sending < KVX_SEND_WINDOW + KVX_ACK_WINDOW)
+        kvx_rconn_want_work(rc); /* no message buffer: next round (else kvx_recv_on_sent) */
     if (!kvx_list_empty(&rc->serve))
         n += kvx_recv_serve(t, rc, rc->seg);
     return n;
@@ -784,6 +931,7 @@ static unsigned kvx_recv_hellos(kvx_transport_t *t)
 {
     unsigned n = 0;
 
+    kvx_slots_init(t);
     while (!kvx_list_empty(&t->hellos)) {
         kvx_hello_t *h = kvx_list_first(&t->hellos, kvx_hello_t, link);
         kvx_list_del(&h->link);
@@ -798,17 +946,42 @@ static unsigned kvx_recv_hellos(kvx_transport_t *t)
     return n;
 }
 
+/* With a secret: connections that did not prove it in time close (oldest first). Run after
+ * each round of HELLOs and from the housekeeping, which an idle progress thread runs at least
+ * once a second: an unproven connection lasts 2-3 s. */
+void kvx_recv_housekeeping(kvx_transport_t *t, uint64_t now)
+{
+    if (t->rslots[KVX_SLOT_UNPROVEN].next == NULL)
+        return;
+    while (!kvx_list_empty(&t->rslots[KVX_SLOT_UNPROVEN])) {
+        kvx_rconn_t *rc = kvx_list_first(&t->rslots[KVX_SLOT_UNPROVEN], kvx_rconn_t, slot_link);
+        if (now - rc->since_ns < KVX_PROOF_WAIT_NS)
+            break;
+        kvx_count(t, rc->w, KVX_CNT(drop_unproven));
+        kvx_info(t, "writer %s: connection %u did not prove the secret in time: closed",
+                 rc->w->name, rc->id);
+        kvx_rconn_close(rc);
+    }
+}
+
 unsigned kvx_recv_work(kvx_transport_t *t)
 {
     unsigned n = kvx_recv_hellos(t);
     kvx_list_t todo;
 
+    if (n > 0)
+        kvx_recv_housekeeping(t, kvx_now_ns());
     kvx_list_splice_init(&t->rwork, &todo);
     while (!kvx_list_empty(&todo)) {
         kvx_rconn_t *rc = kvx_list_first(&todo, kvx_rconn_t, work_link);
         kvx_list_del(&rc->work_link);
         if (rc->state != KVX_CONN_OPEN)
             continue;
+        if (rc->doomed) {
+            kvx_rconn_close(rc);
+            n++;
+            continue;
+        }
         n += kvx_recv_flush(t, rc);
         /* what the send window held back resumes from kvx_recv_on_sent */
     }
@@ -945,9 +1118,20 @@ static void kvx_writer_fence(kvx_transport_t *t, kvx_writer_t *w, const uint64_t
     for (kvx_list_t *n = w->rconns.next; n != &w->rconns; n = n->next) {
         kvx_rconn_t *rc = kvx_container_of(n, kvx_rconn_t, w_link);
         uint8_t hdr[24] = {0};
-        kvx_wire_put_hdr(hdr, KVX_MSG_FENCE, 0, rc->peer_conn_id, rc->peer_token);
-        kvx_put64(hdr + 16, w->epoch);
-        kvx_rconn_ctl(rc, hdr, sizeof(hdr));
+        kvx_ctl_t *queued = NULL;
+        /* the writer keeps only the newest epoch: a FENCE still queued takes the new one, so
+         * that fences in a burst (1,000 tag fences) queue one message, not one each (which
+         * would overflow the connection's control queue and close it) */
+        for (kvx_list_t *l = rc->ctl.next; l != &rc->ctl && queued == NULL; l = l->next)
+            if (kvx_container_of(l, kvx_ctl_t, link)->hdr[1] == KVX_MSG_FENCE)
+                queued = kvx_container_of(l, kvx_ctl_t, link);
+        if (queued != NULL) {
+            kvx_put64(queued->hdr + 16, w->epoch);
+        } else {
+            kvx_wire_put_hdr(hdr, KVX_MSG_FENCE, 0, rc->peer_conn_id, rc->peer_token);
+            kvx_put64(hdr + 16, w->epoch);
+            kvx_rconn_ctl(rc, hdr, sizeof(hdr));
+        }
         (*count)++;
     }
 }

@@ -28,10 +28,17 @@ struct kvx_ucx {
     struct kvx_ucx_sn {
         uint64_t uid;     /* a remote worker */
         uint32_t next_sn; /* endpoints this worker opened towards it (UCX's conn_sn) */
-    } * sns;
+        uint16_t fillers; /* catch-up endpoints towards it still open */
+        uint8_t used;
+    } * sns; /* a hash table by uid (open addressing), sns_cap a power of two */
     size_t nsns, sns_cap;
-    ucp_ep_h fillers[256]; /* endpoints opened only to catch up (kvx_ucx_align) */
-    size_t nfillers;
+    struct kvx_ucx_filler {
+        struct kvx_ucx *u;
+        ucp_ep_h ep; /* NULL: a free slot */
+        uint64_t uid;
+        bool failed; /* its peer failed: closed by kvx_ucx_progress */
+    } fillers[256];  /* endpoints opened only to catch up (kvx_ucx_align) */
+    size_t nfillers, nfailed;
     void *rkey; /* its packed key (in the metadata) */
     size_t rkey_len;
     ucp_listener_h listener; /* kvx_transport_listen */
@@ -745,93 +752,189 @@ static void kvx_ucx_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
  * endpoint would be paired with the writer's dead one. So each side counts the endpoints it
  * opened towards each remote worker, a HELLO carries the writer's count for its endpoint, and
  * the receiver first opens the endpoints it lacks (at most KVX_ALIGN_MAX per HELLO, 256 in all)
- * so that its reply endpoint takes the same place. They stay open, unused, until the transport
- * closes: closing a tcp endpoint whose wire-up is still queued meets UCX's use-after-free (see
- * kvx_conn_fail). A receiver already ahead (it opened endpoints of its own towards that worker)
- * is left as it is. HELLOs of two connections open at once that arrive out of order (tcp) are
- * not told apart from a lost one: the later reply endpoint then pairs with the writer's next
- * endpoint (a known limit; pairing by UCX's connection manager would remove it).
+ * so that its reply endpoint takes the same place. They stay open, unused, until their peer
+ * fails (UCX reports it: then they close) or the transport closes: closing a tcp endpoint whose
+ * wire-up is still queued meets UCX's use-after-free (see kvx_conn_fail). A holder of the
+ * metadata chooses the number its HELLO claims: a catch-up over its budget (KVX_ALIGN_MAX per
+ * HELLO, KVX_FILLERS_PER_WORKER open towards one worker, 256 open in all) refuses the HELLO. A
+ * receiver already ahead (it opened endpoints of its own towards that worker) is left as it is.
+ * HELLOs of two connections open at once that arrive out of order (tcp) are not told apart from a
+ * lost one: the later reply endpoint then pairs with the writer's next endpoint (a known limit;
+ * pairing by UCX's connection manager would remove it).
  */
 #define KVX_ALIGN_MAX 16
 
-static uint32_t *kvx_ucx_sn_slot(kvx_ucx_t *u, const void *waddr)
+#define KVX_FILLERS_PER_WORKER 32 /* catch-up endpoints open towards one remote worker */
+
+static uint64_t kvx_ucx_uid(const void *waddr, bool *ok)
 {
     ucp_worker_address_attr_t a = {.field_mask = UCP_WORKER_ADDRESS_ATTR_FIELD_UID};
 
-    if (ucp_worker_address_query((ucp_address_t *)waddr, &a) != UCS_OK)
+    *ok = ucp_worker_address_query((ucp_address_t *)waddr, &a) == UCS_OK;
+    return *ok ? a.worker_uid : 0;
+}
+
+/* The entry of remote worker uid (made when create), or NULL: a hash table, 16 bytes per remote
+ * worker an endpoint was ever opened to, as UCX's own matching keeps one per remote worker. */
+static struct kvx_ucx_sn *kvx_ucx_sn_find(kvx_ucx_t *u, uint64_t uid, bool create)
+{
+    size_t mask = u->sns_cap - 1, i;
+
+    if (u->sns_cap != 0)
+        for (i = (size_t)(uid * 0x9e3779b97f4a7c15ull) & mask; u->sns[i].used; i = (i + 1) & mask)
+            if (u->sns[i].uid == uid)
+                return &u->sns[i];
+    if (!create)
         return NULL;
-    for (size_t i = 0; i < u->nsns; i++)
-        if (u->sns[i].uid == a.worker_uid)
-            return &u->sns[i].next_sn;
-    if (u->nsns == u->sns_cap) {
-        size_t cap = u->sns_cap ? 2 * u->sns_cap : 16;
-        struct kvx_ucx_sn *n = realloc(u->sns, cap * sizeof(*n));
+    if (2 * (u->nsns + 1) > u->sns_cap) {
+        size_t cap = u->sns_cap ? 2 * u->sns_cap : 64;
+        struct kvx_ucx_sn *n = calloc(cap, sizeof(*n)), *old = u->sns;
+        size_t oldcap = u->sns_cap;
         if (n == NULL)
             return NULL;
         u->sns = n;
         u->sns_cap = cap;
+        u->nsns = 0;
+        for (size_t k = 0; k < oldcap; k++)
+            if (old[k].used)
+                *kvx_ucx_sn_find(u, old[k].uid, true) = old[k];
+        free(old);
+        mask = cap - 1;
     }
-    u->sns[u->nsns] = (struct kvx_ucx_sn){.uid = a.worker_uid, .next_sn = 0};
-    return &u->sns[u->nsns++].next_sn;
+    for (i = (size_t)(uid * 0x9e3779b97f4a7c15ull) & mask; u->sns[i].used; i = (i + 1) & mask)
+        ;
+    u->sns[i] = (struct kvx_ucx_sn){.uid = uid, .used = 1};
+    u->nsns++;
+    return &u->sns[i];
 }
 
 uint32_t kvx_ucx_ep_sn(const kvx_ucx_ep_t *e) { return e != NULL ? e->sn : 0; }
 
 static void kvx_ucx_filler_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
 {
-    (void)arg;
+    struct kvx_ucx_filler *f = arg;
     (void)ep;
     (void)status;
-}
-
-void kvx_ucx_align(kvx_transport_t *t, const void *waddr, uint32_t sn)
-{
-    uint32_t *slot = kvx_ucx_sn_slot(t->ucx, waddr);
-    ucp_ep_params_t ep_params = {
-        .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                      UCP_EP_PARAM_FIELD_ERR_HANDLER,
-        .address = (const ucp_address_t *)waddr,
-        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
-        .err_handler = {.cb = kvx_ucx_filler_err_cb, .arg = NULL},
-    };
-    kvx_ucx_t *u = t->ucx;
-
-    /* UCX's numbers are 16-bit and pair nothing past 65535 */
-    if (slot == NULL || *slot >= sn || sn >= 0xffff || sn - *slot > KVX_ALIGN_MAX ||
-        sn - *slot > sizeof(u->fillers) / sizeof(u->fillers[0]) - u->nfillers)
-        return;
-    kvx_debug(t, "ucx: %u endpoint(s) behind the writer's: catching up", sn - *slot);
-    while (*slot < sn) {
-        if (ucp_ep_create(u->worker, &ep_params, &u->fillers[u->nfillers]) != UCS_OK)
-            break;
-        (*slot)++;
-        u->nfillers++;
+    if (f->ep != NULL && !f->failed) { /* its peer is gone: closed after this progress */
+        f->failed = true;
+        f->u->nfailed++;
     }
 }
 
-/* The catch-up endpoints go with the worker (forced: nothing was ever sent on them). */
+static void kvx_ucx_filler_closed(void *req, ucs_status_t status, void *arg)
+{
+    (void)status;
+    (void)arg;
+    ucp_request_free(req);
+}
+
+/* Close the catch-up endpoints whose peer failed (not from inside UCX's callback). */
+static void kvx_ucx_reap_fillers(kvx_ucx_t *u)
+{
+    ucp_request_param_t cp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK,
+                              .flags = UCP_EP_CLOSE_FLAG_FORCE,
+                              .cb.send = kvx_ucx_filler_closed};
+
+    for (size_t i = 0; i < sizeof(u->fillers) / sizeof(u->fillers[0]) && u->nfailed > 0; i++) {
+        struct kvx_ucx_filler *f = &u->fillers[i];
+        struct kvx_ucx_sn *e;
+        void *req;
+        if (f->ep == NULL || !f->failed)
+            continue;
+        req = ucp_ep_close_nbx(f->ep, &cp);
+        (void)req; /* a request frees itself in kvx_ucx_filler_closed */
+        if ((e = kvx_ucx_sn_find(u, f->uid, false)) != NULL && e->fillers > 0)
+            e->fillers--;
+        f->ep = NULL;
+        f->failed = false;
+        u->nfillers--;
+        u->nfailed--;
+    }
+}
+
+int kvx_ucx_align(kvx_transport_t *t, const void *waddr, uint32_t sn)
+{
+    kvx_ucx_t *u = t->ucx;
+    bool ok;
+    uint64_t uid = kvx_ucx_uid(waddr, &ok);
+    struct kvx_ucx_sn *e = ok ? kvx_ucx_sn_find(u, uid, false) : NULL;
+    uint32_t have = e != NULL ? e->next_sn : 0, want;
+    const size_t cap = sizeof(u->fillers) / sizeof(u->fillers[0]);
+
+    /* UCX's numbers are 16-bit and pair nothing past 65535: nothing to catch up then */
+    if (!ok || have >= sn || sn >= 0xffff)
+        return 0;
+    want = sn - have;
+    /* the budget: per HELLO, per remote worker (open at once) and per transport (open at once;
+     * those whose peer failed give their place back) */
+    if (want > KVX_ALIGN_MAX || want > cap - u->nfillers ||
+        (e != NULL ? e->fillers : 0) + want > KVX_FILLERS_PER_WORKER) {
+        kvx_info(t, "ucx: a writer %u endpoint(s) ahead: over the catch-up budget, refused", want);
+        return -ENOBUFS;
+    }
+    if (e == NULL && (e = kvx_ucx_sn_find(u, uid, true)) == NULL)
+        return -ENOMEM;
+    kvx_debug(t, "ucx: %u endpoint(s) behind the writer's: catching up", want);
+    for (size_t i = 0; i < cap && e->next_sn < sn; i++) {
+        struct kvx_ucx_filler *f = &u->fillers[i];
+        ucp_ep_params_t ep_params = {
+            .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                          UCP_EP_PARAM_FIELD_ERR_HANDLER,
+            .address = (const ucp_address_t *)waddr,
+            .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+            .err_handler = {.cb = kvx_ucx_filler_err_cb, .arg = f},
+        };
+        if (f->ep != NULL)
+            continue;
+        if (ucp_ep_create(u->worker, &ep_params, &f->ep) != UCS_OK) {
+            f->ep = NULL;
+            break;
+        }
+        f->u = u;
+        f->uid = uid;
+        f->failed = false;
+        e->next_sn++;
+        e->fillers++;
+        u->nfillers++;
+    }
+    return 0;
+}
+
+/* The catch-up endpoints go with the worker (forced: nothing was ever sent on them). UCX's
+ * progress is driven for at most a second for them (with the lock held: the transport closes). */
 static void kvx_ucx_close_fillers(kvx_ucx_t *u)
 {
     ucp_request_param_t cp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
                               .flags = UCP_EP_CLOSE_FLAG_FORCE};
+    uint64_t until = kvx_now_ns() + 1000000000ull;
 
-    for (size_t i = 0; i < u->nfillers; i++) {
-        void *req = ucp_ep_close_nbx(u->fillers[i], &cp);
+    kvx_ucx_reap_fillers(u);
+    for (size_t i = 0; i < sizeof(u->fillers) / sizeof(u->fillers[0]); i++) {
+        void *req;
+        if (u->fillers[i].ep == NULL)
+            continue;
+        req = ucp_ep_close_nbx(u->fillers[i].ep, &cp);
+        u->fillers[i].ep = NULL;
         if (UCS_PTR_IS_PTR(req)) {
-            while (ucp_request_check_status(req) == UCS_INPROGRESS)
+            while (ucp_request_check_status(req) == UCS_INPROGRESS && kvx_now_ns() < until)
                 ucp_worker_progress(u->worker);
-            ucp_request_free(req);
+            /* past the bound the request goes with the worker, which frees it */
+            if (ucp_request_check_status(req) != UCS_INPROGRESS)
+                ucp_request_free(req);
         }
     }
     u->nfillers = 0;
+    u->nfailed = 0;
 }
 
 int kvx_ucx_ep_open(kvx_transport_t *t, const void *waddr, const char *name, void *owner,
                     bool rconn, kvx_ucx_ep_t **ep_p)
 {
-    uint32_t *slot = kvx_ucx_sn_slot(t->ucx, waddr);
     kvx_ucx_ep_t *e = calloc(1, sizeof(*e));
+    struct kvx_ucx_sn *sn;
     ucs_status_t s;
+    bool ok;
+    uint64_t uid = kvx_ucx_uid(waddr, &ok);
 
     if (e == NULL)
         return -ENOMEM;
@@ -847,9 +950,10 @@ int kvx_ucx_ep_open(kvx_transport_t *t, const void *waddr, const char *name, voi
         .name = name,
     };
     s = ucp_ep_create(t->ucx->worker, &ep_params, &e->ep);
-    if (slot != NULL && s == UCS_OK) /* UCX counts an endpoint it made (its failures are
-                                      * nearly all before it counts: an address it refused) */
-        e->sn = (*slot)++;
+    /* UCX counts an endpoint it made (its failures are nearly all before it counts: an address it
+     * refused); a worker is remembered from its first endpoint on */
+    if (ok && s == UCS_OK && (sn = kvx_ucx_sn_find(t->ucx, uid, true)) != NULL)
+        e->sn = sn->next_sn++;
     if (s != UCS_OK) {
         kvx_error(t, "ucx: ucp_ep_create to %s: %s", name, ucs_status_string(s));
         free(e);
@@ -1202,7 +1306,14 @@ int kvx_ucx_send_ctl(kvx_ucx_ep_t *e, const void *hdr, size_t hdr_len, unsigned 
     return kvx_ucx_send(s, hdr_len, 0, refs);
 }
 
-unsigned kvx_ucx_progress(kvx_transport_t *t) { return ucp_worker_progress(t->ucx->worker); }
+unsigned kvx_ucx_progress(kvx_transport_t *t)
+{
+    unsigned n = ucp_worker_progress(t->ucx->worker);
+
+    if (t->ucx->nfailed > 0)
+        kvx_ucx_reap_fillers(t->ucx);
+    return n;
+}
 
 /* Returns 0 when armed (the event fd will wake a poller), -EBUSY when events are pending. */
 int kvx_ucx_arm(kvx_transport_t *t) { return kvx_ucx_errno(ucp_worker_arm(t->ucx->worker)); }

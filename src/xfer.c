@@ -21,6 +21,7 @@
 #define KVX_MAP_STEP ((size_t)4 * 1024 * 1024)
 
 static void kvx_xfer_write_landed(kvx_conn_t *c, kvx_xfer_t *x);
+static const uint8_t kvx_zero_nonce[KVX_WIRE_NONCE_LEN];
 
 /* Check every index and fold runs consecutive on both sides. O(count), no allocation once the
  * transfer slot has seen a transfer this large. */
@@ -673,6 +674,23 @@ void kvx_xfer_on_message(kvx_transport_t *t, const kvx_msg_t *m, const uint8_t *
         c->rconn_id = m->u.hello_ack.rconn_id;
         c->rconn_token = m->u.hello_ack.token;
         c->epoch = m->u.hello_ack.epoch;
+        if (t->secret != NULL &&
+            !kvx_equal_ct(m->u.hello_ack.nonce, kvx_zero_nonce, KVX_WIRE_NONCE_LEN)) {
+            /* the receiver asks for a proof over its fresh nonce first (a recorded HELLO has
+             * none): it goes before anything else on this endpoint */
+            uint8_t pr[KVX_WIRE_PROOF_LEN];
+            int rc;
+            kvx_wire_put_hdr(pr, KVX_MSG_PROOF, 0, c->rconn_id, c->rconn_token);
+            kvx_recv_proof_mac(t->secret, t->secret_len, m->u.hello_ack.nonce, c->rconn_id,
+                               c->rconn_token, pr + KVX_WIRE_HDR_LEN);
+            rc = kvx_ucx_send_ctl(c->ucx, pr, sizeof(pr), &c->ucx_refs);
+            if (rc < 0) {
+                kvx_on_conn_error(c, rc);
+                break;
+            }
+            if (rc == 1)
+                c->reqs++;
+        }
         c->wired = true;
         t->conn_event = true;
         for (kvx_list_t *n = c->queue.next; n != &c->queue; n = n->next) {

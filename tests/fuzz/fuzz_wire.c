@@ -17,7 +17,8 @@
 #define REGION 65536
 #define TOKEN 0x0123456789abcdefull
 
-static kvx_transport_t *setup(void)
+/* unproven: the transport has a secret and connection 1 has not proven it yet */
+static kvx_transport_t *setup(bool unproven)
 {
     kvx_transport_t *t = calloc(1, sizeof(*t));
     kvx_writer_t *w = calloc(1, sizeof(*w));
@@ -57,6 +58,15 @@ static kvx_transport_t *setup(void)
     kvx_list_init(&rc->work_link);
     kvx_list_init(&rc->w_link);
     kvx_list_init(&rc->all_link);
+    kvx_list_init(&rc->slot_link);
+    rc->proven = !unproven;
+    if (unproven) {
+        static uint8_t secret[] = "fuzz";
+        t->secret = secret;
+        t->secret_len = 4;
+    }
+    w->nopen = 1;
+    w->live = 1;
     kvx_list_add_tail(&w->rconns, &rc->w_link);
     kvx_list_add_tail(&t->rconns, &rc->all_link);
     kvx_idtab_alloc(&t->rconn_ids, rc, &rc->id); /* id 1 */
@@ -89,7 +99,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     /* give a message naming connection 1 its token (the low bit of its flags says so) */
     if (hdr_len >= KVX_WIRE_HDR_LEN && kvx_get32(hdr + 4) == 1 && (hdr[2] & 0x80))
         kvx_put64(hdr + 8, TOKEN), hdr[2] &= 0x7f;
-    t = setup();
+    t = setup(size % 3 == 0);
     if (kvx_wire_decode(hdr, hdr_len, size - 2 - hdr_len, &m) == 0) {
         const uint8_t *payload = data + 2 + hdr_len;
         /* what the decoder hands on stays inside the header */
