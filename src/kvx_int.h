@@ -308,7 +308,8 @@ struct kvx_rconn {
     kvx_writer_t *w;
     uint32_t peer_conn_id; /* our messages to the writer carry its id and token */
     uint64_t peer_token;
-    int state; /* kvx_conn_state */
+    int state;       /* kvx_conn_state */
+    int pending_err; /* UCX reported it failed: closed by kvx_recv_work, outside UCX's call */
     unsigned ucx_refs;
     unsigned sending;         /* messages of ours UCX holds (acks, read data) */
     bool crc_reads;           /* the reader asked for checksums */

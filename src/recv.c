@@ -301,11 +301,17 @@ void kvx_recv_on_closed(kvx_rconn_t *rc)
     kvx_rconn_maybe_free(rc);
 }
 
+/* UCX calls this from inside a send on the connection too (tcp: a send to a writer that closed
+ * fails the endpoint there and then, in ucp_am_send_nbx): the connection and its endpoint must
+ * outlive that call, so kvx_recv_work closes it. */
 void kvx_recv_on_error(kvx_rconn_t *rc, int status)
 {
+    if (rc->state != KVX_CONN_OPEN || rc->pending_err != 0)
+        return;
+    rc->pending_err = status != 0 ? status : -ECONNRESET;
     kvx_info(rc->t, "writer %s: connection %u failed: %s", rc->w ? rc->w->name : "?", rc->id,
-             kvx_strerror(status));
-    kvx_rconn_close(rc);
+             kvx_strerror(rc->pending_err));
+    kvx_rconn_want_work(rc);
 }
 
 void kvx_recv_on_sent(kvx_rconn_t *rc, int status)
@@ -330,7 +336,8 @@ static kvx_rconn_t *kvx_rconn_of(kvx_transport_t *t, const kvx_msg_t *m)
         kvx_put64(a, rc->token);
         kvx_put64(b, m->token);
     }
-    if (rc == NULL || rc->state != KVX_CONN_OPEN || rc->doomed || !kvx_equal_ct(a, b, 8)) {
+    if (rc == NULL || rc->state != KVX_CONN_OPEN || rc->doomed || rc->pending_err != 0 ||
+        !kvx_equal_ct(a, b, 8)) {
         kvx_debug(t, "message for unknown connection %u dropped", m->conn_id);
         kvx_count(t, NULL, KVX_CNT(drop_unknown));
         return NULL;
@@ -813,7 +820,7 @@ static unsigned kvx_recv_serve(kvx_transport_t *t, kvx_rconn_t *rc, size_t seg)
 {
     unsigned n = 0;
 
-    while (!kvx_list_empty(&rc->serve) && rc->sending < KVX_SEND_WINDOW) {
+    while (!kvx_list_empty(&rc->serve) && rc->sending < KVX_SEND_WINDOW && rc->pending_err == 0) {
         kvx_serve_t *s = kvx_list_first(&rc->serve, kvx_serve_t, link);
         kvx_send_t *m = kvx_ucx_send_get(rc->ucx);
         size_t budget = seg > 2 * KVX_WIRE_READ_DATA_LEN ? seg - 2 * KVX_WIRE_READ_DATA_LEN : 512;
@@ -872,7 +879,8 @@ static unsigned kvx_recv_flush(kvx_transport_t *t, kvx_rconn_t *rc)
 {
     unsigned n = 0;
 
-    while (!kvx_list_empty(&rc->ctl) && rc->sending < KVX_SEND_WINDOW && !rc->doomed) {
+    while (!kvx_list_empty(&rc->ctl) && rc->sending < KVX_SEND_WINDOW && !rc->doomed &&
+           rc->pending_err == 0) {
         kvx_ctl_t *c = kvx_list_first(&rc->ctl, kvx_ctl_t, link);
         kvx_list_del(&c->link);
         rc->nctl--;
@@ -888,7 +896,8 @@ static unsigned kvx_recv_flush(kvx_transport_t *t, kvx_rconn_t *rc)
      * have KVX_ACK_WINDOW more messages than read data and control; what the window holds back
      * waits in rc->acks (at most KVX_ACKS_MAX) */
     uint32_t done = 0;
-    while (done < rc->nacks && rc->sending < KVX_SEND_WINDOW + KVX_ACK_WINDOW && !rc->doomed) {
+    while (done < rc->nacks && rc->sending < KVX_SEND_WINDOW + KVX_ACK_WINDOW && !rc->doomed &&
+           rc->pending_err == 0) {
         kvx_send_t *m = kvx_ucx_send_get(rc->ucx);
         uint32_t k = rc->nacks - done < KVX_ACK_BATCH ? rc->nacks - done : KVX_ACK_BATCH;
         size_t len = KVX_WIRE_ACK_LEN + (size_t)k * KVX_WIRE_ACK_ENTRY_LEN;
@@ -982,8 +991,13 @@ unsigned kvx_recv_work(kvx_transport_t *t)
             n++;
             continue;
         }
-        n += kvx_recv_flush(t, rc);
+        if (rc->pending_err == 0)
+            n += kvx_recv_flush(t, rc);
         /* what the send window held back resumes from kvx_recv_on_sent */
+        if (rc->pending_err != 0) { /* failed before or during the flush: UCX is out of it */
+            kvx_rconn_close(rc);
+            n++;
+        }
     }
     return n;
 }
