@@ -88,70 +88,194 @@ static void kt_forged(kvx_transport_t *t, const kt_target_t *tg)
     free(f);
 }
 
-/* Another process's segment, which this process may attach (the same user). It is marked for
- * removal as soon as the test has attached it: it goes with the last detach, whatever happens. */
+/* Another process's segment, which this process may attach (the same user), of the size an
+ * owned region of NB blocks has (the region, and the page of its trailer). It is marked for
+ * removal as soon as the test has attached it: it goes with the last detach, whatever happens.
+ * The victim also says who it is (its host identity), for a blob that claims to be it. */
+#define KT_VICTIM_LEN ((((size_t)NB * BL + 4095) & ~(size_t)4095) + 4096)
 static int kt_victim_main(int sock, void *arg)
 {
-    int id = shmget(IPC_PRIVATE, (size_t)NB * BL, IPC_CREAT | 0600);
+    int id = shmget(IPC_PRIVATE, KT_VICTIM_LEN, IPC_CREAT | 0600);
+    kvx_host_id_t self;
     uint8_t go;
     (void)arg;
     KT_CHECK(id >= 0);
+    kvx_host_self(&self);
     kt_send(sock, &id, sizeof(id));
+    kt_send(sock, &self, sizeof(self));
     kt_recv(sock, &go, 1);
     shmctl(id, IPC_RMID, NULL);
+    kt_recv(sock, &go, 1); /* alive until the test is done: the blob may name this process */
     return 0;
 }
 
-/* Metadata whose region key names that segment instead of the owner's (the segment id in UCX's
- * packed key, next to the region's address): kvx must not map it, and no write may reach it. */
-static void kt_forged_key(kvx_transport_t *t, kt_target_t *tg, kt_region_t *r)
+/* A copy of an owned region's metadata whose key names System V segment shmid instead of the
+ * owner's (the sysv key is {int shmid, u64 owner address}: the id sits before the region's
+ * address), with num_blocks blocks, and, when host is set, the host identity (pid, start time)
+ * of that process instead of the owner's. The checksum is recomputed (no secret here). */
+static uint8_t *kt_forge(const kt_target_t *tg, int shmid, uint64_t num_blocks,
+                         const kvx_host_id_t *host)
 {
-    kt_proc_t victim = kt_spawn(kt_victim_main, NULL, 60);
-    uint8_t *f = malloc(tg->md_len), *v, go = 1;
-    uint32_t l[4] = {0, 1, 2, 3}, rr[4] = {0, 1, 2, 3};
-    kvx_peer_attr_t pa = {.field_mask = KVX_PEER_ATTR_TRANSPORT};
-    uint64_t base = kvx_get64(tg->md + 16), id;
-    size_t nl = tg->md[104], fl = tg->md[105], changed = 0;
+    uint8_t *f = malloc(tg->md_len);
+    uint64_t base = kvx_get64(tg->md + 16);
+    size_t nl = tg->md[104], fl = tg->md[105];
     uint32_t wl = kvx_get32(tg->md + 108), rl = kvx_get32(tg->md + 112);
-    kvx_completion_t c;
     bool found = false;
-    int vid;
 
     KT_CHECK(f != NULL);
-    kt_recv(victim.sock, &vid, sizeof(vid));
-    v = shmat(vid, NULL, 0);
-    kt_send(victim.sock, &go, 1); /* attached (or not): the victim removes it now */
-    KT_EQ(kt_wait(&victim), 0);
-    KT_CHECK(v != (void *)-1);
-    memset(v, 0xAA, (size_t)NB * BL);
     memcpy(f, tg->md, tg->md_len);
-    for (uint32_t i = 4; i + 8 <= rl; i++) { /* sysv: {int shmid, u64 owner address} */
+    for (uint32_t i = 4; i + 8 <= rl; i++) {
         uint8_t *k = f + 120 + nl + fl + wl + i;
         if (kvx_get64(k) == base) {
-            kvx_put32(k - 4, (uint32_t)vid);
+            kvx_put32(k - 4, (uint32_t)shmid);
             found = true;
             break;
         }
     }
     KT_CHECK(found);
+    kvx_put64(f + 24, num_blocks);
+    if (host != NULL) {
+        kvx_put64(f + 88, host->start_time);
+        kvx_put32(f + 96, host->pid);
+    }
     memset(f + 12, 0, 4);
     kvx_put32(f + 12, kvx_crc32(f, tg->md_len));
+    return f;
+}
+
+/* Metadata whose region key names the victim's segment instead of the owner's: kvx must not map
+ * it, and no write may reach it; the writes go by messages into the owner's region. With
+ * as_victim the blob also claims to be the victim's process (its pid and start time), so that
+ * the segment's creator is the process the blob names: only the token the owner sends in its
+ * handshake (which the segment does not hold) tells them apart. */
+static void kt_forged_key(kvx_transport_t *t, kt_target_t *tg, kt_region_t *r, bool as_victim)
+{
+    kt_proc_t victim = kt_spawn(kt_victim_main, NULL, 60);
+    uint8_t *f, *v, go = 1;
+    uint32_t l[4] = {0, 1, 2, 3}, rr[4] = {0, 1, 2, 3};
+    kvx_peer_attr_t pa = {.field_mask = KVX_PEER_ATTR_TRANSPORT};
+    kvx_host_id_t vhost;
+    size_t changed = 0;
+    uint64_t id;
+    kvx_completion_t c;
+    int vid;
+
+    kt_recv(victim.sock, &vid, sizeof(vid));
+    kt_recv(victim.sock, &vhost, sizeof(vhost));
+    v = shmat(vid, NULL, 0);
+    kt_send(victim.sock, &go, 1); /* attached (or not): the victim removes it now */
+    KT_CHECK(v != (void *)-1);
+    memset(v, 0xAA, KT_VICTIM_LEN);
+    f = kt_forge(tg, vid, NB, as_victim ? &vhost : NULL);
     KT_OK(kvx_peer_add(t, "forged-key", f, tg->md_len, NULL));
     KT_OK(kvx_peer_query(t, "forged-key", &pa));
-    kt_log("a key naming another process's segment: transport %s", pa.transport);
+    kt_log("a key naming another process's segment%s: transport %s",
+           as_victim ? ", the blob claiming that process" : "", pa.transport);
     KT_CHECK(strstr(pa.transport, "-mapped") == NULL);
     for (int i = 0; i < 4; i++)
         kt_fill(r, l[i], 9, l[i], 3);
     KT_OK(kvx_xfer_write(t, "forged-key", l, rr, 4, NULL, &id));
     KT_EQ(kt_poll_n(t, "forged-key", &c, 1, 5000), 1);
     KT_EQ(c.status, 0); /* by messages, into the owner's own region */
-    for (size_t i = 0; i < (size_t)NB * BL; i++)
+    for (size_t i = 0; i < KT_VICTIM_LEN; i++)
         changed += v[i] != 0xAA;
     KT_EQ(changed, 0);
     KT_EQ(kt_target_verify(tg, rr, l, 4, 9, 3), 0);
     KT_EQ(kvx_peer_remove(t, "forged-key"), 1);
+    kt_send(victim.sock, &go, 1);
+    KT_EQ(kt_wait(&victim), 0);
     shmdt(v);
     free(f);
+}
+
+/* The System V segments process pid created (/proc/sysvipc/shm, which every user may read):
+ * the id of the smallest that holds at least min bytes, its size in *size_p; -1 if none. */
+static int kt_sysv_of(pid_t pid, uint64_t min, uint64_t *size_p)
+{
+    FILE *f = fopen("/proc/sysvipc/shm", "r");
+    char line[512];
+    int best = -1;
+
+    KT_CHECK(f != NULL);
+    while (fgets(line, sizeof(line), f) != NULL) {
+        long long key;
+        int id, perms, cpid;
+        unsigned long long size;
+        if (sscanf(line, "%lld %d %o %llu %d", &key, &id, &perms, &size, &cpid) != 5 ||
+            cpid != pid || size < min || (best >= 0 && size >= *size_p))
+            continue;
+        best = id;
+        *size_p = size;
+    }
+    fclose(f);
+    return best;
+}
+
+/* The writer, a process of its own: metadata of an owned region whose host identity is the
+ * writer's own and whose key names one of the writer's own segments (UCX's receive FIFO, the
+ * smallest that holds a block). Before kvx checked whose segment it maps, the writer copied its
+ * blocks into its own FIFO and died (UCX 1.13: "invalid am id"; 1.19: SIGSEGV). Now: no mapping,
+ * the blocks go by messages into the real owner's region, every byte verified there. */
+#define SB 4000
+#define SNB 64
+static int kt_self_forger_main(int sock, void *arg)
+{
+    kt_target_t *tg = arg;
+    kt_region_t r = kt_region_alloc(SNB, SB);
+    kvx_transport_t *t = kt_transport_ex(&r, "self-forger", 1, NULL, 10000);
+    kvx_peer_attr_t pa = {.field_mask = KVX_PEER_ATTR_TRANSPORT};
+    kvx_host_id_t self;
+    uint32_t l[SNB], rr[SNB];
+    uint64_t size = 0, nb, id;
+    kvx_completion_t c;
+    uint8_t *f;
+    int shmid;
+
+    (void)sock;
+    kvx_host_self(&self);
+    shmid = kt_sysv_of(getpid(), SB, &size);
+    KT_CHECK(shmid >= 0);
+    nb = size / SB < SNB ? size / SB : SNB;
+    kt_log("the writer's own segment %d (%llu bytes): a blob naming it, %llu blocks", shmid,
+           (unsigned long long)size, (unsigned long long)nb);
+    f = kt_forge(tg, shmid, nb, &self);
+    KT_OK(kvx_peer_add(t, "self", f, tg->md_len, NULL));
+    KT_OK(kvx_peer_query(t, "self", &pa));
+    kt_log("a blob naming the writer itself: transport %s", pa.transport);
+    KT_CHECK(strstr(pa.transport, "-mapped") == NULL);
+    for (uint32_t i = 0; i < nb; i++) {
+        l[i] = i;
+        rr[i] = (uint32_t)(nb - 1 - i);
+        kt_fill(&r, i, 11, i, 4);
+    }
+    KT_OK(kvx_xfer_write(t, "self", l, rr, nb, NULL, &id));
+    KT_EQ(kt_poll_n(t, "self", &c, 1, 5000), 1);
+    KT_EQ(c.status, 0);
+    KT_EQ(kt_target_verify(tg, rr, l, nb, 11, 4), 0);
+    KT_EQ(kvx_peer_remove(t, "self"), 1);
+    kvx_transport_destroy(t);
+    kt_region_free(&r);
+    free(f);
+    return 0;
+}
+
+static void kt_self_forged(void)
+{
+    kt_target_args_t a = {.num_blocks = SNB,
+                          .block_len = SB,
+                          .salt = 6,
+                          .threads = 1,
+                          .name = "owner4",
+                          .owned = true};
+    kt_target_t tg = kt_target_start(&a);
+    kt_proc_t w = kt_spawn(kt_self_forger_main, &tg, 60);
+    int rc = kt_wait(&w);
+
+    if (rc != 0)
+        KT_FAIL("the writer given a blob naming its own segment exited with %d%s", rc,
+                rc > 128 ? " (killed by a signal)" : "");
+    KT_EQ(kt_target_canaries(&tg), 0);
+    KT_EQ(kt_target_stop(&tg), 0);
 }
 
 static void kt_expect_mapped(kvx_transport_t *t, const char *peer)
@@ -249,7 +373,8 @@ static void kt_stopped_owner(void)
     /* the owner sees every byte; its memory past the region is untouched */
     KT_EQ(kt_target_verify(&tg, ri, li, NB, 7, 1), 0);
     KT_EQ(kt_target_canaries(&tg), 0);
-    kt_forged_key(t, &tg, &r);
+    kt_forged_key(t, &tg, &r, false);
+    kt_forged_key(t, &tg, &r, true);
     KT_EQ(kvx_peer_remove(t, "o"), 1);
     KT_EQ(kt_target_stop(&tg), 0);
     kvx_transport_destroy(t);
@@ -390,6 +515,7 @@ int main(int argc, char **argv)
         return KT_SKIP;
     }
 
+    kt_self_forged();
     kt_stopped_owner();
     kt_owner_killed();
     kt_cycles(cycles);
