@@ -278,7 +278,8 @@ enum kvx_transport_attr_field {
     KVX_TRANSPORT_ATTR_NUM_PEERS = 1u << 6,
     KVX_TRANSPORT_ATTR_STALL = 1u << 7,
     KVX_TRANSPORT_ATTR_RECV = 1u << 8,
-    KVX_TRANSPORT_ATTR_LISTEN = 1u << 9
+    KVX_TRANSPORT_ATTR_LISTEN = 1u << 9,
+    KVX_TRANSPORT_ATTR_MAPS_REFUSED = 1u << 10
 };
 
 /** Transport attributes; only the fields named in field_mask are written. */
@@ -298,6 +299,13 @@ typedef struct kvx_transport_attr {
     /** Where kvx_transport_listen bound, "host:port" with the port it got; empty if not
      *  listening. */
     char listen_addr[KVX_ADDR_MAX];
+    /** Owned regions of peers on this host that this transport would not map, their data going
+     *  in messages instead (each also logged as a warning): metadata naming this process, a
+     *  region key naming a System V segment that this process created, or that the metadata's
+     *  process did not, or that does not hold the region and its owner's trailer, or a peer
+     *  whose handshake did not bring the token the segment holds. A key that gives no mapping
+     *  at all (another host, no shared memory) is not counted. Cumulative. */
+    uint64_t maps_refused;
 } kvx_transport_attr_t;
 
 /** Fill the attributes named in attr->field_mask. Returns 0, -EINVAL or -ESHUTDOWN. */

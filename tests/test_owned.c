@@ -10,7 +10,13 @@
  *  - the owner SIGKILLed while writes are copied: every transfer comes out of poll (done or
  *    failed) within the dead-peer bound, the writer does not crash, the mapping is let go;
  *  - 2,000 add/remove cycles of such a peer: no growth in mappings, descriptors or shared
- *    memory segments over the last 1,000.
+ *    memory segments over the last 1,000;
+ *  - forged metadata is never mapped, its writes go by messages into the real owner's region
+ *    (verified there), and kvx_transport_attr_t.maps_refused counts each: a key naming one of
+ *    the writer's own segments (UCX's receive FIFO: before, the writer died), a block count
+ *    past the owner's segment, a key naming another process's segment (which no write
+ *    reaches), also with the blob claiming that process and the segment holding a trailer
+ *    like an owner's (only the handshake's token tells them apart).
  */
 #include "harness.h"
 #include "kvx_int.h"
@@ -55,6 +61,14 @@ static size_t kt_settle_sysv(size_t n)
 
 static size_t kt_count_fds(void) { return kt_count_entries("/proc/self/fd"); }
 
+/* Owned regions of peers t would not map (kvx_transport_attr_t.maps_refused). */
+static uint64_t kt_refused(kvx_transport_t *t)
+{
+    kvx_transport_attr_t ta = {.field_mask = KVX_TRANSPORT_ATTR_MAPS_REFUSED};
+    KT_OK(kvx_transport_query(t, &ta));
+    return ta.maps_refused;
+}
+
 static kvx_transport_t *kt_local(kt_region_t *r, const char *name)
 {
     *r = kt_region_alloc(NB, BL);
@@ -77,7 +91,10 @@ static void kt_forged(kvx_transport_t *t, const kt_target_t *tg)
     kvx_put64(f + 24, 8 * NB); /* num_blocks */
     memset(f + 12, 0, 4);
     kvx_put32(f + 12, kvx_crc32(f, tg->md_len));
+    uint64_t refused = kt_refused(t);
+
     KT_OK(kvx_peer_add(t, "forged", f, tg->md_len, NULL));
+    KT_EQ(kt_refused(t), refused + 1);
     KT_OK(kvx_peer_query(t, "forged", &pa));
     kt_log("forged num_blocks: transport %s", pa.transport);
     KT_CHECK(strstr(pa.transport, "-mapped") == NULL);
@@ -155,8 +172,9 @@ static void kt_forged_key(kvx_transport_t *t, kt_target_t *tg, kt_region_t *r, b
     uint32_t l[4] = {0, 1, 2, 3}, rr[4] = {0, 1, 2, 3};
     kvx_peer_attr_t pa = {.field_mask = KVX_PEER_ATTR_TRANSPORT};
     kvx_host_id_t vhost;
+    uint8_t token[KVX_SEG_TOKEN_LEN], tr[KVX_SEG_TRAILER_LEN];
     size_t changed = 0;
-    uint64_t id;
+    uint64_t id, refused;
     kvx_completion_t c;
     int vid;
 
@@ -166,8 +184,16 @@ static void kt_forged_key(kvx_transport_t *t, kt_target_t *tg, kt_region_t *r, b
     kt_send(victim.sock, &go, 1); /* attached (or not): the victim removes it now */
     KT_CHECK(v != (void *)-1);
     memset(v, 0xAA, KT_VICTIM_LEN);
+    /* a trailer as an owner writes it, with a token of its own: the segment passes every check
+     * but the token the real owner's handshake brings */
+    for (int i = 0; i < KVX_SEG_TOKEN_LEN; i++)
+        token[i] = (uint8_t)(0x5A + i);
+    kvx_seg_trailer_put(v + KT_VICTIM_LEN - KVX_SEG_TRAILER_LEN, (uint64_t)NB * BL, token);
+    memcpy(tr, v + KT_VICTIM_LEN - KVX_SEG_TRAILER_LEN, sizeof(tr));
     f = kt_forge(tg, vid, NB, as_victim ? &vhost : NULL);
+    refused = kt_refused(t);
     KT_OK(kvx_peer_add(t, "forged-key", f, tg->md_len, NULL));
+    KT_EQ(kt_refused(t), refused + 1);
     KT_OK(kvx_peer_query(t, "forged-key", &pa));
     kt_log("a key naming another process's segment%s: transport %s",
            as_victim ? ", the blob claiming that process" : "", pa.transport);
@@ -177,8 +203,9 @@ static void kt_forged_key(kvx_transport_t *t, kt_target_t *tg, kt_region_t *r, b
     KT_OK(kvx_xfer_write(t, "forged-key", l, rr, 4, NULL, &id));
     KT_EQ(kt_poll_n(t, "forged-key", &c, 1, 5000), 1);
     KT_EQ(c.status, 0); /* by messages, into the owner's own region */
-    for (size_t i = 0; i < KT_VICTIM_LEN; i++)
+    for (size_t i = 0; i < KT_VICTIM_LEN - KVX_SEG_TRAILER_LEN; i++)
         changed += v[i] != 0xAA;
+    changed += memcmp(tr, v + KT_VICTIM_LEN - KVX_SEG_TRAILER_LEN, sizeof(tr)) != 0;
     KT_EQ(changed, 0);
     KT_EQ(kt_target_verify(tg, rr, l, 4, 9, 3), 0);
     KT_EQ(kvx_peer_remove(t, "forged-key"), 1);
@@ -238,24 +265,30 @@ static int kt_self_forger_main(int sock, void *arg)
     nb = size / SB < SNB ? size / SB : SNB;
     kt_log("the writer's own segment %d (%llu bytes): a blob naming it, %llu blocks", shmid,
            (unsigned long long)size, (unsigned long long)nb);
-    f = kt_forge(tg, shmid, nb, &self);
-    KT_OK(kvx_peer_add(t, "self", f, tg->md_len, NULL));
-    KT_OK(kvx_peer_query(t, "self", &pa));
-    kt_log("a blob naming the writer itself: transport %s", pa.transport);
-    KT_CHECK(strstr(pa.transport, "-mapped") == NULL);
-    for (uint32_t i = 0; i < nb; i++) {
-        l[i] = i;
-        rr[i] = (uint32_t)(nb - 1 - i);
-        kt_fill(&r, i, 11, i, 4);
+    /* the blob names the writer's process, then the real owner's (only the key is forged) */
+    for (uint64_t round = 0; round < 2; round++) {
+        f = kt_forge(tg, shmid, nb, round == 0 ? &self : NULL);
+        KT_EQ(kt_refused(t), round);
+        KT_OK(kvx_peer_add(t, "self", f, tg->md_len, NULL));
+        KT_EQ(kt_refused(t), round + 1);
+        KT_OK(kvx_peer_query(t, "self", &pa));
+        kt_log("a key naming the writer's own segment, the blob naming %s: transport %s",
+               round == 0 ? "the writer" : "the owner", pa.transport);
+        KT_CHECK(strstr(pa.transport, "-mapped") == NULL);
+        for (uint32_t i = 0; i < nb; i++) {
+            l[i] = i;
+            rr[i] = (uint32_t)(nb - 1 - i);
+            kt_fill(&r, i, 11, i, 4 + round);
+        }
+        KT_OK(kvx_xfer_write(t, "self", l, rr, nb, NULL, &id));
+        KT_EQ(kt_poll_n(t, "self", &c, 1, 5000), 1);
+        KT_EQ(c.status, 0);
+        KT_EQ(kt_target_verify(tg, rr, l, nb, 11, 4 + round), 0);
+        KT_EQ(kvx_peer_remove(t, "self"), 1);
+        free(f);
     }
-    KT_OK(kvx_xfer_write(t, "self", l, rr, nb, NULL, &id));
-    KT_EQ(kt_poll_n(t, "self", &c, 1, 5000), 1);
-    KT_EQ(c.status, 0);
-    KT_EQ(kt_target_verify(tg, rr, l, nb, 11, 4), 0);
-    KT_EQ(kvx_peer_remove(t, "self"), 1);
     kvx_transport_destroy(t);
     kt_region_free(&r);
-    free(f);
     return 0;
 }
 
@@ -285,6 +318,7 @@ static void kt_expect_mapped(kvx_transport_t *t, const char *peer)
     kt_log("peer %s: transport %s", peer, pa.transport);
     if (strstr(pa.transport, "-mapped") == NULL)
         KT_FAIL("peer %s travels over %s, not a mapping of its owned region", peer, pa.transport);
+    KT_EQ(kt_refused(t), 0);
 }
 
 /* The owner stopped throughout: every block written, read back, verified on both sides. */
