@@ -123,7 +123,10 @@ bool kvx_seg_token_ok(const uint8_t *want, const uint8_t *got)
 {
     static const uint8_t zero[KVX_SEG_TOKEN_LEN];
 
-    /* the zero token is what a transport whose region is not owned sends */
-    return !kvx_equal_ct(want, zero, KVX_SEG_TOKEN_LEN) &
-           kvx_equal_ct(want, got, KVX_SEG_TOKEN_LEN);
+    /* the zero token is what a transport whose region is not owned sends; both comparisons run
+     * whatever the first says */
+    bool zero_want = kvx_equal_ct(want, zero, KVX_SEG_TOKEN_LEN);
+    bool same = kvx_equal_ct(want, got, KVX_SEG_TOKEN_LEN);
+
+    return !zero_want && same;
 }
