@@ -479,10 +479,15 @@ typedef struct kvx_seg_info {
 } kvx_seg_info_t;
 int kvx_seg_lookup(uintptr_t p, kvx_seg_info_t *s); /* 0, or -ENOENT: nothing mapped at p */
 /* Whether a peer's region of len bytes at p (in segment s) may be mapped: the peer's process
- * (owner) created s, which is not this process (self), starts at p and holds the region and the
- * trailer. 0, or -EOPNOTSUPP (not a System V segment) or -EPERM, with *why. */
+ * (owner) created s, starting at p and holding the region and the trailer; if s is this
+ * process's (self), only as an owned region of one of its transports (own_region). 0, or
+ * -EOPNOTSUPP (not a System V segment) or -EPERM, with *why. */
 int kvx_seg_check(const kvx_seg_info_t *s, uint64_t p, uint64_t len, uint32_t owner, uint32_t self,
-                  const char **why);
+                  bool own_region, const char **why);
+/* The owned regions' segments of this process (kvx_ucx_region_alloc lists them). */
+int kvx_seg_own_add(int shmid); /* 0 or -ENOMEM */
+void kvx_seg_own_del(int shmid);
+bool kvx_seg_own_has(int shmid);
 void kvx_seg_trailer_put(uint8_t *tr, uint64_t region_len, const uint8_t *token);
 /* 0 and the token (nonzero) when tr is an owner's trailer for a region of len bytes or more;
  * -EPERM with *why otherwise. */

@@ -222,8 +222,9 @@ void kvx_conn_fail(kvx_conn_t *c, int err)
  * process (xfer.c) with no work by the peer. The mapping is unproven until the peer's HELLO_ACK
  * brings the token its segment holds (kvx_conn_map_prove); nothing is copied before. Without a
  * mapping (the key gives none, say over tcp), messages carry the data as for any region; a key
- * that names a segment kvx refuses (this process's own, another process's, too small, without
- * the owner's trailer) is counted (kvx_transport_attr_t.maps_refused).
+ * that names a segment kvx refuses (one of this process's own that is no owned region of its
+ * transports, another process's, too small, without the owner's trailer) is counted
+ * (kvx_transport_attr_t.maps_refused).
  */
 static void kvx_conn_map(kvx_conn_t *c, const kvx_md_t *md)
 {
@@ -231,15 +232,8 @@ static void kvx_conn_map(kvx_conn_t *c, const kvx_md_t *md)
     void *ptr;
     int rc;
 
-    if (md->host.pid == (uint32_t)getpid()) {
-        /* metadata naming this very process: whatever its key names, nothing is mapped */
-        rc = -EPERM;
-        kvx_warn(t, "peer %s: its metadata names this process as the region's owner",
-                 md->agent_name);
-    } else {
-        rc = kvx_ucx_map(c->ucx, md->rkey, md->rkey_len, md->base, c->remote_len, md->host.pid,
-                         &ptr, c->seg_token);
-    }
+    rc = kvx_ucx_map(c->ucx, md->rkey, md->rkey_len, md->base, c->remote_len, md->host.pid, &ptr,
+                     c->seg_token);
     if (rc < 0) {
         if (rc == -EPERM)
             t->maps_refused++;

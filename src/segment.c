@@ -16,9 +16,12 @@
 #include "kvx_int.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/shm.h>
+#include <unistd.h>
 
 _Static_assert(sizeof(((kvx_conn_t *)0)->seg_token) == KVX_SEG_TOKEN_LEN &&
                    sizeof(((kvx_transport_t *)0)->seg_token) == KVX_SEG_TOKEN_LEN,
@@ -64,15 +67,79 @@ int kvx_seg_lookup(uintptr_t p, kvx_seg_info_t *s)
     return rc;
 }
 
+/*
+ * The segments of the owned regions this process's transports allocated: the only segments of
+ * its own that this process maps (a writer and an owner may share a process). Its other
+ * segments (UCX's receive FIFOs and pools among them) are never copied into. Entries name the
+ * process that listed them: a forked child lists its own.
+ */
+static pthread_mutex_t kvx_seg_own_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct kvx_seg_own {
+    pid_t pid;
+    int shmid;
+} * kvx_seg_own;
+static size_t kvx_seg_nown, kvx_seg_own_cap;
+
+int kvx_seg_own_add(int shmid)
+{
+    int rc = 0;
+
+    pthread_mutex_lock(&kvx_seg_own_lock);
+    if (kvx_seg_nown == kvx_seg_own_cap) {
+        size_t cap = kvx_seg_own_cap ? 2 * kvx_seg_own_cap : 4;
+        struct kvx_seg_own *n = realloc(kvx_seg_own, cap * sizeof(*n));
+        if (n == NULL) {
+            rc = -ENOMEM;
+            goto out;
+        }
+        kvx_seg_own = n;
+        kvx_seg_own_cap = cap;
+    }
+    kvx_seg_own[kvx_seg_nown++] = (struct kvx_seg_own){getpid(), shmid};
+out:
+    pthread_mutex_unlock(&kvx_seg_own_lock);
+    return rc;
+}
+
+void kvx_seg_own_del(int shmid)
+{
+    pid_t self = getpid();
+
+    pthread_mutex_lock(&kvx_seg_own_lock);
+    for (size_t i = 0; i < kvx_seg_nown; i++)
+        if (kvx_seg_own[i].pid == self && kvx_seg_own[i].shmid == shmid) {
+            kvx_seg_own[i] = kvx_seg_own[--kvx_seg_nown];
+            break;
+        }
+    if (kvx_seg_nown == 0) { /* the last one went: nothing of the list stays allocated */
+        free(kvx_seg_own);
+        kvx_seg_own = NULL;
+        kvx_seg_own_cap = 0;
+    }
+    pthread_mutex_unlock(&kvx_seg_own_lock);
+}
+
+bool kvx_seg_own_has(int shmid)
+{
+    pid_t self = getpid();
+    bool found = false;
+
+    pthread_mutex_lock(&kvx_seg_own_lock);
+    for (size_t i = 0; i < kvx_seg_nown && !found; i++)
+        found = kvx_seg_own[i].pid == self && kvx_seg_own[i].shmid == shmid;
+    pthread_mutex_unlock(&kvx_seg_own_lock);
+    return found;
+}
+
 int kvx_seg_check(const kvx_seg_info_t *s, uint64_t p, uint64_t len, uint32_t owner, uint32_t self,
-                  const char **why)
+                  bool own_region, const char **why)
 {
     if (!s->sysv) {
         *why = "not a System V segment";
         return -EOPNOTSUPP;
     }
-    if (owner == self || s->cpid == (int64_t)self) {
-        *why = "a segment of this very process";
+    if (s->cpid == (int64_t)self && !own_region) {
+        *why = "a segment of this process that is no owned region of its transports";
         return -EPERM;
     }
     if (s->cpid != (int64_t)owner || owner == 0) {

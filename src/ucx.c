@@ -26,6 +26,8 @@ struct kvx_ucx {
     size_t waddr_len;
     int efd;
     ucp_mem_h region; /* an owned region UCX allocated, or NULL */
+    int seg_id;       /* ... its System V segment, listed as this process's (seg_listed) */
+    bool seg_listed;
     struct kvx_ucx_sn {
         uint64_t uid;     /* a remote worker */
         uint32_t next_sn; /* endpoints this worker opened towards it (UCX's conn_sn) */
@@ -529,6 +531,12 @@ static void kvx_ucx_seg_token(kvx_transport_t *t, uint8_t *base, size_t len)
             kvx_warn(t, "ucx: no random segment token (%m): peers on this host use messages");
             return;
         }
+    if (kvx_seg_own_add(s.shmid) < 0) {
+        kvx_warn(t, "ucx: no memory to list the owned region's segment: peers use messages");
+        return;
+    }
+    t->ucx->seg_id = s.shmid;
+    t->ucx->seg_listed = true;
     kvx_seg_trailer_put(base + s.segsz - KVX_SEG_TRAILER_LEN, len, token);
     memcpy(t->seg_token, token, sizeof(token));
 }
@@ -593,6 +601,9 @@ void kvx_ucx_region_free(kvx_transport_t *t)
         ucp_rkey_buffer_release(u->rkey);
     u->rkey = NULL;
     u->rkey_len = 0;
+    if (u->seg_listed)
+        kvx_seg_own_del(u->seg_id);
+    u->seg_listed = false;
     if (u->region != NULL)
         ucp_mem_unmap(u->ctx, u->region);
     u->region = NULL;
@@ -627,11 +638,12 @@ static bool kvx_ucx_shared_mapping(uintptr_t p, uint64_t len)
  * pointer to raddr (ucp_rkey_ptr: only a shared-memory key gives one). UCX attaches whatever
  * segment the key's id names and offsets into it without a check, so kvx asks the kernel what
  * the pointer is (segment.c): the start of a System V segment that the peer's process (owner,
- * its pid here) created, not this process, holding len bytes and the owner's trailer after
- * them. Returns 0 with *ptr_p and the trailer's token in token_p; -EOPNOTSUPP when the key
- * gives no usable mapping (another host's key, a POSIX one); -EPERM when it names a segment kvx
- * refuses (logged as a warning). The caller copies nothing into *ptr_p until the peer's
- * HELLO_ACK brings that token (kvx_conn_map_prove).
+ * its pid here) created, holding len bytes and the owner's trailer after them; a segment this
+ * process created only if it is an owned region of a transport of this process. Returns 0 with
+ * *ptr_p and the trailer's token in token_p; -EOPNOTSUPP when the key gives no usable mapping
+ * (another host's key, a POSIX one); -EPERM when it names a segment kvx refuses (logged as a
+ * warning). The caller copies nothing into *ptr_p until the peer's HELLO_ACK brings that token
+ * (kvx_conn_map_prove).
  */
 int kvx_ucx_map(kvx_ucx_ep_t *e, const void *rkey, size_t rkey_len, uint64_t raddr, uint64_t len,
                 uint32_t owner, void **ptr_p, uint8_t *token_p)
@@ -659,7 +671,8 @@ int kvx_ucx_map(kvx_ucx_ep_t *e, const void *rkey, size_t rkey_len, uint64_t rad
     }
     rc = kvx_seg_lookup((uintptr_t)first, &seg) < 0 ? -EOPNOTSUPP : 0;
     if (rc == 0)
-        rc = kvx_seg_check(&seg, (uintptr_t)first, len, owner, (uint32_t)getpid(), &why);
+        rc = kvx_seg_check(&seg, (uintptr_t)first, len, owner, (uint32_t)getpid(),
+                           seg.sysv && kvx_seg_own_has(seg.shmid), &why);
     if (rc == 0)
         rc = kvx_seg_trailer_get((uint8_t *)first + seg.segsz - KVX_SEG_TRAILER_LEN, len, token_p,
                                  &why);

@@ -11,6 +11,7 @@
  *    failed) within the dead-peer bound, the writer does not crash, the mapping is let go;
  *  - 2,000 add/remove cycles of such a peer: no growth in mappings, descriptors or shared
  *    memory segments over the last 1,000;
+ *  - an owner and a writer in one process: mapped too, every byte verified;
  *  - forged metadata is never mapped, its writes go by messages into the real owner's region
  *    (verified there), and kvx_transport_attr_t.maps_refused counts each: a key naming one of
  *    the writer's own segments (UCX's receive FIFO: before, the writer died), a block count
@@ -311,6 +312,56 @@ static void kt_self_forged(void)
     KT_EQ(kt_target_stop(&tg), 0);
 }
 
+static void kt_expect_mapped(kvx_transport_t *t, const char *peer);
+
+/* An owner and a writer in one process (the Python binding's test does this): the owner's
+ * segment is this process's, and is mapped because it is an owned region of one of its
+ * transports (UCX's own segments of the same process are not: kt_self_forged). */
+static void kt_same_process(void)
+{
+    kvx_params_t p = {.field_mask = KVX_PARAM_REGION | KVX_PARAM_OWN_REGION | KVX_PARAM_AGENT_NAME |
+                                    KVX_PARAM_NUM_THREADS,
+                      .num_blocks = SNB,
+                      .block_len = SB,
+                      .agent_name = "owner5",
+                      .num_threads = 1};
+    kvx_transport_attr_t ta = {.field_mask = KVX_TRANSPORT_ATTR_REGION};
+    kvx_transport_t *o, *t;
+    kt_region_t r = kt_region_alloc(SNB, SB), orr;
+    uint32_t l[SNB], rr[SNB];
+    kvx_completion_t c;
+    uint8_t *md;
+    size_t md_len;
+    uint64_t id;
+
+    KT_OK(kvx_transport_create(&p, &o));
+    KT_OK(kvx_transport_query(o, &ta));
+    orr = (kt_region_t){.base = ta.base, .num_blocks = SNB, .block_len = SB};
+    t = kt_transport_ex(&r, "writer5", 1, NULL, 10000);
+    md = kt_metadata(o, &md_len);
+    KT_OK(kvx_peer_add(t, "o", md, md_len, NULL));
+    kt_expect_mapped(t, "o");
+    kt_fill_all(&r, 12, 1);
+    kt_fill_all(&orr, 13, 0);
+    kt_indices(l, SNB, SNB, true, 3);
+    kt_indices(rr, SNB, SNB, true, 4);
+    KT_OK(kvx_xfer_write(t, "o", l, rr, SNB / 2, NULL, &id));
+    KT_EQ(kt_poll_n(t, "o", &c, 1, 5000), 1);
+    KT_EQ(c.status, 0);
+    for (int i = 0; i < SNB / 2; i++)
+        KT_EQ(kt_check(&orr, rr[i], 12, l[i], 1), 0);
+    KT_OK(kvx_xfer_read(t, "o", l + SNB / 2, rr + SNB / 2, SNB / 2, NULL, &id));
+    KT_EQ(kt_poll_n(t, "o", &c, 1, 5000), 1);
+    KT_EQ(c.status, 0);
+    for (int i = SNB / 2; i < SNB; i++)
+        KT_EQ(kt_check(&r, l[i], 13, rr[i], 0), 0);
+    KT_EQ(kvx_peer_remove(t, "o"), 1);
+    kvx_transport_destroy(t);
+    kvx_transport_destroy(o);
+    kt_region_free(&r);
+    free(md);
+}
+
 static void kt_expect_mapped(kvx_transport_t *t, const char *peer)
 {
     kvx_peer_attr_t pa = {.field_mask = KVX_PEER_ATTR_TRANSPORT};
@@ -550,6 +601,7 @@ int main(int argc, char **argv)
     }
 
     kt_self_forged();
+    kt_same_process();
     kt_stopped_owner();
     kt_owner_killed();
     kt_cycles(cycles);

@@ -53,13 +53,14 @@ static void check_real(void)
         s.segsz != (1u << 16) || s.lo != (uintptr_t)p)
         abort();
     /* this process's own segment, whatever the metadata claims */
-    if (kvx_seg_check(&s, (uintptr_t)p, 4096, (uint32_t)getpid(), (uint32_t)getpid(), &why) !=
-            -EPERM ||
-        kvx_seg_check(&s, (uintptr_t)p, 4096, 1, (uint32_t)getpid(), &why) != -EPERM)
+    if (kvx_seg_check(&s, (uintptr_t)p, 4096, (uint32_t)getpid(), (uint32_t)getpid(), false,
+                      &why) != -EPERM ||
+        kvx_seg_check(&s, (uintptr_t)p, 4096, 1, (uint32_t)getpid(), false, &why) != -EPERM ||
+        kvx_seg_own_has(id))
         abort();
     shmdt(p);
     if (kvx_seg_lookup((uintptr_t)local, &s) != 0 || s.sysv ||
-        kvx_seg_check(&s, (uintptr_t)local, 1, 1, (uint32_t)getpid(), &why) != -EOPNOTSUPP)
+        kvx_seg_check(&s, (uintptr_t)local, 1, 1, (uint32_t)getpid(), false, &why) != -EOPNOTSUPP)
         abort();
 }
 
@@ -103,7 +104,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     size_t n;
     kvx_md_t md;
     kvx_msg_t m;
-    bool accept, want;
+    bool accept, want, own_region;
     int rc;
 
     check_real();
@@ -155,7 +156,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         abort();
 
     /* the decision, as kvx_conn_map, kvx_ucx_map and kvx_conn_map_prove take it */
-    rc = kvx_seg_check(&s, p, len, owner, me, &why);
+    own_region = (ctl[1] & 0x20) != 0;
+    rc = kvx_seg_check(&s, p, len, owner, me, own_region, &why);
     if (rc == 0)
         rc = kvx_seg_trailer_get(tail, len, token, &why);
     accept = rc == 0 && kvx_seg_token_ok(token, m.u.hello_ack.seg_token);
@@ -167,10 +169,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         static const uint8_t zero[KVX_SEG_TOKEN_LEN];
         bool magic = memcmp(tail, "KVXSEG01", 8) == 0;
         bool reserved = memcmp(tail + 32, zero, 16) == 0 && memcmp(tail + 48, zero, 16) == 0;
-        want = owner != me && owner != 0 && s.cpid == (int64_t)owner && s.sysv && s.rw_shared &&
-               p == s.lo && s.off == 0 && len > 0 && segsz >= KVX_SEG_TRAILER_LEN &&
-               len <= segsz - KVX_SEG_TRAILER_LEN && segsz <= s.hi - s.lo && magic && reserved &&
-               kvx_get64(tail + 8) >= len && memcmp(tail + 16, zero, KVX_SEG_TOKEN_LEN) != 0 &&
+        want = (s.cpid != (int64_t)me || own_region) && owner != 0 && s.cpid == (int64_t)owner &&
+               s.sysv && s.rw_shared && p == s.lo && s.off == 0 && len > 0 &&
+               segsz >= KVX_SEG_TRAILER_LEN && len <= segsz - KVX_SEG_TRAILER_LEN &&
+               segsz <= s.hi - s.lo && magic && reserved && kvx_get64(tail + 8) >= len &&
+               memcmp(tail + 16, zero, KVX_SEG_TOKEN_LEN) != 0 &&
                memcmp(tail + 16, ack + 40, KVX_SEG_TOKEN_LEN) == 0;
     }
     if (accept != want)
