@@ -12,6 +12,8 @@
  *  - 2,000 add/remove cycles of such a peer: no growth in mappings, descriptors or shared
  *    memory segments over the last 1,000;
  *  - an owner and a writer in one process: mapped too, every byte verified;
+ *  - a peer paired by address whose owner restarts there: mapped again once the new owner's
+ *    handshake proved its segment, and the writes land in the new owner's region;
  *  - forged metadata is never mapped, its writes go by messages into the real owner's region
  *    (verified there), and kvx_transport_attr_t.maps_refused counts each: a key naming one of
  *    the writer's own segments (UCX's receive FIFO: before, the writer died), a block count
@@ -537,6 +539,74 @@ static void kt_owner_killed(void)
     kt_region_free(&r);
 }
 
+static int kt_peer_state(kvx_transport_t *t, const char *peer)
+{
+    kvx_peer_attr_t pa = {.field_mask = KVX_PEER_ATTR_STATE};
+    KT_OK(kvx_peer_query(t, peer, &pa));
+    return pa.state;
+}
+
+/* A peer paired by address whose owner restarts at the same address: the reconnection maps the
+ * new owner's segment through the same checks (its HELLO_ACK's token proves it), and the writes
+ * after it land in the new owner's region. */
+static void kt_reconnect(void)
+{
+    kt_target_args_t a = {.num_blocks = SNB,
+                          .block_len = SB,
+                          .salt = 7,
+                          .threads = 1,
+                          .name = "owner6",
+                          .owned = true,
+                          .listen = "127.0.0.1:0"};
+    kt_target_t tg = kt_target_start(&a);
+    kt_region_t r = kt_region_alloc(SNB, SB);
+    kvx_transport_t *t = kt_transport_ex(&r, "writer6", 1, NULL, 10000);
+    char addr[KVX_ADDR_MAX];
+    uint32_t l[8], rr[8];
+    kvx_completion_t c;
+    uint64_t id;
+
+    memcpy(addr, tg.listen_addr, sizeof(addr));
+    KT_OK(kvx_peer_connect(t, "o", addr, NULL));
+    kt_expect_mapped(t, "o");
+    kt_kill(&tg.proc, SIGKILL);
+    KT_EQ(kt_wait(&tg.proc), 128 + SIGKILL);
+    free(tg.md);
+    for (uint64_t end = kt_now_ns() + 5000000000ull;
+         kt_peer_state(t, "o") != KVX_PEER_RECONNECTING && kt_now_ns() < end;)
+        usleep(1000);
+    KT_EQ(kt_peer_state(t, "o"), KVX_PEER_RECONNECTING);
+    a.listen = addr;
+    a.salt = 8;
+    tg = kt_target_start(&a);
+    for (uint64_t end = kt_now_ns() + 10000000000ull;
+         kt_peer_state(t, "o") != KVX_PEER_CONNECTED && kt_now_ns() < end;)
+        usleep(1000);
+    KT_EQ(kt_peer_state(t, "o"), KVX_PEER_CONNECTED);
+    /* the handshake of the new connection may still be under way: its proof comes with it */
+    for (uint64_t end = kt_now_ns() + 2000000000ull; kt_now_ns() < end;) {
+        kvx_peer_attr_t pa = {.field_mask = KVX_PEER_ATTR_TRANSPORT};
+        KT_OK(kvx_peer_query(t, "o", &pa));
+        if (strstr(pa.transport, "-mapped") != NULL)
+            break;
+        usleep(1000);
+    }
+    kt_expect_mapped(t, "o");
+    kt_indices(l, 8, SNB, true, 5);
+    kt_indices(rr, 8, SNB, true, 6);
+    for (int i = 0; i < 8; i++)
+        kt_fill(&r, l[i], 14, l[i], 2);
+    KT_OK(kvx_xfer_write(t, "o", l, rr, 8, NULL, &id));
+    KT_EQ(kt_poll_n(t, "o", &c, 1, 5000), 1);
+    KT_EQ(c.status, 0);
+    KT_EQ(kt_target_verify(&tg, rr, l, 8, 14, 2), 0);
+    KT_EQ(kvx_peer_remove(t, "o"), 1);
+    kvx_transport_destroy(t);
+    KT_EQ(kt_target_canaries(&tg), 0);
+    KT_EQ(kt_target_stop(&tg), 0);
+    kt_region_free(&r);
+}
+
 /* Add/remove cycles: mappings, descriptors and segments do not grow. */
 static void kt_cycles(int cycles)
 {
@@ -602,6 +672,7 @@ int main(int argc, char **argv)
 
     kt_self_forged();
     kt_same_process();
+    kt_reconnect();
     kt_stopped_owner();
     kt_owner_killed();
     kt_cycles(cycles);
