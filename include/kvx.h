@@ -152,16 +152,17 @@ typedef struct kvx_params {
      *  maps it and, once this transport has answered its handshake, writes and reads it with one
      *  memcpy of its own, with no work by this transport: its progress thread may sleep and the
      *  process may even be stopped (writes with KVX_XFER_NOTIFY excepted: their notice needs this
-     *  side). The peer's transport is then named "sysv-mapped". The peer maps only a System V
-     *  segment that the metadata's process created (one of its own process only if it is an
-     *  owned region of a transport there), holding the region and a trailer kvx writes at the
-     *  segment's end (one page is allocated beyond the region for it), and copies nothing until
-     *  this transport's handshake brings the random token that trailer holds; anything else goes
-     *  in messages (kvx_transport_attr_t.maps_refused). Every peer that connects receives the
-     *  token, so a holder of this metadata can steer another writer's copies into this region,
-     *  never past it (docs/security.md). Such a peer's bytes are not seen by this side:
-     *  kvx_fence and integrity do not apply to them (README, "Owned regions"). The region stays
-     *  mapped after kvx_transport_close (what landed can still be read) and is freed by
+     *  side). The peer's transport is then named "sysv-mapped" (from the handshake's answer on,
+     *  which kvx_peer_add waits 200 ms for; a later answer renames it then). The peer maps only
+     *  a System V segment that the metadata's process created (one of its own process only if it
+     *  is an owned region of a transport there), holding the region and a trailer kvx writes at
+     *  the segment's end (one page is allocated beyond the region for it), and copies nothing
+     *  until this transport's handshake brings the random token that trailer holds; anything
+     *  else goes in messages (kvx_transport_attr_t.maps_refused). Every peer that connects
+     *  receives the token, so a holder of this metadata can steer another writer's copies into
+     *  this region, never past it (docs/security.md). Such a peer's bytes are not seen by this
+     *  side: kvx_fence and integrity do not apply to them (README, "Owned regions"). The region
+     *  stays mapped after kvx_transport_close (what landed can still be read) and is freed by
      *  kvx_transport_destroy: the application must not touch it after that. */
     void *base;
     uint64_t num_blocks;
