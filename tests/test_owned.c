@@ -13,7 +13,9 @@
  *    memory segments over the last 1,000;
  *  - an owner and a writer in one process: mapped too, every byte verified;
  *  - a peer paired by address whose owner restarts there: mapped again once the new owner's
- *    handshake proved its segment, and the writes land in the new owner's region;
+ *    handshake proved its segment, and the writes land in the new owner's region; when a hostile
+ *    listener takes the address and serves a key naming the writer's own segment, nothing is
+ *    mapped and the writes reach it by messages;
  *  - forged metadata is never mapped, its writes go by messages into the real owner's region
  *    (verified there), and kvx_transport_attr_t.maps_refused counts each: a key naming one of
  *    the writer's own segments (UCX's receive FIFO: before, the writer died), a block count
@@ -133,17 +135,17 @@ static int kt_victim_main(int sock, void *arg)
  * owner's (the sysv key is {int shmid, u64 owner address}: the id sits before the region's
  * address), with num_blocks blocks, and, when host is set, the host identity (pid, start time)
  * of that process instead of the owner's. The checksum is recomputed (no secret here). */
-static uint8_t *kt_forge(const kt_target_t *tg, int shmid, uint64_t num_blocks,
-                         const kvx_host_id_t *host)
+static uint8_t *kt_forge_md(const uint8_t *md, size_t md_len, int shmid, uint64_t num_blocks,
+                            const kvx_host_id_t *host)
 {
-    uint8_t *f = malloc(tg->md_len);
-    uint64_t base = kvx_get64(tg->md + 16);
-    size_t nl = tg->md[104], fl = tg->md[105];
-    uint32_t wl = kvx_get32(tg->md + 108), rl = kvx_get32(tg->md + 112);
+    uint8_t *f = malloc(md_len);
+    uint64_t base = kvx_get64(md + 16);
+    size_t nl = md[104], fl = md[105];
+    uint32_t wl = kvx_get32(md + 108), rl = kvx_get32(md + 112);
     bool found = false;
 
     KT_CHECK(f != NULL);
-    memcpy(f, tg->md, tg->md_len);
+    memcpy(f, md, md_len);
     for (uint32_t i = 4; i + 8 <= rl; i++) {
         uint8_t *k = f + 120 + nl + fl + wl + i;
         if (kvx_get64(k) == base) {
@@ -159,8 +161,14 @@ static uint8_t *kt_forge(const kt_target_t *tg, int shmid, uint64_t num_blocks,
         kvx_put32(f + 96, host->pid);
     }
     memset(f + 12, 0, 4);
-    kvx_put32(f + 12, kvx_crc32(f, tg->md_len));
+    kvx_put32(f + 12, kvx_crc32(f, md_len));
     return f;
+}
+
+static uint8_t *kt_forge(const kt_target_t *tg, int shmid, uint64_t num_blocks,
+                         const kvx_host_id_t *host)
+{
+    return kt_forge_md(tg->md, tg->md_len, shmid, num_blocks, host);
 }
 
 /* Metadata whose region key names the victim's segment instead of the owner's: kvx must not map
@@ -558,9 +566,56 @@ static int kt_peer_state(kvx_transport_t *t, const char *peer)
     return pa.state;
 }
 
+/* Whoever takes over a dead owner's address: an owned-region transport of its own that serves
+ * there, instead of its metadata, metadata whose host identity is the writer's and whose key
+ * names one of the writer's own segments (both sent by the test over sock, with the address),
+ * as a hostile listener would. It then reports whether the writer's blocks reached its region by
+ * messages. Forked before the writer's transport exists. */
+static int kt_taker_main(int sock, void *arg)
+{
+    kvx_params_t p = {.field_mask = KVX_PARAM_REGION | KVX_PARAM_OWN_REGION | KVX_PARAM_AGENT_NAME |
+                                    KVX_PARAM_NUM_THREADS,
+                      .num_blocks = SNB,
+                      .block_len = SB,
+                      .agent_name = "taker",
+                      .num_threads = 1};
+    kvx_transport_attr_t ta = {.field_mask = KVX_TRANSPORT_ATTR_REGION};
+    char addr[KVX_ADDR_MAX];
+    kvx_transport_t *o;
+    kvx_host_id_t wh;
+    kt_region_t orr;
+    uint64_t nb, bad = 0;
+    uint8_t *f, go = 1;
+    int shmid;
+
+    (void)arg;
+    kt_recv(sock, addr, sizeof(addr));
+    kt_recv(sock, &wh, sizeof(wh));
+    kt_recv(sock, &shmid, sizeof(shmid));
+    kt_recv(sock, &nb, sizeof(nb));
+    KT_OK(kvx_transport_create(&p, &o));
+    KT_OK(kvx_transport_query(o, &ta));
+    orr = (kt_region_t){.base = ta.base, .num_blocks = SNB, .block_len = SB};
+    kt_fill_all(&orr, 16, 0);
+    f = kt_forge_md(o->metadata, o->metadata_len, shmid, nb, &wh);
+    memcpy(o->metadata, f, o->metadata_len); /* what its listener serves */
+    KT_OK(kvx_transport_listen(o, addr));
+    kt_send(sock, &go, 1);
+    kt_recv(sock, &go, 1); /* the writer wrote block i into block nb - 1 - i, (15, i, 1) */
+    for (uint64_t i = 0; i < nb; i++)
+        bad += kt_check(&orr, nb - 1 - i, 15, i, 1) != 0;
+    kt_send(sock, &bad, sizeof(bad));
+    kt_recv(sock, &go, 1);
+    kvx_transport_destroy(o);
+    free(f);
+    return 0;
+}
+
 /* A peer paired by address whose owner restarts at the same address: the reconnection maps the
  * new owner's segment through the same checks (its HELLO_ACK's token proves it), and the writes
- * after it land in the new owner's region. */
+ * after it land in the new owner's region. Then that owner dies too and a hostile listener takes
+ * its address (kt_taker_main): the reconnection maps nothing, the writer lives, and its blocks
+ * reach the taker's region by messages. */
 static void kt_reconnect(void)
 {
     kt_target_args_t a = {.num_blocks = SNB,
@@ -571,12 +626,16 @@ static void kt_reconnect(void)
                           .owned = true,
                           .listen = "127.0.0.1:0"};
     kt_target_t tg = kt_target_start(&a);
+    kt_proc_t taker = kt_spawn(kt_taker_main, NULL, 60);
     kt_region_t r = kt_region_alloc(SNB, SB);
     kvx_transport_t *t = kt_transport_ex(&r, "writer6", 1, NULL, 10000);
     char addr[KVX_ADDR_MAX];
-    uint32_t l[8], rr[8];
+    uint32_t l[SNB], rr[SNB];
+    kvx_host_id_t self;
     kvx_completion_t c;
-    uint64_t id;
+    uint64_t id, size = 0, nb, bad;
+    uint8_t go = 1;
+    int shmid;
 
     memcpy(addr, tg.listen_addr, sizeof(addr));
     KT_OK(kvx_peer_connect(t, "o", addr, NULL));
@@ -604,10 +663,54 @@ static void kt_reconnect(void)
     KT_EQ(kt_poll_n(t, "o", &c, 1, 5000), 1);
     KT_EQ(c.status, 0);
     KT_EQ(kt_target_verify(&tg, rr, l, 8, 14, 2), 0);
+    KT_EQ(kt_target_canaries(&tg), 0);
+
+    /* the owner dies again; the taker serves forged metadata at its address */
+    kvx_host_self(&self);
+    shmid = kt_sysv_of(getpid(), SB, &size);
+    KT_CHECK(shmid >= 0);
+    nb = size / SB < SNB ? size / SB : SNB;
+    kt_send(taker.sock, addr, sizeof(addr));
+    kt_send(taker.sock, &self, sizeof(self));
+    kt_send(taker.sock, &shmid, sizeof(shmid));
+    kt_send(taker.sock, &nb, sizeof(nb));
+    kt_kill(&tg.proc, SIGKILL);
+    KT_EQ(kt_wait(&tg.proc), 128 + SIGKILL);
+    free(tg.md);
+    for (uint64_t end = kt_now_ns() + 5000000000ull;
+         kt_peer_state(t, "o") != KVX_PEER_RECONNECTING && kt_now_ns() < end;)
+        usleep(1000);
+    KT_EQ(kt_peer_state(t, "o"), KVX_PEER_RECONNECTING);
+    kt_recv(taker.sock, &go, 1); /* listening */
+    for (uint64_t end = kt_now_ns() + 10000000000ull;
+         kt_peer_state(t, "o") != KVX_PEER_CONNECTED && kt_now_ns() < end;)
+        usleep(1000);
+    KT_EQ(kt_peer_state(t, "o"), KVX_PEER_CONNECTED);
+    for (uint32_t i = 0; i < nb; i++) {
+        l[i] = i;
+        rr[i] = (uint32_t)(nb - 1 - i);
+        kt_fill(&r, i, 15, i, 1);
+    }
+    KT_OK(kvx_xfer_write(t, "o", l, rr, nb, NULL, &id));
+    KT_EQ(kt_poll_n(t, "o", &c, 1, 5000), 1);
+    KT_EQ(c.status, 0);
+    {
+        kvx_peer_attr_t pa = {.field_mask = KVX_PEER_ATTR_TRANSPORT | KVX_PEER_ATTR_AGENT_NAME};
+        KT_OK(kvx_peer_query(t, "o", &pa));
+        kt_log("paired again with %s, which serves a key naming the writer's segment %d: "
+               "transport %s",
+               pa.agent_name, shmid, pa.transport);
+        KT_CHECK(strcmp(pa.agent_name, "taker") == 0);
+        KT_CHECK(strstr(pa.transport, "-mapped") == NULL);
+    }
+    KT_EQ(kt_refused(t), 1);
+    kt_send(taker.sock, &go, 1);
+    kt_recv(taker.sock, &bad, sizeof(bad));
+    KT_EQ(bad, 0);
+    kt_send(taker.sock, &go, 1);
+    KT_EQ(kt_wait(&taker), 0);
     KT_EQ(kvx_peer_remove(t, "o"), 1);
     kvx_transport_destroy(t);
-    KT_EQ(kt_target_canaries(&tg), 0);
-    KT_EQ(kt_target_stop(&tg), 0);
     kt_region_free(&r);
 }
 
