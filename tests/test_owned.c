@@ -670,10 +670,6 @@ static void kt_reconnect(void)
     shmid = kt_sysv_of(getpid(), SB, &size);
     KT_CHECK(shmid >= 0);
     nb = size / SB < SNB ? size / SB : SNB;
-    kt_send(taker.sock, addr, sizeof(addr));
-    kt_send(taker.sock, &self, sizeof(self));
-    kt_send(taker.sock, &shmid, sizeof(shmid));
-    kt_send(taker.sock, &nb, sizeof(nb));
     kt_kill(&tg.proc, SIGKILL);
     KT_EQ(kt_wait(&tg.proc), 128 + SIGKILL);
     free(tg.md);
@@ -681,6 +677,10 @@ static void kt_reconnect(void)
          kt_peer_state(t, "o") != KVX_PEER_RECONNECTING && kt_now_ns() < end;)
         usleep(1000);
     KT_EQ(kt_peer_state(t, "o"), KVX_PEER_RECONNECTING);
+    kt_send(taker.sock, addr, sizeof(addr));
+    kt_send(taker.sock, &self, sizeof(self));
+    kt_send(taker.sock, &shmid, sizeof(shmid));
+    kt_send(taker.sock, &nb, sizeof(nb));
     kt_recv(taker.sock, &go, 1); /* listening */
     for (uint64_t end = kt_now_ns() + 10000000000ull;
          kt_peer_state(t, "o") != KVX_PEER_CONNECTED && kt_now_ns() < end;)
