@@ -308,11 +308,13 @@ typedef struct kvx_transport_attr {
      *  listening. */
     char listen_addr[KVX_ADDR_MAX];
     /** Owned regions of peers on this host that this transport would not map, their data going
-     *  in messages instead (each also logged as a warning): metadata naming this process, a
-     *  region key naming a System V segment that this process created, or that the metadata's
-     *  process did not, or that does not hold the region and its owner's trailer, or a peer
-     *  whose handshake did not bring the token the segment holds. A key that gives no mapping
-     *  at all (another host, no shared memory) is not counted. Cumulative. */
+     *  in messages instead (each also logged as a warning): a region key naming a System V
+     *  segment that this process created and that is no owned region of a transport of this
+     *  process (UCX's own FIFOs, say), or one that the metadata's process did not create, or
+     *  that does not start with the region and hold it and its owner's trailer, or a peer whose
+     *  handshake did not bring the token the segment holds. A key that gives no mapping at all
+     *  (another host, no shared memory, a POSIX segment) is not counted. Cumulative, under
+     *  KVX_TRANSPORT_ATTR_MAPS_REFUSED. */
     uint64_t maps_refused;
 } kvx_transport_attr_t;
 
