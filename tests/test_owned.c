@@ -34,10 +34,14 @@
 
 /* NB * BL is not a multiple of 4096: the rest of the region's last page is the owner's canary */
 #define BL 65000
+/* Mappings the cycles' count allows to appear over its last 1,000 cycles (a leak of one per
+ * cycle shows as hundreds): ASan's allocator maps and unmaps on its own, and UCX 1.19.1's pools
+ * now and then grow once more past the count's start (81 -> 82, in 2 of 40 runs on a loaded
+ * machine, before any of the owned-region checks existed) */
 #ifdef __SANITIZE_ADDRESS__
 #define KT_MAPS_SLACK 4
 #else
-#define KT_MAPS_SLACK 0
+#define KT_MAPS_SLACK 2
 #endif
 #define NB 509
 
@@ -756,7 +760,7 @@ static void kt_cycles(int cycles)
     kt_settle_sysv(shm0);
     kt_log("%d cycles: maps %zu -> %zu, fds %zu -> %zu, segments %zu -> %zu", cycles, maps0,
            kt_count_lines("/proc/self/maps"), fds0, kt_count_fds(), shm0, kt_count_sysv());
-    /* no growth; ASan's allocator maps and unmaps on its own (seen: one mapping fewer) */
+    /* no growth, within KT_MAPS_SLACK (ASan's allocator seen with one mapping fewer) */
     KT_CHECK(kt_count_lines("/proc/self/maps") <= maps0 + KT_MAPS_SLACK);
     KT_EQ(kt_count_fds(), fds0);
     KT_EQ(kt_count_sysv(), shm0);
