@@ -152,9 +152,17 @@ typedef struct kvx_params {
      *  maps it and, once this transport has answered its handshake, writes and reads it with one
      *  memcpy of its own, with no work by this transport: its progress thread may sleep and the
      *  process may even be stopped (writes with KVX_XFER_NOTIFY excepted: their notice needs this
-     *  side). The peer's transport is then named "<shm>-mapped". Such a peer's bytes are not seen
-     *  by this side: kvx_fence and integrity do not apply to them (README, "Owned regions"). The
-     * region stays mapped after kvx_transport_close (what landed can still be read) and is freed by
+     *  side). The peer's transport is then named "sysv-mapped" (from the handshake's answer on,
+     *  which kvx_peer_add waits 200 ms for; a later answer renames it then). The peer maps only
+     *  a System V segment that the metadata's process created (one of its own process only if it
+     *  is an owned region of a transport there), holding the region and a trailer kvx writes at
+     *  the segment's end (one page is allocated beyond the region for it), and copies nothing
+     *  until this transport's handshake brings the random token that trailer holds; anything
+     *  else goes in messages (kvx_transport_attr_t.maps_refused). Every peer that connects
+     *  receives the token, so a holder of this metadata can steer another writer's copies into
+     *  this region, never past it (docs/security.md). Such a peer's bytes are not seen by this
+     *  side: kvx_fence and integrity do not apply to them (README, "Owned regions"). The region
+     *  stays mapped after kvx_transport_close (what landed can still be read) and is freed by
      *  kvx_transport_destroy: the application must not touch it after that. */
     void *base;
     uint64_t num_blocks;
@@ -299,7 +307,8 @@ enum kvx_transport_attr_field {
     KVX_TRANSPORT_ATTR_NUM_PEERS = 1u << 6,
     KVX_TRANSPORT_ATTR_STALL = 1u << 7,
     KVX_TRANSPORT_ATTR_RECV = 1u << 8,
-    KVX_TRANSPORT_ATTR_LISTEN = 1u << 9
+    KVX_TRANSPORT_ATTR_LISTEN = 1u << 9,
+    KVX_TRANSPORT_ATTR_MAPS_REFUSED = 1u << 10
 };
 
 /** Transport attributes; only the fields named in field_mask are written. */
@@ -319,6 +328,15 @@ typedef struct kvx_transport_attr {
     /** Where kvx_transport_listen bound, "host:port" with the port it got; empty if not
      *  listening. */
     char listen_addr[KVX_ADDR_MAX];
+    /** Owned regions of peers on this host that this transport would not map, their data going
+     *  in messages instead (each also logged as a warning): a region key naming a System V
+     *  segment that this process created and that is no owned region of a transport of this
+     *  process (UCX's own FIFOs, say), or one that the metadata's process did not create, or
+     *  that does not start with the region and hold it and its owner's trailer, or a peer whose
+     *  handshake did not bring the token the segment holds. A key that gives no mapping at all
+     *  (another host, no shared memory, a POSIX segment) is not counted. Cumulative, under
+     *  KVX_TRANSPORT_ATTR_MAPS_REFUSED. */
+    uint64_t maps_refused;
 } kvx_transport_attr_t;
 
 /** Fill the attributes named in attr->field_mask. Returns 0, -EINVAL or -ESHUTDOWN. */

@@ -219,12 +219,14 @@ struct kvx_conn {
     char agent_name[KVX_NAME_MAX + 1];
     char transport[KVX_TRANSPORT_NAME_MAX];
     int rma_hw;
-    uint8_t *mapped;    /* the peer's owned region, mapped here: copies, no messages (xfer.c) */
-    kvx_list_t queue;   /* QUEUED transfers, in submission order */
-    kvx_list_t waiting; /* WAITING transfers */
-    unsigned reqs;      /* messages UCX holds and read requests unanswered (back-pressure) */
-    uint64_t unacked;   /* bytes posted and not yet acknowledged or arrived */
-    unsigned notices;   /* notices sent and not yet answered */
+    uint8_t *mapped;       /* the peer's owned region, mapped here: copies, no messages (xfer.c) */
+    uint8_t *unproven;     /* ... mapped, until its HELLO_ACK's token matches its segment's */
+    uint8_t seg_token[16]; /* the token its segment holds (KVX_SEG_TOKEN_LEN) */
+    kvx_list_t queue;      /* QUEUED transfers, in submission order */
+    kvx_list_t waiting;    /* WAITING transfers */
+    unsigned reqs;         /* messages UCX holds and read requests unanswered (back-pressure) */
+    uint64_t unacked;      /* bytes posted and not yet acknowledged or arrived */
+    unsigned notices;      /* notices sent and not yet answered */
     kvx_rreq_t rreqs[KVX_MAX_REQS];
     unsigned ucx_refs;    /* UCX callbacks still to come that name this connection */
     kvx_list_t work_link; /* t->work: has queued runs to post or an error to handle */
@@ -369,8 +371,10 @@ struct kvx_transport {
     uint64_t num_blocks;
     uint64_t block_len;
     uint64_t region_len;
-    bool owned;       /* kvx allocated the region (KVX_PARAM_OWN_REGION) */
-    const void *rkey; /* ... and its packed key, which maps it on this host's peers */
+    bool owned;            /* kvx allocated the region (KVX_PARAM_OWN_REGION) */
+    const void *rkey;      /* ... and its packed key, which maps it on this host's peers */
+    uint8_t seg_token[16]; /* ... its segment's token (KVX_SEG_TOKEN_LEN; zero: none) */
+    uint64_t maps_refused; /* peers' regions kvx would not map (kvx.h) */
     size_t rkey_len;
     uint64_t deadline_ns;
     uint64_t keepalive_ms;
@@ -503,6 +507,36 @@ void kvx_host_self(kvx_host_id_t *id);
  * 0 (another host, or unknown: UCX's keepalive watches it), -EHOSTUNREACH (already gone). */
 int kvx_host_watch(const kvx_host_id_t *self, const kvx_host_id_t *peer, int *pidfd_p);
 bool kvx_host_alive(const kvx_host_id_t *peer, int pidfd);
+
+/* ---- owned-region segments (segment.c: no UCX, fuzzed) -------------------------------------- */
+
+#define KVX_SEG_TRAILER_LEN 64 /* at the end of an owned region's segment: magic, length, token */
+/* What the kernel says of the mapping holding an address (/proc/self/maps, IPC_STAT). */
+typedef struct kvx_seg_info {
+    uint64_t lo, hi, off; /* the mapping, and its offset in what it maps */
+    bool rw_shared;
+    bool sysv; /* a System V segment: the fields below are set */
+    int shmid;
+    int64_t cpid; /* the process that created it */
+    uint64_t segsz;
+} kvx_seg_info_t;
+int kvx_seg_lookup(uintptr_t p, kvx_seg_info_t *s); /* 0, or -ENOENT: nothing mapped at p */
+/* Whether a peer's region of len bytes at p (in segment s) may be mapped: the peer's process
+ * (owner) created s, starting at p and holding the region and the trailer; if s is this
+ * process's (self), only as an owned region of one of its transports (own_region). 0, or
+ * -EOPNOTSUPP (not a System V segment) or -EPERM, with *why. */
+int kvx_seg_check(const kvx_seg_info_t *s, uint64_t p, uint64_t len, uint32_t owner, uint32_t self,
+                  bool own_region, const char **why);
+/* The owned regions' segments of this process (kvx_ucx_region_alloc lists them). */
+int kvx_seg_own_add(int shmid); /* 0 or -ENOMEM */
+void kvx_seg_own_del(int shmid);
+bool kvx_seg_own_has(int shmid);
+void kvx_seg_trailer_put(uint8_t *tr, uint64_t region_len, const uint8_t *token);
+/* 0 and the token (nonzero) when tr is an owner's trailer for a region of len bytes or more;
+ * -EPERM with *why otherwise. */
+int kvx_seg_trailer_get(const uint8_t *tr, uint64_t len, uint8_t *token, const char **why);
+/* The token a handshake brought (got) is the segment's (want, nonzero); constant time. */
+bool kvx_seg_token_ok(const uint8_t *want, const uint8_t *got);
 
 /* ---- metadata codec (metadata.c) ------------------------------------------------------------ */
 
@@ -704,6 +738,9 @@ void kvx_conn_end_linger(kvx_conn_t *c);
 void kvx_conn_release(kvx_conn_t *c, int err);
 void kvx_conn_handle_work(kvx_conn_t *c);
 void kvx_conn_maybe_free(kvx_conn_t *c);
+/* The HELLO_ACK's segment token: a mapping still unproven is used if it is its segment's, and
+ * let go of (counted, logged) if not. */
+void kvx_conn_map_prove(kvx_conn_t *c, const uint8_t *token);
 void kvx_conn_housekeeping(kvx_transport_t *t, uint64_t now);
 bool kvx_conn_busy(const kvx_conn_t *c);
 int kvx_idtab_alloc(kvx_idtab_t *tab, void *obj, uint32_t *id_p);
@@ -876,7 +913,7 @@ int kvx_ucx_region_alloc(kvx_transport_t *t, size_t len, void **base_p, const vo
                          size_t *rkey_len_p);
 void kvx_ucx_region_free(kvx_transport_t *t);
 int kvx_ucx_map(kvx_ucx_ep_t *ep, const void *rkey, size_t rkey_len, uint64_t raddr, uint64_t len,
-                uint32_t owner, void **ptr_p);
+                uint32_t owner, void **ptr_p, uint8_t *token_p);
 void kvx_ucx_unmap(kvx_ucx_ep_t *ep);
 /* An endpoint to a worker address, whose errors and sends report to owner (a connection of the
  * initiator's side when rconn is false, else a receiver's connection). */

@@ -219,23 +219,29 @@ void kvx_conn_fail(kvx_conn_t *c, int err)
 
 /*
  * A peer on this host whose region kvx allocated: map it, so that transfers are copies by this
- * process (xfer.c) with no work by the peer. Without a mapping (the key gives none, say over
- * tcp), messages carry the data as for any region.
+ * process (xfer.c) with no work by the peer. The mapping is unproven until the peer's HELLO_ACK
+ * brings the token its segment holds (kvx_conn_map_prove); nothing is copied before. Without a
+ * mapping (the key gives none, say over tcp), messages carry the data as for any region; a key
+ * that names a segment kvx refuses (one of this process's own that is no owned region of its
+ * transports, another process's, too small, without the owner's trailer) is counted
+ * (kvx_transport_attr_t.maps_refused).
  */
 static void kvx_conn_map(kvx_conn_t *c, const kvx_md_t *md)
 {
+    kvx_transport_t *t = c->t;
     void *ptr;
-    size_t n;
+    int rc;
 
-    if (kvx_ucx_map(c->ucx, md->rkey, md->rkey_len, md->base, c->remote_len, md->host.pid, &ptr) <
-        0) {
-        kvx_info(c->t, "peer %s: its region gives no mapping here; messages carry the data",
+    rc = kvx_ucx_map(c->ucx, md->rkey, md->rkey_len, md->base, c->remote_len, md->host.pid, &ptr,
+                     c->seg_token);
+    if (rc < 0) {
+        if (rc == -EPERM)
+            t->maps_refused++;
+        kvx_info(t, "peer %s: its region gives no mapping here; messages carry the data",
                  md->agent_name);
         return;
     }
-    c->mapped = ptr;
-    n = strlen(c->transport);
-    snprintf(c->transport + n, sizeof(c->transport) - n, "-mapped");
+    c->unproven = ptr;
 }
 
 /* The mapping goes (a connection that failed has let go of it already); messages carry the
@@ -244,12 +250,35 @@ static void kvx_conn_unmap(kvx_conn_t *c)
 {
     char *suffix = strstr(c->transport, "-mapped");
 
-    if (c->mapped == NULL)
+    if (c->mapped == NULL && c->unproven == NULL)
         return;
     c->mapped = NULL;
+    c->unproven = NULL;
+    memset(c->seg_token, 0, sizeof(c->seg_token));
     kvx_ucx_unmap(c->ucx);
     if (suffix != NULL)
         *suffix = '\0';
+}
+
+void kvx_conn_map_prove(kvx_conn_t *c, const uint8_t *token)
+{
+    size_t n;
+
+    if (c->unproven == NULL)
+        return;
+    if (!kvx_seg_token_ok(c->seg_token, token)) {
+        kvx_warn(c->t,
+                 "peer %s: its handshake does not bring the token of the segment its region key "
+                 "names: not mapped, messages carry the data",
+                 c->agent_name);
+        c->t->maps_refused++;
+        kvx_conn_unmap(c);
+        return;
+    }
+    c->mapped = c->unproven;
+    c->unproven = NULL;
+    n = strlen(c->transport);
+    snprintf(c->transport + n, sizeof(c->transport) - n, "-mapped");
 }
 
 /* Bytes prefaulted between two looks at the connection and the transport. */

@@ -809,6 +809,7 @@ static void kvx_recv_hello(kvx_transport_t *t, const uint8_t *buf, size_t len)
     kvx_put32(ack + 20, 0);
     kvx_put64(ack + 24, rc->token);
     kvx_put64(ack + 32, w->epoch);
+    memcpy(ack + 40, t->seg_token, KVX_SEG_TOKEN_LEN); /* zero unless the region is owned */
     if (!rc->proven) /* the writer's PROOF must cover it (kvx_recv_proof) */
         memcpy(ack + 56, rc->nonce, KVX_WIRE_NONCE_LEN);
     kvx_rconn_ctl(rc, ack, sizeof(ack));

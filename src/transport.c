@@ -523,6 +523,8 @@ int kvx_transport_query(kvx_transport_t *t, kvx_transport_attr_t *attr)
         snprintf(attr->listen_addr, sizeof(attr->listen_addr), "%s", t->listen_addr);
     if (attr->field_mask & KVX_TRANSPORT_ATTR_RECV)
         attr->recv = t->rcounters;
+    if (attr->field_mask & KVX_TRANSPORT_ATTR_MAPS_REFUSED)
+        attr->maps_refused = t->maps_refused;
     kvx_unlock(t);
     return 0;
 }

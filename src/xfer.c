@@ -671,6 +671,8 @@ void kvx_xfer_on_message(kvx_transport_t *t, const kvx_msg_t *m, const uint8_t *
             kvx_on_conn_error(c, m->u.hello_ack.status);
             break;
         }
+        /* before anything is posted: no byte is copied into a mapping the token did not prove */
+        kvx_conn_map_prove(c, m->u.hello_ack.seg_token);
         c->rconn_id = m->u.hello_ack.rconn_id;
         c->rconn_token = m->u.hello_ack.token;
         c->epoch = m->u.hello_ack.epoch;
