@@ -28,16 +28,18 @@
 #define KVX_RCONNS_PER_WRITER 1024           /* ... of one writer's name: a quarter */
 #define KVX_WRITERS_MAX (2 * KVX_RCONNS_MAX) /* names: room for new ones while slots turn over */
 #define KVX_HELLOS_MAX 64                    /* handshakes waiting for kvx_recv_work */
-#define KVX_SERVE_MAX 64   /* read requests queued per connection (an initiator sends 16) */
-#define KVX_CTL_MAX 256    /* control messages queued per connection */
-#define KVX_SEND_WINDOW 16 /* messages of one connection UCX may hold */
-#define KVX_ACK_WINDOW 8   /* ... and this many more, of acknowledgements only */
+#define KVX_HELLOS_PER_NAME 16 /* ... of one writer's name (those its rate holds back wait) */
+#define KVX_SERVE_MAX 64       /* read requests queued per connection (an initiator sends 16) */
+#define KVX_CTL_MAX 256        /* control messages queued per connection */
+#define KVX_SEND_WINDOW 16     /* messages of one connection UCX may hold */
+#define KVX_ACK_WINDOW 8       /* ... and this many more, of acknowledgements only */
 /* With a secret, a connection must prove it within this (else it is closed, drop_unproven). */
 #define KVX_PROOF_WAIT_NS (2000ull * 1000000ull)
 
 typedef struct kvx_hello {
     kvx_list_t link;
     bool retired; /* it presents a retired capability: it is refused */
+    char name[KVX_NAME_MAX + 1];
     size_t len;
     uint8_t buf[];
 } kvx_hello_t;
@@ -530,9 +532,21 @@ static void kvx_recv_hello_in(kvx_transport_t *t, const kvx_msg_t *m, const void
         kvx_count(t, NULL, KVX_CNT(drop_other));
         return;
     }
+    /* HELLOs its rate holds back wait (kvx_recv_hellos), a few per name: more is a flood */
+    {
+        unsigned same = 0;
+        for (kvx_list_t *l = t->hellos.next; l != &t->hellos; l = l->next)
+            same += strcmp(kvx_container_of(l, kvx_hello_t, link)->name, m->u.hello.name) == 0;
+        if (same >= KVX_HELLOS_PER_NAME) {
+            free(h);
+            kvx_count(t, NULL, KVX_CNT(drop_hello_limit));
+            return;
+        }
+    }
     memcpy(h->buf, hdr, hdr_len);
     h->len = hdr_len;
     h->retired = retired;
+    snprintf(h->name, sizeof(h->name), "%s", m->u.hello.name);
     kvx_list_add_tail(&t->hellos, &h->link);
     t->nhellos++;
 }
@@ -725,7 +739,10 @@ void kvx_recv_on_message(kvx_transport_t *t, const kvx_msg_t *m, const void *hdr
 
 /* ---- after UCX progress: handshakes and replies --------------------------------------------- */
 
-static void kvx_recv_hello(kvx_transport_t *t, const uint8_t *buf, size_t len)
+/* Make the connection of a HELLO that arrived: 0 when done with it (connected, refused or
+ * dropped), 1 when the rates of new connections hold it back (it waits; force: fence, which
+ * takes every HELLO that arrived before it, is not held back). */
+static int kvx_recv_hello(kvx_transport_t *t, const uint8_t *buf, size_t len, bool force)
 {
     kvx_msg_t m;
     kvx_writer_t *w;
@@ -738,16 +755,21 @@ static void kvx_recv_hello(kvx_transport_t *t, const uint8_t *buf, size_t len)
     kvx_rconn_t *v = NULL;
 
     if (kvx_wire_decode(buf, len, 0, &m) < 0 || m.type != KVX_MSG_HELLO)
-        return; /* decoded once already */
+        return 0; /* decoded once already */
+    /* retired while it waited (kvx_fence_ex): refused as one that came after */
+    if (!kvx_equal_ct(m.u.hello.capability, t->capability, sizeof(t->capability))) {
+        kvx_recv_refuse_hello(t, buf, len);
+        return 0;
+    }
     if ((w = kvx_writer_get(t, m.u.hello.name)) == NULL) {
         kvx_count(t, NULL, KVX_CNT(drop_other));
-        return;
+        return 0;
     }
-    /* how fast a HELLO may make this transport open an endpoint to the address it names */
-    if (!kvx_hello_rate(t, w, now)) {
-        kvx_count(t, w, KVX_CNT(drop_hello_limit));
-        kvx_debug(t, "writer %s: HELLO over the rate of new connections, dropped", w->name);
-        return;
+    /* how fast a HELLO may make this transport open an endpoint to the address it names: one
+     * over the rate waits for it (a writer churning through adds is slowed, not failed) */
+    if (!force && !kvx_hello_rate(t, w, now)) {
+        kvx_debug(t, "writer %s: HELLO over the rate of new connections waits", w->name);
+        return 1;
     }
     /* slots: a writer's name over its share gives up one of its own, a full table one of any */
     if (w->nopen >= KVX_RCONNS_PER_WRITER)
@@ -762,7 +784,7 @@ static void kvx_recv_hello(kvx_transport_t *t, const uint8_t *buf, size_t len)
     }
     if (t->nrconns >= KVX_RCONNS_MAX || (rc = calloc(1, sizeof(*rc))) == NULL) {
         kvx_count(t, w, KVX_CNT(drop_other));
-        return;
+        return 0;
     }
     rc->t = t;
     rc->w = w;
@@ -780,7 +802,7 @@ static void kvx_recv_hello(kvx_transport_t *t, const uint8_t *buf, size_t len)
         kvx_idtab_alloc(&t->rconn_ids, rc, &rc->id) < 0) {
         free(rc);
         kvx_count(t, w, KVX_CNT(drop_other));
-        return;
+        return 0;
     }
     /* UCX parses the writer's address here: what holds the capability (and, with a secret, what
      * proved it) may make this transport parse an address (docs/security.md) */
@@ -788,13 +810,13 @@ static void kvx_recv_hello(kvx_transport_t *t, const uint8_t *buf, size_t len)
         kvx_idtab_release(&t->rconn_ids, rc->id);
         free(rc);
         kvx_count(t, w, KVX_CNT(drop_hello_limit));
-        return;
+        return 0;
     }
     if (kvx_ucx_ep_open(t, m.u.hello.waddr, m.u.hello.name, rc, true, &rc->ucx) < 0) {
         kvx_idtab_release(&t->rconn_ids, rc->id);
         free(rc);
         kvx_count(t, w, KVX_CNT(drop_other));
-        return;
+        return 0;
     }
     kvx_ucx_ep_describe(rc->ucx, tl, sizeof(tl), &rma_hw, &rc->seg);
     rc->state = KVX_CONN_OPEN;
@@ -814,6 +836,7 @@ static void kvx_recv_hello(kvx_transport_t *t, const uint8_t *buf, size_t len)
         memcpy(ack + 56, rc->nonce, KVX_WIRE_NONCE_LEN);
     kvx_rconn_ctl(rc, ack, sizeof(ack));
     kvx_info(t, "writer %s: connection %u over %s", w->name, rc->id, tl);
+    return 0;
 }
 
 /* Answer read requests: each READ_DATA carries as much of the stream as a message holds. */
@@ -937,19 +960,20 @@ static unsigned kvx_recv_flush(kvx_transport_t *t, kvx_rconn_t *rc)
 }
 
 /* Make the connections of the HELLOs that arrived. */
-static unsigned kvx_recv_hellos(kvx_transport_t *t)
+static unsigned kvx_recv_hellos(kvx_transport_t *t, bool force)
 {
     unsigned n = 0;
 
     kvx_slots_init(t);
-    while (!kvx_list_empty(&t->hellos)) {
-        kvx_hello_t *h = kvx_list_first(&t->hellos, kvx_hello_t, link);
-        kvx_list_del(&h->link);
-        t->nhellos--;
+    for (kvx_list_t *l = t->hellos.next, *next; l != &t->hellos; l = next) {
+        kvx_hello_t *h = kvx_container_of(l, kvx_hello_t, link);
+        next = l->next;
         if (h->retired)
             kvx_recv_refuse_hello(t, h->buf, h->len);
-        else
-            kvx_recv_hello(t, h->buf, h->len);
+        else if (kvx_recv_hello(t, h->buf, h->len, force) == 1)
+            continue; /* held back by the rates: it waits, in order */
+        kvx_list_del(&h->link);
+        t->nhellos--;
         free(h);
         n++;
     }
@@ -976,7 +1000,7 @@ void kvx_recv_housekeeping(kvx_transport_t *t, uint64_t now)
 
 unsigned kvx_recv_work(kvx_transport_t *t)
 {
-    unsigned n = kvx_recv_hellos(t);
+    unsigned n = kvx_recv_hellos(t, false);
     kvx_list_t todo;
 
     if (n > 0)
@@ -1162,7 +1186,7 @@ int kvx_recv_fence_prepare(kvx_transport_t *t, const char *writer, const uint64_
     kvx_writer_t *w;
     int rc = 0;
 
-    kvx_recv_hellos(t);
+    kvx_recv_hellos(t, true);
     for (w = NULL; ntags > 0 && (w = kvx_fence_next(t, writer, &bucket, w)) != NULL;) {
         uint32_t need = kvx_writer_fence_need(w, tags, ntags);
         if (w->nftags + need > KVX_FENCE_WRITER_TAGS_MAX)
