@@ -291,8 +291,9 @@ typedef struct kvx_recv_counters {
     /** With a secret: messages on a connection that had not proven the secret over this
      *  receiver's nonce yet, wrong proofs, and unproven connections expired (each closes it). */
     uint64_t drop_unproven;
-    /** HELLOs refused by a bound on endpoints: too fast for the transport or for the writer's
-     *  name, or catch-up endpoints over their budget. */
+    /** HELLOs refused by a bound on endpoints: more than 16 of one writer's name waiting for
+     *  the rates of new connections (HELLOs over the rates wait, they are not refused), or
+     *  catch-up endpoints over their budget. */
     uint64_t drop_hello_limit;
 } kvx_recv_counters_t;
 
@@ -373,7 +374,19 @@ KVX_API int kvx_transport_metadata(kvx_transport_t *transport, void *buf, size_t
 /** Bits of kvx_peer_params_t.field_mask. */
 enum kvx_peer_params_field {
     /** Check the metadata against these values: any disagreement is -EINVAL. */
-    KVX_PEER_PARAM_EXPECT_REGION = 1u << 0
+    KVX_PEER_PARAM_EXPECT_REGION = 1u << 0,
+    /** flags: KVX_PEER_ADD_PURGE */
+    KVX_PEER_PARAM_FLAGS = 1u << 1
+};
+
+/** kvx_peer_params_t.flags */
+enum kvx_peer_add_flags {
+    /** Replacing an existing peer_id: the old connection's transfers still in flight are
+     *  forgotten, as kvx_peer_remove_ex(KVX_PEER_REMOVE_PURGE) forgets them (their ids never
+     *  come out of poll; like an immediate cancel, UCX may still read a write's blocks until
+     *  that connection has closed), instead of failing with -ECONNABORTED. Completions already
+     *  queued stay, and transfers waiting for a reconnection go to the new connection. */
+    KVX_PEER_ADD_PURGE = 1u << 0
 };
 
 /** Optional parameters of kvx_peer_add and kvx_peer_connect. The peer keeps them: a peer paired
@@ -383,6 +396,7 @@ typedef struct kvx_peer_params {
     uint64_t base_addr;
     uint64_t num_blocks;
     uint64_t block_len;
+    uint32_t flags; /**< KVX_PEER_ADD_PURGE; other bits are -EINVAL */
 } kvx_peer_params_t;
 
 /**

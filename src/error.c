@@ -4,9 +4,12 @@
 #include "kvx_int.h"
 
 #include <errno.h>
+#include <limits.h>
 
 const char *kvx_strerror(int err)
 {
+    if (err == INT_MIN) /* -INT_MIN does not exist */
+        return "unknown error";
     if (err < 0)
         err = -err;
     switch (err) {

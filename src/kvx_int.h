@@ -7,6 +7,7 @@
 
 #include "kvx.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -715,6 +716,25 @@ void kvx_wire_ack_get(const uint8_t *entries, uint32_t i, uint64_t *xfer_id, uin
                       int32_t *status);
 void kvx_wire_ack_put(uint8_t *entries, uint32_t i, uint64_t xfer_id, uint32_t bytes,
                       int32_t status);
+
+/* A failure status a receiver sent (ACK, READ_DATA, NOTICE_ACK, HELLO_ACK): one of those its
+ * side gives, or -EPROTO for anything else (a peer's number is not passed on as an errno of
+ * this host: -ECONNABORTED, which a replaced connection reports, or INT32_MIN). */
+static inline int kvx_remote_status(int32_t status)
+{
+    switch (status) {
+    case 0:
+    case -KVX_EFENCED:
+    case -EINVAL:
+    case -EBADMSG:
+    case -ENOSPC:
+    case -EBUSY:
+    case -EKEYREVOKED:
+        return status;
+    default:
+        return -EPROTO;
+    }
+}
 
 /* ---- peers (peer.c) ------------------------------------------------------------------------- */
 

@@ -696,7 +696,9 @@ int kvx_peer_add_at(kvx_transport_t *t, const char *peer_id, const void *metadat
     const char *why;
     int rc;
 
-    if (t == NULL || !kvx_peer_id_ok(peer_id) || (metadata == NULL && metadata_len != 0))
+    if (t == NULL || !kvx_peer_id_ok(peer_id) || (metadata == NULL && metadata_len != 0) ||
+        (params != NULL && (params->field_mask & KVX_PEER_PARAM_FLAGS) &&
+         (params->flags & ~(uint32_t)KVX_PEER_ADD_PURGE)))
         return -EINVAL;
     rc = kvx_md_decode(metadata, metadata_len, &md);
     if (rc < 0) {
@@ -794,6 +796,13 @@ int kvx_peer_add_at(kvx_transport_t *t, const char *peer_id, const void *metadat
              c->agent_name, c->transport, c->seg, c->watched ? ", watching its process" : "");
     if (old != NULL) {
         kvx_info(t, "peer %s: replaced its connection to %s", peer_id, old->agent_name);
+        if (params != NULL && (params->field_mask & KVX_PEER_PARAM_FLAGS) &&
+            (params->flags & KVX_PEER_ADD_PURGE))
+            for (kvx_list_t *n = t->active.next; n != &t->active; n = n->next) {
+                kvx_xfer_t *x = kvx_container_of(n, kvx_xfer_t, active_link);
+                if (x->peer == p && x->conn == old)
+                    x->purged = true; /* ENDING ones too: they still name their connection */
+            }
         kvx_conn_retire(old, -ECONNABORTED);
     }
     rc = 0;

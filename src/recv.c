@@ -393,9 +393,11 @@ static bool kvx_rconn_ack(kvx_rconn_t *rc, uint64_t xfer_id, uint64_t bytes, int
         uint8_t *acks = cap <= KVX_ACKS_MAX ? realloc(rc->acks, (size_t)cap * 16) : NULL;
         if (acks == NULL)
             return false;
+        size_t grown = (size_t)(cap - rc->acks_cap) * KVX_WIRE_ACK_ENTRY_LEN;
+        /* the buffer and its size first: a doom inside kvx_rq_add frees exactly what is here */
         rc->acks = acks;
-        kvx_rq_add(rc, (size_t)(cap - rc->acks_cap) * KVX_WIRE_ACK_ENTRY_LEN);
         rc->acks_cap = cap;
+        kvx_rq_add(rc, grown);
         if (rc->doomed) /* the transport's bound took this one */
             return true;
     }
@@ -539,7 +541,7 @@ static void kvx_recv_hello_in(kvx_transport_t *t, const kvx_msg_t *m, const void
             same += strcmp(kvx_container_of(l, kvx_hello_t, link)->name, m->u.hello.name) == 0;
         if (same >= KVX_HELLOS_PER_NAME) {
             free(h);
-            kvx_count(t, NULL, KVX_CNT(drop_hello_limit));
+            kvx_count(t, kvx_writer_lookup(t, m->u.hello.name), KVX_CNT(drop_hello_limit));
             return;
         }
     }

@@ -19,6 +19,12 @@
 
 void kvx_rq_sub(kvx_rconn_t *rc, size_t n)
 {
+    /* never more than was added: a wrapped sum would close every connection as the largest */
+    if (n > rc->qbytes || n > rc->t->rqbytes) {
+        kvx_error(rc->t, "reply queue accounting: %zu taken, %zu held by connection %u, %zu in all",
+                  n, rc->qbytes, rc->id, rc->t->rqbytes);
+        n = rc->qbytes < rc->t->rqbytes ? rc->qbytes : rc->t->rqbytes;
+    }
     rc->qbytes -= n;
     rc->t->rqbytes -= n;
 }

@@ -579,6 +579,7 @@ static void kvx_xfer_on_ack(kvx_conn_t *c, const kvx_msg_t *m)
             x->state == KVX_XS_ENDING || bytes > x->posted - x->done || status > 0)
             continue;
         if (status < 0) {
+            status = kvx_remote_status(status);
             kvx_debug(t, "transfer %llu: refused by %s: %s", (unsigned long long)id, c->agent_name,
                       kvx_strerror(status));
             kvx_xfer_finish(x, status);
@@ -613,7 +614,7 @@ static void kvx_xfer_on_read_data(kvx_conn_t *c, const kvx_msg_t *m, const uint8
         return;
     }
     if (m->u.read_data.status < 0) {
-        kvx_xfer_finish(x, m->u.read_data.status);
+        kvx_xfer_finish(x, kvx_remote_status(m->u.read_data.status));
         return;
     }
     if (len > q->len - q->got) {
@@ -666,9 +667,9 @@ void kvx_xfer_on_message(kvx_transport_t *t, const kvx_msg_t *m, const uint8_t *
         if (c->wired)
             break;
         if (m->u.hello_ack.status < 0) {
-            kvx_warn(t, "peer %s refused the handshake: %s", c->agent_name,
-                     kvx_strerror(m->u.hello_ack.status));
-            kvx_on_conn_error(c, m->u.hello_ack.status);
+            int st = kvx_remote_status(m->u.hello_ack.status);
+            kvx_warn(t, "peer %s refused the handshake: %s", c->agent_name, kvx_strerror(st));
+            kvx_on_conn_error(c, st);
             break;
         }
         /* before anything is posted: no byte is copied into a mapping the token did not prove */
@@ -717,7 +718,7 @@ void kvx_xfer_on_message(kvx_transport_t *t, const kvx_msg_t *m, const uint8_t *
     case KVX_MSG_NOTICE_ACK: {
         kvx_xfer_t *x = kvx_xfer_lookup(t, m->u.notice_ack.xfer_id);
         if (x != NULL && x->conn == c && x->noticed)
-            kvx_xfer_finish(x, m->u.notice_ack.status);
+            kvx_xfer_finish(x, kvx_remote_status(m->u.notice_ack.status));
         break;
     }
     default:

@@ -367,6 +367,37 @@ static int sum(void)
     /* 32 MiB hold 32 connections' 1 MiB each (and less once they give way) */
     KT_CHECK(c1.conns_overflow - c0.conns_overflow >= NCONN - 32);
     KT_CHECK(c1.conns_overflow - c0.conns_overflow < NCONN);
+    /* the flood goes (BYE), and the bound's accounting must be whole again: a new writer's
+     * connection and writes are not taken for an overflow (a connection doomed while its
+     * acknowledgements grew was counted twice, the transport's sum wrapped below zero, and
+     * every later connection was closed as the largest) */
+    for (int k = 0; k < NCONN; k++) {
+        kvx_wire_put_hdr(h, KVX_MSG_BYE, 0, ids[k], tokens[k]);
+        send_raw(h, KVX_WIRE_HDR_LEN, NULL, 0);
+        ucp_worker_progress(wsend);
+    }
+    usleep(500000);
+    {
+        kt_region_t r2 = kt_region_alloc(NB, BL);
+        kvx_transport_t *t2 = kt_transport(&r2, "after-flood", 1);
+        uint32_t l[4] = {0, 1, 2, 3}, d[4] = {40, 41, 42, 43};
+        kvx_recv_counters_t c2, c3;
+        kvx_completion_t c;
+        uint64_t id;
+        kt_fill_all(&r2, 0x71, 1);
+        kt_target_counters(&tg, &c2);
+        KT_OK(kvx_peer_add(t2, "target", tg.md, tg.md_len, NULL));
+        for (int k = 0; k < 3; k++) {
+            KT_OK(kvx_xfer_write(t2, "target", l, d, 4, NULL, &id));
+            KT_EQ(kt_poll_n(t2, "target", &c, 1, 10000), 1);
+            KT_EQ(c.status, 0);
+            KT_EQ(kt_target_verify(&tg, d, l, 4, 0x71, 1), 0);
+        }
+        kt_target_counters(&tg, &c3);
+        KT_EQ(c3.conns_overflow - c2.conns_overflow, 0);
+        kvx_transport_destroy(t2);
+        kt_region_free(&r2);
+    }
     attacker_stop();
     kvx_transport_destroy(t);
     kt_region_free(&r);

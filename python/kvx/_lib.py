@@ -25,6 +25,8 @@ PARAM_OWN_REGION = 1 << 13
 MS_MAX = 10**12
 PEER_REMOVE_PURGE = 1 << 0
 PEER_PARAM_EXPECT_REGION = 1 << 0
+PEER_PARAM_FLAGS = 1 << 1
+PEER_ADD_PURGE = 1 << 0
 PEER_ATTR_AGENT_NAME = 1 << 0
 PEER_ATTR_TRANSPORT = 1 << 1
 PEER_ATTR_STATE = 1 << 2
@@ -140,6 +142,7 @@ class PeerParams(ctypes.Structure):
         ("base_addr", ctypes.c_uint64),
         ("num_blocks", ctypes.c_uint64),
         ("block_len", ctypes.c_uint64),
+        ("flags", ctypes.c_uint32),
     ]
 
 

@@ -44,6 +44,8 @@ async def _until(take, transport, timeout: Optional[float]):
     loop = asyncio.get_running_loop()
     end = None if timeout is None else loop.time() + timeout
     while True:
+        if transport._closed:  # close() makes the fd readable for good: wake, and say so
+            raise RuntimeError("KvxTransport is closed")
         got = take()
         if got:
             return got

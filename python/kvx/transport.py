@@ -68,7 +68,6 @@ class Notice(NamedTuple):
 
 
 _NOTICE_BATCH = 64
-_REPLACED = -errno.ECONNABORTED
 
 _POLL_BATCH = 256
 _SMALL = 64
@@ -547,18 +546,23 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
     def _registration(self, pid: str, ticket: int, md: bytes, base_addr, num_blocks,
                       block_len) -> None:
         """One add of pid, in its turn (ticket), which it ends whatever happens."""
+        later = True
         try:
             self._turns.begin(pid, ticket)
             if not self._turns.latest(pid, ticket):
                 raise _superseded(pid)
             h = self._h()
-            pp = _lib.PeerParams(_lib.PEER_PARAM_EXPECT_REGION, int(base_addr) & (2**64 - 1),
-                                 int(num_blocks) & (2**64 - 1), int(block_len) & (2**64 - 1))
+            # a re-add forgets the old connection's transfers, as remove does (C purges them)
+            pp = _lib.PeerParams(_lib.PEER_PARAM_EXPECT_REGION | _lib.PEER_PARAM_FLAGS,
+                                 int(base_addr) & (2**64 - 1), int(num_blocks) & (2**64 - 1),
+                                 int(block_len) & (2**64 - 1), _lib.PEER_ADD_PURGE)
             rc = self._lib.kvx_peer_add(h, pid.encode(), md, len(md), ctypes.byref(pp))
+            # asked while the turn is ours: once it ends, a later call may run and be gone
+            later = not self._turns.latest(pid, ticket)
         finally:
             self._turns.end(pid, ticket)
         if rc == 0:
-            if not self._turns.latest(pid, ticket):
+            if later:
                 raise _superseded(pid)  # a later call on this id acts next
             return
         if rc == -errno.ESHUTDOWN:
@@ -592,7 +596,8 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
         ticket = self._turns.take(pid)
         try:
             self._turns.begin(pid, ticket)
-            rc = self._lib.kvx_peer_connect(h, pid.encode(), str(addr).encode(), None)
+            pp = _lib.PeerParams(_lib.PEER_PARAM_FLAGS, 0, 0, 0, _lib.PEER_ADD_PURGE)
+            rc = self._lib.kvx_peer_connect(h, pid.encode(), str(addr).encode(), ctypes.byref(pp))
         finally:
             self._turns.end(pid, ticket)
         if rc == 0:
@@ -784,7 +789,7 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
                     if done is None:
                         done = []
                     done.append(c.id)
-                elif st != _REPLACED:
+                else:
                     if failed is None:
                         failed = []
                     failed.append(c.id)
@@ -793,9 +798,6 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
                         statuses = [why]
                     else:
                         statuses.append(why)
-                # else: a transfer of a connection that a re-add replaced, purged as a
-                # remove purges it (the binding removes with purge, so only a replacement
-                # fails a transfer with -ECONNABORTED)
             if n < _POLL_BATCH:
                 break
         if statuses is not None:

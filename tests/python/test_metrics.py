@@ -178,5 +178,28 @@ class TestAsyncio(unittest.TestCase):
             b.quit()
 
 
+class TestAsyncioClose(unittest.TestCase):
+    def test_close_while_awaiting(self):
+        """close() from another thread while a task awaits poll_async: the task ends with
+        RuntimeError at once, and does not spin on the fd close leaves readable."""
+        loc = Local("aio-close")
+
+        async def main():
+            task = asyncio.ensure_future(loc.t.poll_async())
+            await asyncio.sleep(0.1)
+            c0, w0 = cpu_seconds(), time.monotonic()
+            threading.Thread(target=loc.t.close).start()
+            with self.assertRaises(RuntimeError):
+                await asyncio.wait_for(task, 5)
+            return cpu_seconds() - c0, time.monotonic() - w0
+
+        try:
+            cpu, wall = asyncio.run(main())
+            self.assertLess(wall, 2.0)
+            self.assertLess(cpu, 0.5)
+        finally:
+            loc.close()
+
+
 if __name__ == "__main__":
     unittest.main()
