@@ -295,6 +295,9 @@ typedef struct kvx_recv_counters {
      *  the rates of new connections (HELLOs over the rates wait, they are not refused), or
      *  catch-up endpoints over their budget. */
     uint64_t drop_hello_limit;
+    /** With a secret: HELLOs whose proof this transport saw in the last 10 s (a recorded HELLO
+     *  replayed), dropped before they take any of the bounds above. */
+    uint64_t drop_replayed;
 } kvx_recv_counters_t;
 
 /** Bits of kvx_transport_attr_t.field_mask. */

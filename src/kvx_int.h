@@ -391,9 +391,10 @@ struct kvx_transport {
     /* capabilities kvx_fence_ex retired, newest first: a HELLO with one is refused, answered */
     uint8_t retired[KVX_RETIRED_MAX][16];
     unsigned nretired;
-    kvx_list_t refusing; /* connections made only to answer such a HELLO (at most 16) */
-    void *old_md;        /* metadata buffers replaced while pairings may still be sending them */
-    size_t nftags;       /* tag fence records of every writer (kvx_fence_rec_t) */
+    struct kvx_seen_proof *seen; /* with a secret: HELLO proofs of the last seconds (recv.c) */
+    kvx_list_t refusing;         /* connections made only to answer such a HELLO (at most 16) */
+    void *old_md;  /* metadata buffers replaced while pairings may still be sending them */
+    size_t nftags; /* tag fence records of every writer (kvx_fence_rec_t) */
 
     kvx_log_fn log_fn;
     void *log_arg;

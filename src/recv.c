@@ -501,6 +501,49 @@ static void kvx_recv_refuse_hello(kvx_transport_t *t, const uint8_t *buf, size_t
     }
 }
 
+/* ---- recorded HELLOs ------------------------------------------------------------------------
+ * With a secret, a HELLO's proof covers its own bytes only: a recorded one replays. Each carries
+ * the writer's fresh connection id and token, so an honest writer never sends the same proof
+ * twice; one seen in the last KVX_SEEN_NS is a replay, dropped before it takes a place among the
+ * HELLOs waiting or any rate (which a replay under the writer's own name would otherwise fill,
+ * keeping that writer out for as long as it lasts). An open-addressing table of proofs, each
+ * slot reused once it is older than the window; a chain longer than KVX_SEEN_PROBE reuses its
+ * oldest (a replay may then pass once more, and meets the PROOF over a fresh nonce). */
+#define KVX_SEEN_SLOTS 8192
+#define KVX_SEEN_PROBE 16
+#define KVX_SEEN_NS (10000ull * 1000000ull)
+
+struct kvx_seen_proof {
+    uint8_t proof[KVX_PROOF_LEN];
+    uint64_t at_ns; /* 0: never used */
+};
+
+/* true when proof was seen within the window (a replay); else it is remembered */
+static bool kvx_recv_replayed(kvx_transport_t *t, const uint8_t *proof)
+{
+    uint64_t now = kvx_now_ns();
+    size_t h = (size_t)kvx_get64(proof) & (KVX_SEEN_SLOTS - 1), pick = h;
+    struct kvx_seen_proof *s;
+
+    if (t->seen == NULL && (t->seen = calloc(KVX_SEEN_SLOTS, sizeof(*t->seen))) == NULL)
+        return false; /* no memory: the PROOF over the nonce still holds */
+    for (size_t i = 0; i < KVX_SEEN_PROBE; i++) {
+        s = &t->seen[(h + i) & (KVX_SEEN_SLOTS - 1)];
+        if (s->at_ns == 0) {
+            pick = (h + i) & (KVX_SEEN_SLOTS - 1);
+            break;
+        }
+        if (now - s->at_ns < KVX_SEEN_NS && kvx_equal_ct(s->proof, proof, KVX_PROOF_LEN))
+            return true;
+        if (s->at_ns < t->seen[pick].at_ns) /* the oldest goes, an expired one first */
+            pick = (h + i) & (KVX_SEEN_SLOTS - 1);
+    }
+    s = &t->seen[pick];
+    memcpy(s->proof, proof, KVX_PROOF_LEN);
+    s->at_ns = now;
+    return false;
+}
+
 /* ---- messages in (inside UCX progress) ---------------------------------------------------- */
 
 /* A HELLO: the capability must match (and the proof of the secret, with one) before kvx keeps
@@ -527,6 +570,10 @@ static void kvx_recv_hello_in(kvx_transport_t *t, const kvx_msg_t *m, const void
         kvx_hmac_sha256(t->secret, t->secret_len, &part, 1, proof);
         if (!kvx_equal_ct(proof, m->u.hello.proof, KVX_PROOF_LEN)) {
             kvx_count(t, NULL, KVX_CNT(drop_capability));
+            return;
+        }
+        if (kvx_recv_replayed(t, m->u.hello.proof)) {
+            kvx_count(t, kvx_writer_lookup(t, m->u.hello.name), KVX_CNT(drop_replayed));
             return;
         }
     }
@@ -1076,6 +1123,8 @@ void kvx_recv_free_all(kvx_transport_t *t)
     t->wtab_cap = t->nwriters = 0;
     free(t->rconn_ids.slots);
     memset(&t->rconn_ids, 0, sizeof(t->rconn_ids));
+    free(t->seen);
+    t->seen = NULL;
 }
 
 /* ---- the API of the receiving side -------------------------------------------------------- */

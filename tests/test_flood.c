@@ -19,7 +19,10 @@
  * writes keep landing meanwhile (every byte checked) and the target's counters say what it did.
  */
 #include "harness.h"
+
 #include "kvx_int.h"
+#include <pthread.h>
+#include <stdatomic.h>
 
 #include <errno.h>
 #include <string.h>
@@ -599,7 +602,8 @@ static int replay(void)
         kvx_wire_run_t run = {10 * BL, BL, 0};
         int acks0 = seen.hello_acks;
         uint8_t pr[KVX_WIRE_PROOF_LEN];
-        hello_flood(&md, "holder", 1, 0, secret);
+        /* a HELLO of its own (the replayed one's proof is remembered: dropped as a replay) */
+        hello_flood(&md, right ? "holder-b" : "holder-a", 1, 0, secret);
         KT_EQ(seen.hello_acks, acks0 + 1);
         kvx_wire_put_hdr(pr, KVX_MSG_PROOF, 0, seen.rconn_id, seen.token);
         kvx_recv_proof_mac((const uint8_t *)secret, strlen(secret), seen.nonce, seen.rconn_id,
@@ -626,6 +630,71 @@ static int replay(void)
         else
             KT_EQ(kt_check(&r, 10, 0x44, 10, 0), 0);
     }
+    attacker_stop();
+    kvx_transport_destroy(t);
+    free(mdb);
+    kt_region_free(&r);
+    return 0;
+}
+
+/* A recorded HELLO of the honest writer's own name, replayed without pause while that writer
+ * adds the peer and writes, three times: each must succeed within 2 s. (Before, the replays
+ * took the name's waiting places and rate, the honest HELLO was dropped, and its write failed
+ * at the stall limit, -ETIMEDOUT, every time.) */
+static atomic_int rf_stop;
+static uint8_t rf_hello[4096];
+static size_t rf_len;
+static atomic_long rf_sent;
+
+static void *rf_flood(void *arg)
+{
+    (void)arg;
+    while (!atomic_load(&rf_stop)) {
+        send_raw(rf_hello, rf_len, NULL, 0);
+        atomic_fetch_add(&rf_sent, 1);
+        ucp_worker_progress(wsend);
+        ucp_worker_progress(wreply);
+    }
+    return NULL;
+}
+
+static int replay_flood(void)
+{
+    const char *secret = "the flood test's secret";
+    kt_region_t r = kt_region_alloc(NB, BL);
+    kvx_params_t p = {.field_mask = KVX_PARAM_REGION | KVX_PARAM_AGENT_NAME |
+                                    KVX_PARAM_NUM_THREADS | KVX_PARAM_SECRET,
+                      .base = r.base,
+                      .num_blocks = NB,
+                      .block_len = BL,
+                      .agent_name = "victim",
+                      .num_threads = 1,
+                      .secret = secret,
+                      .secret_len = strlen(secret)};
+    kvx_transport_attr_t a = {.field_mask = KVX_TRANSPORT_ATTR_RECV};
+    kvx_transport_t *t;
+    uint8_t *mdb;
+    size_t md_len;
+    kvx_md_t md;
+    pthread_t th;
+
+    kt_fill_all(&r, 0x44, 0);
+    KT_OK(kvx_transport_create(&p, &t));
+    mdb = kt_metadata(t, &md_len);
+    KT_OK(kvx_md_decode(mdb, md_len, &md));
+    attacker_start(md.worker_addr);
+    rf_len = hello(rf_hello, md.capability, wreply, "honest", 0, secret);
+    KT_CHECK(pthread_create(&th, NULL, rf_flood, NULL) == 0);
+    usleep(200000);
+    for (int round = 0; round < 3; round++)
+        honest_within_2s(mdb, md_len, secret, &r);
+    atomic_store(&rf_stop, 1);
+    pthread_join(th, NULL);
+    KT_OK(kvx_transport_query(t, &a));
+    kt_log("replayed %ld times meanwhile: %llu dropped as replays, %llu unproven closed",
+           atomic_load(&rf_sent), (unsigned long long)a.recv.drop_replayed,
+           (unsigned long long)a.recv.drop_unproven);
+    KT_CHECK(a.recv.drop_replayed > 0);
     attacker_stop();
     kvx_transport_destroy(t);
     free(mdb);
@@ -751,6 +820,8 @@ int main(int argc, char **argv)
 #endif
     if (strcmp(mode, "replay") == 0)
         return replay();
+    if (strcmp(mode, "replay-flood") == 0)
+        return replay_flood();
     tg = kt_target_start(&a);
     if (strcmp(mode, "writes") == 0 || strcmp(mode, "reads") == 0)
         rc = flood(strcmp(mode, "reads") == 0);
