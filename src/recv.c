@@ -825,13 +825,9 @@ static int kvx_recv_hello(kvx_transport_t *t, const uint8_t *buf, size_t len, bo
         v = kvx_slot_victim(t, w, now);
     else if (t->nrconns >= KVX_RCONNS_MAX)
         v = kvx_slot_victim(t, NULL, now);
-    if (v != NULL) {
-        kvx_count(t, v->w, KVX_CNT(conns_evicted));
-        kvx_info(t, "writer %s: connection %u gives its slot to a new one of %s", v->w->name, v->id,
-                 w->name);
-        kvx_rconn_close(v);
-    }
-    if (t->nrconns >= KVX_RCONNS_MAX || (rc = calloc(1, sizeof(*rc))) == NULL) {
+    /* the victim gives way only once the new connection is made: a HELLO that makes none
+     * (no memory, catch-up endpoints over budget, an address UCX refuses) closes nothing */
+    if ((t->nrconns >= KVX_RCONNS_MAX && v == NULL) || (rc = calloc(1, sizeof(*rc))) == NULL) {
         kvx_count(t, w, KVX_CNT(drop_other));
         return 0;
     }
@@ -866,6 +862,12 @@ static int kvx_recv_hello(kvx_transport_t *t, const uint8_t *buf, size_t len, bo
         free(rc);
         kvx_count(t, w, KVX_CNT(drop_other));
         return 0;
+    }
+    if (v != NULL) {
+        kvx_count(t, v->w, KVX_CNT(conns_evicted));
+        kvx_info(t, "writer %s: connection %u gives its slot to a new one of %s", v->w->name, v->id,
+                 w->name);
+        kvx_rconn_close(v);
     }
     kvx_ucx_ep_describe(rc->ucx, tl, sizeof(tl), &rma_hw, &rc->seg);
     rc->state = KVX_CONN_OPEN;
