@@ -797,7 +797,8 @@ enum kvx_fence_flags {
  * is added again), so hand the new metadata to every writer. The last 8 retired capabilities are
  * answered, older ones dropped as unknown (the writer's connection then fails by its stall
  * limit, or its transfers by their deadlines), as are refusals beyond 16 at once.
- * Returns as kvx_fence; on error nothing is fenced and the capability stays.
+ * Returns as kvx_fence; on error nothing is fenced and the capability stays (the HELLOs that
+ * had arrived have become connections all the same: a fence takes them first, whatever follows).
  */
 KVX_API int kvx_fence_ex(kvx_transport_t *transport, const char *writer, const uint64_t *tags,
                          size_t ntags, unsigned flags);
