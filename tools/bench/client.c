@@ -380,7 +380,7 @@ void print_results(const result_t *res, int n)
                : r->bad  ? "NO"
                          : "yes");
     }
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n && (o.wait || o.wait_fd); i++) /* the wake-up's cost, measured */
         if (res[i].seen_p50_us > 0)
             printf("%s %s: submit to seen by the application (one in flight, %s): p50 %.1f us, "
                    "p99 %.1f us\n",
