@@ -256,8 +256,31 @@ static void kvx_rconn_maybe_free(kvx_rconn_t *rc)
     free(rc);
 }
 
-/* Stop accepting its messages (the id is freed: a message naming it is unknown from now on) and
- * close its endpoint. */
+/* Close a closing connection's endpoint: forced when UCX reported it failed (or the transport
+ * closes), else flushed (kvx_rconn_close says why). */
+static void kvx_rconn_drain(kvx_rconn_t *rc)
+{
+    bool force = rc->pending_err != 0 || rc->t->closed;
+
+    rc->drain = false;
+    if ((force ? kvx_ucx_ep_close(rc->ucx, &rc->ucx_refs)
+               : kvx_ucx_ep_close_flush(rc->ucx, &rc->ucx_refs)) == 0) {
+        rc->state = KVX_CONN_CLOSED;
+        kvx_rconn_maybe_free(rc);
+    }
+}
+
+/*
+ * Stop accepting its messages (the id is freed: a message naming it is unknown from now on) and
+ * close its endpoint. Over tcp the close is flushed, after UCX's callbacks (kvx_recv_work): UCX's
+ * tcp transport (1.13 to 1.19 at least) keeps an endpoint force-closed with bytes still queued
+ * as a receive-only one that waits to write them, and when its peer's close then comes in the
+ * same epoll round as the socket's writability, uct_tcp_iface_handle_events reads it after its
+ * read handler freed it: a writer that floods and never drains its replies (its connection is
+ * closed for its queue) crashed the receiver so as it went (README, "When things break"). A
+ * flushed close lets UCX destroy the endpoint only once it sent what it holds, or its peer
+ * failed; the connection's memory stays until then.
+ */
 static void kvx_rconn_close(kvx_rconn_t *rc)
 {
     kvx_transport_t *t = rc->t;
@@ -273,10 +296,12 @@ static void kvx_rconn_close(kvx_rconn_t *rc)
     kvx_list_del(&rc->work_link);
     kvx_rconn_drop_queued(rc);
     kvx_info(t, "writer %s: connection %u closed", rc->w->name, rc->id);
-    if (kvx_ucx_ep_close(rc->ucx, &rc->ucx_refs) == 0) {
-        rc->state = KVX_CONN_CLOSED;
-        kvx_rconn_maybe_free(rc);
+    if (rc->tcp && rc->pending_err == 0 && !t->closed) {
+        rc->drain = true;
+        kvx_list_add_tail(&t->rwork, &rc->work_link);
+        return;
     }
+    kvx_rconn_drain(rc);
 }
 
 /* Over a bound: what it queued goes now, and kvx_recv_work closes it (a caller may be walking a
@@ -308,6 +333,8 @@ void kvx_recv_on_closed(kvx_rconn_t *rc)
  * outlive that call, so kvx_recv_work closes it. */
 void kvx_recv_on_error(kvx_rconn_t *rc, int status)
 {
+    if (rc->drain && rc->pending_err == 0) /* its close, still to come, is forced */
+        rc->pending_err = status != 0 ? status : -ECONNRESET;
     if (rc->state != KVX_CONN_OPEN || rc->pending_err != 0)
         return;
     rc->pending_err = status != 0 ? status : -ECONNRESET;
@@ -819,6 +846,7 @@ static int kvx_recv_hello(kvx_transport_t *t, const uint8_t *buf, size_t len, bo
         return 0;
     }
     kvx_ucx_ep_describe(rc->ucx, tl, sizeof(tl), &rma_hw, &rc->seg);
+    rc->tcp = strncmp(tl, "tcp", 3) == 0;
     rc->state = KVX_CONN_OPEN;
     w->live++;
     w->nopen++;
@@ -1009,6 +1037,11 @@ unsigned kvx_recv_work(kvx_transport_t *t)
     while (!kvx_list_empty(&todo)) {
         kvx_rconn_t *rc = kvx_list_first(&todo, kvx_rconn_t, work_link);
         kvx_list_del(&rc->work_link);
+        if (rc->state == KVX_CONN_CLOSING && rc->drain) {
+            kvx_rconn_drain(rc);
+            n++;
+            continue;
+        }
         if (rc->state != KVX_CONN_OPEN)
             continue;
         if (rc->doomed) {
@@ -1042,8 +1075,14 @@ bool kvx_recv_busy(const kvx_transport_t *t)
 void kvx_recv_close_all(kvx_transport_t *t)
 {
     for (kvx_list_t *n = t->rconns.next, *next; n != &t->rconns; n = next) {
+        kvx_rconn_t *rc = kvx_container_of(n, kvx_rconn_t, all_link);
         next = n->next;
-        kvx_rconn_close(kvx_container_of(n, kvx_rconn_t, all_link));
+        if (rc->drain) {
+            kvx_list_del(&rc->work_link);
+            kvx_rconn_drain(rc); /* forced: the worker goes */
+        } else {
+            kvx_rconn_close(rc);
+        }
     }
 }
 
