@@ -323,8 +323,8 @@ struct kvx_rconn {
     unsigned nctl;
     size_t qbytes;        /* what it has queued and UCX holds of it (the bounds of recv.c) */
     bool doomed;          /* over a bound: closed by kvx_recv_work, its messages refused */
-    bool tcp;             /* its lane is tcp: a close must not leave UCX bytes to send */
-    bool drain;           /* closing: kvx_recv_work closes its endpoint, flushed */
+    bool tcp;             /* its lane is tcp: closed only once UCX holds none of its messages */
+    bool lingering;       /* closing: its endpoint waits for that (or its failure) to close */
     bool proven;          /* the writer proved the secret over nonce (always, without one) */
     uint8_t slot_class;   /* which of t->rslots it is in: unproven, fresh or active */
     uint64_t since_ns;    /* made (or proven) at; last active at, once active */
@@ -929,8 +929,6 @@ uint32_t kvx_ucx_ep_sn(const kvx_ucx_ep_t *ep);
 int kvx_ucx_align(kvx_transport_t *t, const void *waddr, uint32_t sn);
 /* Close (forced). Returns 0 when closed on return, 1 when the owner's on_closed follows. */
 int kvx_ucx_ep_close(kvx_ucx_ep_t *ep, unsigned *refs);
-/* The same, flushed: UCX first sends what it holds of the endpoint (until its peer fails). */
-int kvx_ucx_ep_close_flush(kvx_ucx_ep_t *ep, unsigned *refs);
 void kvx_ucx_ep_free(kvx_ucx_ep_t *ep);
 /* Which transport the endpoint's data travels on, and its message size. */
 void kvx_ucx_ep_describe(kvx_ucx_ep_t *ep, char *transport, size_t len, int *rma_hw, size_t *seg);

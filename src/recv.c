@@ -256,15 +256,11 @@ static void kvx_rconn_maybe_free(kvx_rconn_t *rc)
     free(rc);
 }
 
-/* Close a closing connection's endpoint: forced when UCX reported it failed (or the transport
- * closes), else flushed (kvx_rconn_close says why). */
-static void kvx_rconn_drain(kvx_rconn_t *rc)
+/* Close a closing connection's endpoint (forced). */
+static void kvx_rconn_end_linger(kvx_rconn_t *rc)
 {
-    bool force = rc->pending_err != 0 || rc->t->closed;
-
-    rc->drain = false;
-    if ((force ? kvx_ucx_ep_close(rc->ucx, &rc->ucx_refs)
-               : kvx_ucx_ep_close_flush(rc->ucx, &rc->ucx_refs)) == 0) {
+    rc->lingering = false;
+    if (kvx_ucx_ep_close(rc->ucx, &rc->ucx_refs) == 0) {
         rc->state = KVX_CONN_CLOSED;
         kvx_rconn_maybe_free(rc);
     }
@@ -272,14 +268,14 @@ static void kvx_rconn_drain(kvx_rconn_t *rc)
 
 /*
  * Stop accepting its messages (the id is freed: a message naming it is unknown from now on) and
- * close its endpoint. Over tcp the close is flushed, after UCX's callbacks (kvx_recv_work): UCX's
- * tcp transport (1.13 to 1.19 at least) keeps an endpoint force-closed with bytes still queued
- * as a receive-only one that waits to write them, and when its peer's close then comes in the
- * same epoll round as the socket's writability, uct_tcp_iface_handle_events reads it after its
- * read handler freed it: a writer that floods and never drains its replies (its connection is
- * closed for its queue) crashed the receiver so as it went (README, "When things break"). A
- * flushed close lets UCX destroy the endpoint only once it sent what it holds, or its peer
- * failed; the connection's memory stays until then.
+ * close its endpoint. Over tcp, while UCX holds messages of it, the endpoint lingers, unused,
+ * until UCX has taken them all or reports the endpoint failed (kvx_recv_work closes it then), or
+ * the transport closes: UCX's tcp transport (1.13.1 and 1.19.1) keeps an endpoint force-closed
+ * with bytes still queued as a receive-only one waiting to write them, and when its peer's close
+ * comes in the same epoll round as the socket's writability, uct_tcp_iface_handle_events reads it
+ * after its read handler freed it. A writer that floods and never drains its replies (closed for
+ * its queue) crashed the receiver so as it went (README, "When things break"; kvx_conn_fail
+ * does the same for the writing side).
  */
 static void kvx_rconn_close(kvx_rconn_t *rc)
 {
@@ -296,12 +292,11 @@ static void kvx_rconn_close(kvx_rconn_t *rc)
     kvx_list_del(&rc->work_link);
     kvx_rconn_drop_queued(rc);
     kvx_info(t, "writer %s: connection %u closed", rc->w->name, rc->id);
-    if (rc->tcp && rc->pending_err == 0 && !t->closed) {
-        rc->drain = true;
-        kvx_list_add_tail(&t->rwork, &rc->work_link);
+    if (rc->tcp && rc->sending > 0 && rc->pending_err == 0 && !t->closed) {
+        rc->lingering = true;
         return;
     }
-    kvx_rconn_drain(rc);
+    kvx_rconn_end_linger(rc);
 }
 
 /* Over a bound: what it queued goes now, and kvx_recv_work closes it (a caller may be walking a
@@ -333,8 +328,12 @@ void kvx_recv_on_closed(kvx_rconn_t *rc)
  * outlive that call, so kvx_recv_work closes it. */
 void kvx_recv_on_error(kvx_rconn_t *rc, int status)
 {
-    if (rc->drain && rc->pending_err == 0) /* its close, still to come, is forced */
-        rc->pending_err = status != 0 ? status : -ECONNRESET;
+    if (rc->lingering) { /* UCX gave up on it: closing it is safe now */
+        if (rc->pending_err == 0)
+            rc->pending_err = status != 0 ? status : -ECONNRESET;
+        kvx_rconn_want_work(rc);
+        return;
+    }
     if (rc->state != KVX_CONN_OPEN || rc->pending_err != 0)
         return;
     rc->pending_err = status != 0 ? status : -ECONNRESET;
@@ -349,6 +348,8 @@ void kvx_recv_on_sent(kvx_rconn_t *rc, int status)
     rc->ucx_refs--;
     rc->sending--;
     kvx_rq_sub(rc, sizeof(kvx_send_t));
+    if (rc->lingering && rc->sending == 0) /* UCX took them all: kvx_recv_work closes it */
+        kvx_rconn_want_work(rc);
     if (rc->state == KVX_CONN_OPEN &&
         (rc->nacks > 0 || !kvx_list_empty(&rc->serve) || !kvx_list_empty(&rc->ctl)))
         kvx_rconn_want_work(rc);
@@ -1037,9 +1038,11 @@ unsigned kvx_recv_work(kvx_transport_t *t)
     while (!kvx_list_empty(&todo)) {
         kvx_rconn_t *rc = kvx_list_first(&todo, kvx_rconn_t, work_link);
         kvx_list_del(&rc->work_link);
-        if (rc->state == KVX_CONN_CLOSING && rc->drain) {
-            kvx_rconn_drain(rc);
-            n++;
+        if (rc->lingering) {
+            if (rc->sending == 0 || rc->pending_err != 0) {
+                kvx_rconn_end_linger(rc);
+                n++;
+            }
             continue;
         }
         if (rc->state != KVX_CONN_OPEN)
@@ -1077,9 +1080,9 @@ void kvx_recv_close_all(kvx_transport_t *t)
     for (kvx_list_t *n = t->rconns.next, *next; n != &t->rconns; n = next) {
         kvx_rconn_t *rc = kvx_container_of(n, kvx_rconn_t, all_link);
         next = n->next;
-        if (rc->drain) {
+        if (rc->lingering) {
             kvx_list_del(&rc->work_link);
-            kvx_rconn_drain(rc); /* forced: the worker goes */
+            kvx_rconn_end_linger(rc); /* the worker goes */
         } else {
             kvx_rconn_close(rc);
         }

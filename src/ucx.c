@@ -1098,12 +1098,12 @@ static void kvx_ucx_close_cb(void *req, ucs_status_t status, void *arg)
         kvx_on_conn_closed(e->owner);
 }
 
-static int kvx_ucx_ep_close_mode(kvx_ucx_ep_t *e, unsigned *refs, uint32_t flags)
+int kvx_ucx_ep_close(kvx_ucx_ep_t *e, unsigned *refs)
 {
     ucp_request_param_t p = {
         .op_attr_mask =
             UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
-        .flags = flags,
+        .flags = UCP_EP_CLOSE_FLAG_FORCE,
         .cb.send = kvx_ucx_close_cb,
         .user_data = e,
     };
@@ -1121,17 +1121,6 @@ static int kvx_ucx_ep_close_mode(kvx_ucx_ep_t *e, unsigned *refs, uint32_t flags
         return 0;
     (*refs)++;
     return 1;
-}
-
-int kvx_ucx_ep_close(kvx_ucx_ep_t *e, unsigned *refs)
-{
-    return kvx_ucx_ep_close_mode(e, refs, UCP_EP_CLOSE_FLAG_FORCE);
-}
-
-/* UCX sends what it holds of the endpoint before it destroys it (or the close fails with it). */
-int kvx_ucx_ep_close_flush(kvx_ucx_ep_t *e, unsigned *refs)
-{
-    return kvx_ucx_ep_close_mode(e, refs, 0);
 }
 
 void kvx_ucx_ep_free(kvx_ucx_ep_t *e)
