@@ -324,6 +324,8 @@ struct kvx_rconn {
     unsigned nctl;
     size_t qbytes;        /* what it has queued and UCX holds of it (the bounds of recv.c) */
     bool doomed;          /* over a bound: closed by kvx_recv_work, its messages refused */
+    bool tcp;             /* its lane is tcp: closed only once UCX holds none of its messages */
+    bool lingering;       /* closing: its endpoint waits for that (or its failure) to close */
     bool proven;          /* the writer proved the secret over nonce (always, without one) */
     uint8_t slot_class;   /* which of t->rslots it is in: unproven, fresh or active */
     uint64_t since_ns;    /* made (or proven) at; last active at, once active */
@@ -425,7 +427,8 @@ struct kvx_transport {
     kvx_list_t hellos; /* HELLOs with a valid capability, handled after UCX progress */
     unsigned nhellos;
     kvx_list_t rslots[3]; /* open rconns by eviction order: unproven, fresh, active (rslots.c) */
-    size_t rqbytes;       /* sum of their qbytes */
+    size_t rqbytes;       /* sum of their qbytes (lingering ones' excepted) */
+    unsigned nlingering;  /* closed tcp connections whose endpoints wait for UCX (recv.c) */
     uint64_t hello_credit_ns; /* the transport's endpoint-open budget (rslots.c) */
     kvx_recv_counters_t rcounters;
     kvx_notice_t *notices; /* a ring of notice_cap */

@@ -33,6 +33,9 @@
 #define KVX_CTL_MAX 256        /* control messages queued per connection */
 #define KVX_SEND_WINDOW 16     /* messages of one connection UCX may hold */
 #define KVX_ACK_WINDOW 8       /* ... and this many more, of acknowledgements only */
+/* tcp connections closed while UCX holds replies of theirs whose endpoints wait (kvx_rconn_close),
+ * at most: each holds at most KVX_SEND_WINDOW + KVX_ACK_WINDOW messages */
+#define KVX_LINGER_MAX 256
 /* With a secret, a connection must prove it within this (else it is closed, drop_unproven). */
 #define KVX_PROOF_WAIT_NS (2000ull * 1000000ull)
 
@@ -256,8 +259,29 @@ static void kvx_rconn_maybe_free(kvx_rconn_t *rc)
     free(rc);
 }
 
-/* Stop accepting its messages (the id is freed: a message naming it is unknown from now on) and
- * close its endpoint. */
+/* Close a closing connection's endpoint (forced). */
+static void kvx_rconn_end_linger(kvx_rconn_t *rc)
+{
+    if (rc->lingering)
+        rc->t->nlingering--;
+    rc->lingering = false;
+    if (kvx_ucx_ep_close(rc->ucx, &rc->ucx_refs) == 0) {
+        rc->state = KVX_CONN_CLOSED;
+        kvx_rconn_maybe_free(rc);
+    }
+}
+
+/*
+ * Stop accepting its messages (the id is freed: a message naming it is unknown from now on) and
+ * close its endpoint. Over tcp, while UCX holds messages of it, the endpoint lingers, unused,
+ * until UCX has taken them all or reports the endpoint failed (kvx_recv_work closes it then), or
+ * the transport closes: UCX's tcp transport (1.13.1 and 1.19.1) keeps an endpoint force-closed
+ * with bytes still queued as a receive-only one waiting to write them, and when its peer's close
+ * comes in the same epoll round as the socket's writability, uct_tcp_iface_handle_events reads it
+ * after its read handler freed it. A writer that floods and never drains its replies (closed for
+ * its queue) crashed the receiver so as it went (README, "When things break"; kvx_conn_fail
+ * does the same for the writing side).
+ */
 static void kvx_rconn_close(kvx_rconn_t *rc)
 {
     kvx_transport_t *t = rc->t;
@@ -273,10 +297,19 @@ static void kvx_rconn_close(kvx_rconn_t *rc)
     kvx_list_del(&rc->work_link);
     kvx_rconn_drop_queued(rc);
     kvx_info(t, "writer %s: connection %u closed", rc->w->name, rc->id);
-    if (kvx_ucx_ep_close(rc->ucx, &rc->ucx_refs) == 0) {
-        rc->state = KVX_CONN_CLOSED;
-        kvx_rconn_maybe_free(rc);
+    if (rc->tcp && rc->sending > 0 && rc->pending_err == 0 && !t->closed &&
+        t->nlingering < KVX_LINGER_MAX) {
+        rc->lingering = true;
+        t->nlingering++;
+        /* what UCX still holds of it no longer counts in the open connections' bound: nothing
+         * of it can give way any more (kvx_rq_sub takes it off the connection alone) */
+        t->rqbytes -= rc->qbytes <= t->rqbytes ? rc->qbytes : t->rqbytes;
+        return;
     }
+    if (rc->tcp && rc->sending > 0 && rc->pending_err == 0 && !t->closed)
+        kvx_warn(t, "writer %s: connection %u closed at once: %u others linger already",
+                 rc->w->name, rc->id, t->nlingering);
+    kvx_rconn_end_linger(rc);
 }
 
 /* Over a bound: what it queued goes now, and kvx_recv_work closes it (a caller may be walking a
@@ -308,6 +341,12 @@ void kvx_recv_on_closed(kvx_rconn_t *rc)
  * outlive that call, so kvx_recv_work closes it. */
 void kvx_recv_on_error(kvx_rconn_t *rc, int status)
 {
+    if (rc->lingering) { /* UCX gave up on it: closing it is safe now */
+        if (rc->pending_err == 0)
+            rc->pending_err = status != 0 ? status : -ECONNRESET;
+        kvx_rconn_want_work(rc);
+        return;
+    }
     if (rc->state != KVX_CONN_OPEN || rc->pending_err != 0)
         return;
     rc->pending_err = status != 0 ? status : -ECONNRESET;
@@ -322,6 +361,8 @@ void kvx_recv_on_sent(kvx_rconn_t *rc, int status)
     rc->ucx_refs--;
     rc->sending--;
     kvx_rq_sub(rc, sizeof(kvx_send_t));
+    if (rc->lingering && rc->sending == 0) /* UCX took them all: kvx_recv_work closes it */
+        kvx_rconn_want_work(rc);
     if (rc->state == KVX_CONN_OPEN &&
         (rc->nacks > 0 || !kvx_list_empty(&rc->serve) || !kvx_list_empty(&rc->ctl)))
         kvx_rconn_want_work(rc);
@@ -870,6 +911,7 @@ static int kvx_recv_hello(kvx_transport_t *t, const uint8_t *buf, size_t len, bo
         kvx_rconn_close(v);
     }
     kvx_ucx_ep_describe(rc->ucx, tl, sizeof(tl), &rma_hw, &rc->seg);
+    rc->tcp = strncmp(tl, "tcp", 3) == 0;
     rc->state = KVX_CONN_OPEN;
     w->live++;
     w->nopen++;
@@ -1060,6 +1102,13 @@ unsigned kvx_recv_work(kvx_transport_t *t)
     while (!kvx_list_empty(&todo)) {
         kvx_rconn_t *rc = kvx_list_first(&todo, kvx_rconn_t, work_link);
         kvx_list_del(&rc->work_link);
+        if (rc->lingering) {
+            if (rc->sending == 0 || rc->pending_err != 0) {
+                kvx_rconn_end_linger(rc);
+                n++;
+            }
+            continue;
+        }
         if (rc->state != KVX_CONN_OPEN)
             continue;
         if (rc->doomed) {
@@ -1093,8 +1142,14 @@ bool kvx_recv_busy(const kvx_transport_t *t)
 void kvx_recv_close_all(kvx_transport_t *t)
 {
     for (kvx_list_t *n = t->rconns.next, *next; n != &t->rconns; n = next) {
+        kvx_rconn_t *rc = kvx_container_of(n, kvx_rconn_t, all_link);
         next = n->next;
-        kvx_rconn_close(kvx_container_of(n, kvx_rconn_t, all_link));
+        if (rc->lingering) {
+            kvx_list_del(&rc->work_link);
+            kvx_rconn_end_linger(rc); /* the worker goes */
+        } else {
+            kvx_rconn_close(rc);
+        }
     }
 }
 

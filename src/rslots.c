@@ -19,6 +19,10 @@
 
 void kvx_rq_sub(kvx_rconn_t *rc, size_t n)
 {
+    if (rc->lingering) { /* out of the transport's sum already (kvx_rconn_close) */
+        rc->qbytes -= n <= rc->qbytes ? n : rc->qbytes;
+        return;
+    }
     /* never more than was added: a wrapped sum would close every connection as the largest */
     if (n > rc->qbytes || n > rc->t->rqbytes) {
         kvx_error(rc->t, "reply queue accounting: %zu taken, %zu held by connection %u, %zu in all",

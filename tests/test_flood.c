@@ -25,7 +25,9 @@
 #include <stdatomic.h>
 
 #include <errno.h>
+#include <signal.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <ucp/api/ucp.h>
 #include <unistd.h>
 
@@ -36,6 +38,22 @@
 #define RSS_MAX_KB (64 * 1024)
 
 static kt_target_t tg;
+
+/* The target must live through every attack: a dead one fails the test here, with its signal,
+ * rather than as a write to its closed channel (SIGPIPE, which ctest reports as a crash of the
+ * test itself, or "Broken pipe"). */
+static void target_alive(const char *when)
+{
+    int st;
+
+    if (tg.proc.pid <= 0 || waitpid(tg.proc.pid, &st, WNOHANG) != tg.proc.pid)
+        return;
+    tg.proc.pid = 0;
+    if (WIFSIGNALED(st))
+        KT_FAIL("the target died of signal %d (%s) %s", WTERMSIG(st), strsignal(WTERMSIG(st)),
+                when);
+    KT_FAIL("the target exited with status %d %s", WEXITSTATUS(st), when);
+}
 
 /* ---- the attacker's UCX: a sending worker, and a reply worker ------------------------------ */
 
@@ -809,8 +827,9 @@ int main(int argc, char **argv)
     const char *mode = argc > 1 ? argv[1] : "writes";
     kt_target_args_t a = {
         .num_blocks = NB, .block_len = BL, .salt = 8, .threads = 1, .name = "victim"};
-    int rc;
+    int rc, stop;
 
+    signal(SIGPIPE, SIG_IGN); /* a dead target is reported by target_alive */
     if (argc > 2 && strcmp(argv[2], "tcp") == 0)
         setenv("UCX_TLS", "tcp", 1);
 #if defined(__SANITIZE_ADDRESS__)
@@ -835,5 +854,11 @@ int main(int argc, char **argv)
         rc = sum();
     else
         KT_FAIL("unknown mode %s", mode);
-    return rc | kt_target_stop(&tg);
+    /* what the attacker's end left behind (its closed sockets) reaches the target meanwhile */
+    usleep(500000);
+    target_alive("after the attack");
+    stop = kt_target_stop(&tg);
+    if (stop != 0)
+        KT_FAIL("the target exited with %d%s", stop, stop > 128 ? " (killed by a signal)" : "");
+    return rc;
 }
