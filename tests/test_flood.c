@@ -558,19 +558,27 @@ static int align(void)
     return 0;
 }
 
-static int replay(void)
+/* The target of the replay tests, in this process: a transport with a secret over r. */
+static kvx_transport_t *secret_victim(kt_region_t *r, const char *secret)
 {
-    const char *secret = "the flood test's secret";
-    kt_region_t r = kt_region_alloc(NB, BL);
     kvx_params_t p = {.field_mask = KVX_PARAM_REGION | KVX_PARAM_AGENT_NAME |
                                     KVX_PARAM_NUM_THREADS | KVX_PARAM_SECRET,
-                      .base = r.base,
+                      .base = r->base,
                       .num_blocks = NB,
                       .block_len = BL,
                       .agent_name = "victim",
                       .num_threads = 1,
                       .secret = secret,
                       .secret_len = strlen(secret)};
+    kvx_transport_t *t;
+    KT_OK(kvx_transport_create(&p, &t));
+    return t;
+}
+
+static int replay(void)
+{
+    const char *secret = "the flood test's secret";
+    kt_region_t r = kt_region_alloc(NB, BL);
     kvx_transport_attr_t a = {.field_mask = KVX_TRANSPORT_ATTR_RECV};
     kvx_transport_t *t;
     uint8_t *mdb, h[256];
@@ -579,7 +587,7 @@ static int replay(void)
     static uint8_t data[BL];
 
     kt_fill_all(&r, 0x44, 0);
-    KT_OK(kvx_transport_create(&p, &t));
+    t = secret_victim(&r, secret);
     mdb = kt_metadata(t, &md_len);
     KT_OK(kvx_md_decode(mdb, md_len, &md));
     attacker_start(md.worker_addr);
@@ -680,15 +688,6 @@ static int replay_flood(void)
 {
     const char *secret = "the flood test's secret";
     kt_region_t r = kt_region_alloc(NB, BL);
-    kvx_params_t p = {.field_mask = KVX_PARAM_REGION | KVX_PARAM_AGENT_NAME |
-                                    KVX_PARAM_NUM_THREADS | KVX_PARAM_SECRET,
-                      .base = r.base,
-                      .num_blocks = NB,
-                      .block_len = BL,
-                      .agent_name = "victim",
-                      .num_threads = 1,
-                      .secret = secret,
-                      .secret_len = strlen(secret)};
     kvx_transport_attr_t a = {.field_mask = KVX_TRANSPORT_ATTR_RECV};
     kvx_transport_t *t;
     uint8_t *mdb;
@@ -697,7 +696,7 @@ static int replay_flood(void)
     pthread_t th;
 
     kt_fill_all(&r, 0x44, 0);
-    KT_OK(kvx_transport_create(&p, &t));
+    t = secret_victim(&r, secret);
     mdb = kt_metadata(t, &md_len);
     KT_OK(kvx_md_decode(mdb, md_len, &md));
     attacker_start(md.worker_addr);
