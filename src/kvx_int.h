@@ -15,6 +15,7 @@
 #include <stddef.h>
 #include <sys/socket.h>
 #include <sys/types.h>
+#include <time.h>
 
 /* ---- intrusive circular list ---------------------------------------------------------------- */
 
@@ -98,6 +99,7 @@ typedef struct kvx_send kvx_send_t;
 typedef struct kvx_pairing kvx_pairing_t;
 typedef struct kvx_ucx kvx_ucx_t;       /* backend state of a transport (ucx.c) */
 typedef struct kvx_ucx_ep kvx_ucx_ep_t; /* backend state of an endpoint (ucx.c) */
+typedef struct kvx_ep_ops kvx_ep_ops_t; /* what an endpoint tells its owner (ucx.c) */
 
 enum kvx_op { KVX_OP_WRITE = 0, KVX_OP_READ = 1 };
 
@@ -494,7 +496,13 @@ static inline void kvx_unlock(kvx_transport_t *t) { pthread_mutex_unlock(&t->loc
 
 /* ---- helpers (transport.c, log.c) ----------------------------------------------------------- */
 
-uint64_t kvx_now_ns(void);
+static inline uint64_t kvx_now_ns(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
 /* A fresh capability, and metadata that carries it; the old one joins t->retired. Returns 0 or
  * a negative errno (nothing changed). */
 int kvx_transport_retire(kvx_transport_t *t);
@@ -745,6 +753,8 @@ static inline int kvx_remote_status(int32_t status)
 int kvx_peer_check(const kvx_transport_t *t, const kvx_md_t *md, const kvx_peer_params_t *expect,
                    const char **why);
 kvx_peer_t *kvx_peer_lookup(const kvx_transport_t *t, const char *id);
+int kvx_peer_insert(kvx_transport_t *t, kvx_peer_t *p);
+kvx_peer_t *kvx_peer_new(kvx_transport_t *t, const char *peer_id);
 /* Install a new connection from md on a peer paired by address whose connection failed, without
  * waiting (its handshake completes in the background); the transfers parked meanwhile move to
  * it. Returns 0 or a negative errno (nothing changed). */
@@ -789,11 +799,16 @@ void kvx_xfer_free(kvx_transport_t *t, kvx_xfer_t *x);
 kvx_xfer_t *kvx_xfer_lookup(kvx_transport_t *t, uint64_t id);
 void kvx_xfer_free_all(kvx_transport_t *t);
 void kvx_xfer_trim_pool(kvx_transport_t *t);
+/* Up to max of p's completions into out, released (the last may free p). */
+size_t kvx_cq_drain(kvx_peer_t *p, kvx_completion_t *out, size_t max);
 /* A message of the initiator's side arrived (ACK, READ_DATA, HELLO_ACK, FENCE, NOTICE_ACK). */
 void kvx_xfer_on_message(kvx_transport_t *t, const kvx_msg_t *m, const uint8_t *data,
                          size_t data_len);
 /* UCX is done with a message of a connection's (status: how it went). */
 void kvx_xfer_on_sent(kvx_conn_t *c, uint64_t xfer_id, int status);
+/* The table an initiator's connection gives its endpoint: sends complete here, failures and
+ * closes go to the connection (kvx_on_conn_error, kvx_on_conn_closed). */
+extern const kvx_ep_ops_t kvx_xfer_ep_ops;
 
 /* How often stall and liveness checks run while transfers are in flight. */
 #define KVX_HOUSEKEEPING_NS 100000000ull
@@ -837,10 +852,10 @@ void kvx_rconn_active(kvx_rconn_t *rc); /* it completed (part of) a transfer */
 /* The connection that gives way to a new one: of writer w (over its share), or of any. */
 kvx_rconn_t *kvx_slot_victim(kvx_transport_t *t, kvx_writer_t *w, uint64_t now);
 /* What a writer with the secret answers a HELLO_ACK's nonce with (PROOF, src/wire.c). */
-void kvx_recv_proof_mac(const uint8_t *secret, size_t secret_len, const uint8_t *nonce,
+void kvx_wire_proof_mac(const uint8_t *secret, size_t secret_len, const uint8_t *nonce,
                         uint32_t rconn_id, uint64_t token, uint8_t out[32]);
 /* Count a message dropped before it could be tied to a connection. */
-void kvx_recv_count_drop(kvx_transport_t *t, int why);
+void kvx_count_drop(kvx_transport_t *t, int why);
 enum { KVX_DROP_MALFORMED, KVX_DROP_CAPABILITY, KVX_DROP_UNKNOWN, KVX_DROP_RNDV };
 
 /* ---- pairing by address (listen.c) ---------------------------------------------------------- */
@@ -907,14 +922,14 @@ void kvx_stats_xfer(kvx_transport_t *t, kvx_peer_t *p, int op, int status, uint6
 
 /* Make the event fd readable or not, as the polls have something or not (after anything that
  * may change that: a step, a completion, a drain). Cheap when nothing changed. */
-void kvx_progress_events(kvx_transport_t *t);
+void kvx_events_update(kvx_transport_t *t);
 
 unsigned kvx_progress_step(kvx_transport_t *t);
-void kvx_progress_notify_waiters(kvx_transport_t *t);
+void kvx_notify_waiters(kvx_transport_t *t);
 void kvx_progress_wait_event(kvx_transport_t *t, uint64_t until_ns);
 int kvx_progress_start(kvx_transport_t *t);
 void kvx_progress_stop(kvx_transport_t *t);
-void kvx_progress_kick(kvx_transport_t *t, uint64_t when_ns);
+void kvx_kick(kvx_transport_t *t, uint64_t when_ns);
 
 /* ---- UCX backend (ucx.c) -------------------------------------------------------------------- */
 
@@ -929,7 +944,33 @@ struct kvx_send {
     kvx_iov_t iov[KVX_WIRE_MAX_RUNS];
 };
 
-int kvx_ucx_init(kvx_transport_t *t);
+/*
+ * What the layers above hear from the backend: from inside UCX progress, with the transport lock
+ * held, through the tables they gave it (the backend calls no kvx file above it). The worker's
+ * table (kvx_ucx_init): messages, decoded and checked against the wire format, by the side they
+ * are for, connection requests of the listener, and messages dropped before any owner saw them.
+ */
+typedef struct kvx_ucx_ops {
+    /* for the receiving side: HELLO, WRITE, READ_REQ, NOTICE, BYE, PROOF */
+    void (*on_request)(kvx_transport_t *t, const kvx_msg_t *m, const void *hdr, size_t hdr_len,
+                       const uint8_t *data, size_t data_len);
+    /* for the initiator's side: HELLO_ACK, ACK, READ_DATA, FENCE, NOTICE_ACK */
+    void (*on_reply)(kvx_transport_t *t, const kvx_msg_t *m, const uint8_t *data, size_t data_len);
+    void (*on_conn_request)(kvx_transport_t *t, void *conn_req);
+    void (*on_drop)(kvx_transport_t *t, int why); /* KVX_DROP_* */
+} kvx_ucx_ops_t;
+
+/* An endpoint's table (kvx_ucx_ep_open, kvx_ucx_pair_open), called with the owner it was given. */
+struct kvx_ep_ops {
+    /* UCX is done with a message of the owner's (xfer_id: the message's; status: how it went) */
+    void (*on_sent)(void *owner, uint64_t xfer_id, int status);
+    void (*on_error)(void *owner, int status); /* the endpoint failed */
+    void (*on_closed)(void *owner);            /* a close that returned 1 completed */
+    /* pairing endpoints only: a CHALLENGE, MD_REQ or MD that arrived on it */
+    void (*on_message)(void *owner, const kvx_msg_t *m, const uint8_t *data, size_t data_len);
+};
+
+int kvx_ucx_init(kvx_transport_t *t, const kvx_ucx_ops_t *ops);
 void kvx_ucx_fini(kvx_transport_t *t); /* the worker; an owned region stays */
 void kvx_ucx_free(kvx_transport_t *t); /* the owned region and the rest */
 void kvx_ucx_local_address(kvx_transport_t *t, const void **waddr, size_t *waddr_len);
@@ -939,10 +980,9 @@ void kvx_ucx_region_free(kvx_transport_t *t);
 int kvx_ucx_map(kvx_ucx_ep_t *ep, const void *rkey, size_t rkey_len, uint64_t raddr, uint64_t len,
                 uint32_t owner, void **ptr_p, uint8_t *token_p);
 void kvx_ucx_unmap(kvx_ucx_ep_t *ep);
-/* An endpoint to a worker address, whose errors and sends report to owner (a connection of the
- * initiator's side when rconn is false, else a receiver's connection). */
-int kvx_ucx_ep_open(kvx_transport_t *t, const void *waddr, const char *name, void *owner,
-                    bool rconn, kvx_ucx_ep_t **ep_p);
+/* An endpoint to a worker address, whose errors and sends report to owner through ops. */
+int kvx_ucx_ep_open(kvx_transport_t *t, const void *waddr, const char *name,
+                    const kvx_ep_ops_t *ops, void *owner, kvx_ucx_ep_t **ep_p);
 /* UCX pairs two workers' endpoints by the order each opened them towards the other: the place
  * of ep among this worker's endpoints to that peer, and a catch-up to the peer's place before
  * answering it (see ucx.c). */
@@ -968,7 +1008,7 @@ int kvx_ucx_listen(kvx_transport_t *t, const struct sockaddr *sa, socklen_t len,
 void kvx_ucx_unlisten(kvx_transport_t *t);
 void kvx_ucx_reject(kvx_transport_t *t, void *conn_req);
 int kvx_ucx_pair_open(kvx_transport_t *t, void *conn_req, const struct sockaddr *sa, socklen_t len,
-                      void *owner, kvx_ucx_ep_t **ep_p);
+                      const kvx_ep_ops_t *ops, void *owner, kvx_ucx_ep_t **ep_p);
 int kvx_ucx_send_pair(kvx_ucx_ep_t *ep, const void *hdr, size_t hdr_len, const void *data,
                       size_t data_len, unsigned *refs);
 unsigned kvx_ucx_progress(kvx_transport_t *t);

@@ -194,6 +194,26 @@ void kvx_listen_on_closed(kvx_pairing_t *pg)
 
 /* ---- the listener's side --------------------------------------------------------------------- */
 
+static void kvx_pair_ep_sent(void *pg, uint64_t xfer_id, int status)
+{
+    (void)xfer_id;
+    kvx_listen_on_sent(pg, status);
+}
+static void kvx_pair_ep_error(void *pg, int status) { kvx_listen_on_error(pg, status); }
+static void kvx_pair_ep_closed(void *pg) { kvx_listen_on_closed(pg); }
+static void kvx_pair_ep_message(void *pg, const kvx_msg_t *m, const uint8_t *data, size_t len)
+{
+    kvx_listen_on_message(pg, m, data, len);
+}
+
+/* What a pairing's endpoint reports (kvx_ucx_pair_open). */
+static const kvx_ep_ops_t kvx_pair_ep_ops = {
+    .on_sent = kvx_pair_ep_sent,
+    .on_error = kvx_pair_ep_error,
+    .on_closed = kvx_pair_ep_closed,
+    .on_message = kvx_pair_ep_message,
+};
+
 int kvx_transport_listen(kvx_transport_t *t, const char *addr)
 {
     struct sockaddr_storage ss, bound;
@@ -255,7 +275,7 @@ static void kvx_listen_accept(kvx_pairing_t *pg)
 
     pg->conn_req = NULL;
     /* a failed ucp_ep_create releases the request itself */
-    rc = kvx_ucx_pair_open(t, req, NULL, 0, pg, &pg->ucx);
+    rc = kvx_ucx_pair_open(t, req, NULL, 0, &kvx_pair_ep_ops, pg, &pg->ucx);
     if (rc < 0) {
         pg->closing = true; /* nothing to close */
         return;
@@ -444,7 +464,8 @@ static int kvx_pair_dial(kvx_transport_t *t, const struct sockaddr_storage *ss, 
         free(pg);
         return -EIO;
     }
-    rc = kvx_ucx_pair_open(t, NULL, (const struct sockaddr *)ss, len, pg, &pg->ucx);
+    rc = kvx_ucx_pair_open(t, NULL, (const struct sockaddr *)ss, len, &kvx_pair_ep_ops, pg,
+                           &pg->ucx);
     if (rc < 0) {
         free(pg);
         return rc;
@@ -562,7 +583,7 @@ int kvx_peer_event_poll(kvx_transport_t *t, kvx_peer_event_t *out, size_t max)
         t->ev_head = (t->ev_head + 1) % KVX_PEER_EVENTS_MAX;
         t->ev_count--;
     }
-    kvx_progress_events(t);
+    kvx_events_update(t);
     kvx_unlock(t);
     return (int)n;
 }
@@ -571,7 +592,7 @@ static void kvx_reconnect_due(kvx_transport_t *t, uint64_t at)
 {
     if (at < t->next_reconnect_ns) {
         t->next_reconnect_ns = at;
-        kvx_progress_kick(t, at);
+        kvx_kick(t, at);
     }
 }
 

@@ -72,29 +72,6 @@ static void kvx_count(kvx_transport_t *t, kvx_writer_t *w, size_t field)
 }
 #define KVX_CNT(f) (offsetof(kvx_recv_counters_t, f) / sizeof(uint64_t))
 
-void kvx_recv_count_drop(kvx_transport_t *t, int why)
-{
-    kvx_debug(t, "message dropped (%s)",
-              why == KVX_DROP_MALFORMED    ? "malformed"
-              : why == KVX_DROP_CAPABILITY ? "no capability"
-              : why == KVX_DROP_UNKNOWN    ? "unknown connection"
-                                           : "rendezvous");
-    switch (why) {
-    case KVX_DROP_MALFORMED:
-        kvx_count(t, NULL, KVX_CNT(drop_malformed));
-        break;
-    case KVX_DROP_CAPABILITY:
-        kvx_count(t, NULL, KVX_CNT(drop_capability));
-        break;
-    case KVX_DROP_UNKNOWN:
-        kvx_count(t, NULL, KVX_CNT(drop_unknown));
-        break;
-    default:
-        kvx_count(t, NULL, KVX_CNT(drop_other));
-        break;
-    }
-}
-
 /* ---- writers ------------------------------------------------------------------------------- */
 
 static size_t kvx_whash(const char *s)
@@ -369,6 +346,21 @@ void kvx_recv_on_sent(kvx_rconn_t *rc, int status)
     kvx_rconn_maybe_free(rc);
 }
 
+static void kvx_rconn_ep_sent(void *rc, uint64_t xfer_id, int status)
+{
+    (void)xfer_id;
+    kvx_recv_on_sent(rc, status);
+}
+static void kvx_rconn_ep_error(void *rc, int status) { kvx_recv_on_error(rc, status); }
+static void kvx_rconn_ep_closed(void *rc) { kvx_recv_on_closed(rc); }
+
+/* What a receiving connection's endpoint reports (kvx_ucx_ep_open). */
+static const kvx_ep_ops_t kvx_rconn_ep_ops = {
+    .on_sent = kvx_rconn_ep_sent,
+    .on_error = kvx_rconn_ep_error,
+    .on_closed = kvx_rconn_ep_closed,
+};
+
 /* The connection a message names, if its token matches; NULL (counted) otherwise. */
 static kvx_rconn_t *kvx_rconn_of(kvx_transport_t *t, const kvx_msg_t *m)
 {
@@ -523,7 +515,7 @@ static void kvx_recv_refuse_hello(kvx_transport_t *t, const uint8_t *buf, size_t
         return;
     }
     if (kvx_ucx_align(t, m.u.hello.waddr, m.u.hello.ep_sn) < 0 ||
-        kvx_ucx_ep_open(t, m.u.hello.waddr, m.u.hello.name, rc, true, &rc->ucx) < 0) {
+        kvx_ucx_ep_open(t, m.u.hello.waddr, m.u.hello.name, &kvx_rconn_ep_ops, rc, &rc->ucx) < 0) {
         kvx_idtab_release(&t->rconn_ids, rc->id);
         free(rc);
         return;
@@ -767,7 +759,7 @@ static void kvx_recv_notice(kvx_transport_t *t, const kvx_msg_t *m)
         kvx_count(t, rc->w, KVX_CNT(notices));
         kvx_rconn_active(rc);
         if (t->waiters > 0)
-            kvx_progress_notify_waiters(t);
+            kvx_notify_waiters(t);
     }
     kvx_wire_put_hdr(hdr, KVX_MSG_NOTICE_ACK, 0, rc->peer_conn_id, rc->peer_token);
     kvx_put64(hdr + 16, m->u.notice.xfer_id);
@@ -786,7 +778,7 @@ static void kvx_recv_proof(kvx_transport_t *t, const kvx_msg_t *m)
         kvx_count(t, rc->w, KVX_CNT(drop_other));
         return;
     }
-    kvx_recv_proof_mac(t->secret, t->secret_len, rc->nonce, rc->id, rc->token, mac);
+    kvx_wire_proof_mac(t->secret, t->secret_len, rc->nonce, rc->id, rc->token, mac);
     if (!kvx_equal_ct(mac, m->u.proof.mac, KVX_PROOF_LEN)) {
         kvx_count(t, rc->w, KVX_CNT(drop_unproven));
         kvx_info(t, "writer %s: connection %u: wrong proof, closed", rc->w->name, rc->id);
@@ -898,7 +890,7 @@ static int kvx_recv_hello(kvx_transport_t *t, const uint8_t *buf, size_t len, bo
         kvx_count(t, w, KVX_CNT(drop_hello_limit));
         return 0;
     }
-    if (kvx_ucx_ep_open(t, m.u.hello.waddr, m.u.hello.name, rc, true, &rc->ucx) < 0) {
+    if (kvx_ucx_ep_open(t, m.u.hello.waddr, m.u.hello.name, &kvx_rconn_ep_ops, rc, &rc->ucx) < 0) {
         kvx_idtab_release(&t->rconn_ids, rc->id);
         free(rc);
         kvx_count(t, w, KVX_CNT(drop_other));
@@ -1320,7 +1312,7 @@ int kvx_recv_fence(kvx_transport_t *t, const char *writer, const uint64_t *tags,
         kvx_writer_fence(t, w, tags, ntags, &count);
     if (count > 0) {
         t->stats.fences++;
-        kvx_progress_kick(t, 0); /* tell the writers now */
+        kvx_kick(t, 0); /* tell the writers now */
     }
     return count;
 }
@@ -1344,7 +1336,7 @@ int kvx_notice_poll(kvx_transport_t *t, kvx_notice_t *out, size_t max)
         t->notice_head = (t->notice_head + 1) % t->notice_cap;
         t->notice_count--;
     }
-    kvx_progress_events(t);
+    kvx_events_update(t);
     kvx_unlock(t);
     return (int)n;
 }

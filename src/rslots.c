@@ -134,18 +134,3 @@ kvx_rconn_t *kvx_slot_victim(kvx_transport_t *t, kvx_writer_t *w, uint64_t now)
         }
     return v;
 }
-
-/* HMAC-SHA256(secret, "kvx-proof" || nonce || connection id (le32) || token (le64)): what a
- * writer with the secret answers HELLO_ACK's nonce with (src/wire.c). */
-void kvx_recv_proof_mac(const uint8_t *secret, size_t secret_len, const uint8_t *nonce,
-                        uint32_t rconn_id, uint64_t token, uint8_t out[KVX_PROOF_LEN])
-{
-    uint8_t buf[9 + KVX_WIRE_NONCE_LEN + 12];
-    kvx_iov_t part = {buf, sizeof(buf)};
-
-    memcpy(buf, "kvx-proof", 9);
-    memcpy(buf + 9, nonce, KVX_WIRE_NONCE_LEN);
-    kvx_put32(buf + 9 + KVX_WIRE_NONCE_LEN, rconn_id);
-    kvx_put64(buf + 13 + KVX_WIRE_NONCE_LEN, token);
-    kvx_hmac_sha256(secret, secret_len, &part, 1, out);
-}

@@ -8,6 +8,30 @@
 #include <errno.h>
 #include <string.h>
 
+/* A message dropped before it could be tied to a connection (the receiving side's counters). */
+void kvx_count_drop(kvx_transport_t *t, int why)
+{
+    kvx_debug(t, "message dropped (%s)",
+              why == KVX_DROP_MALFORMED    ? "malformed"
+              : why == KVX_DROP_CAPABILITY ? "no capability"
+              : why == KVX_DROP_UNKNOWN    ? "unknown connection"
+                                           : "rendezvous");
+    switch (why) {
+    case KVX_DROP_MALFORMED:
+        t->rcounters.drop_malformed++;
+        break;
+    case KVX_DROP_CAPABILITY:
+        t->rcounters.drop_capability++;
+        break;
+    case KVX_DROP_UNKNOWN:
+        t->rcounters.drop_unknown++;
+        break;
+    default:
+        t->rcounters.drop_other++;
+        break;
+    }
+}
+
 static int kvx_status_class(int status)
 {
     switch (status) {

@@ -20,6 +20,7 @@
 #define KVX_AM_ID 0x4b
 
 struct kvx_ucx {
+    const kvx_ucx_ops_t *ops; /* what the layers above hear of the worker (kvx_ucx_init) */
     ucp_context_h ctx;
     ucp_worker_h worker;
     ucp_address_t *waddr;
@@ -51,9 +52,9 @@ struct kvx_ucx {
 struct kvx_ucx_ep {
     kvx_transport_t *t;
     ucp_ep_h ep;
-    void *owner; /* kvx_conn_t *, kvx_rconn_t * or kvx_pairing_t * */
-    bool rconn;  /* owner is a receiver's connection */
-    bool pair;   /* owner is a pairing: an endpoint of UCX's connection manager */
+    const kvx_ep_ops_t *ops; /* what its owner hears: given when it opened */
+    void *owner;             /* kvx_conn_t *, kvx_rconn_t * or kvx_pairing_t * */
+    bool pair;               /* an endpoint of UCX's connection manager (a pairing's) */
     kvx_ucx_ep_t *pair_next;
     kvx_send_t *free; /* messages to reuse */
     ucp_rkey_h rkey;  /* the peer's owned region, mapped here (kvx_ucx_map) */
@@ -360,7 +361,7 @@ static void kvx_ucx_reuseaddr_env(kvx_transport_t *t)
     pthread_mutex_unlock(&kvx_ucx_capture_lock);
 }
 
-int kvx_ucx_init(kvx_transport_t *t)
+int kvx_ucx_init(kvx_transport_t *t, const kvx_ucx_ops_t *ops)
 {
     static const char *const eh[] = {"UCX_SYSV_ERROR_HANDLING", "UCX_POSIX_ERROR_HANDLING", NULL};
     static const char *const seg[] = {"UCX_SYSV_SEG_SIZE", "UCX_POSIX_SEG_SIZE", NULL};
@@ -378,6 +379,7 @@ int kvx_ucx_init(kvx_transport_t *t)
     if (u == NULL)
         return -ENOMEM;
     u->efd = -1;
+    u->ops = ops;
 
     /*
      * kvx's UCX defaults; an explicit UCX_<NAME> in the environment wins over each of them.
@@ -718,11 +720,11 @@ static ucs_status_t kvx_ucx_am_cb(void *arg, const void *header, size_t header_l
     if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
         /* kvx sends only eager messages: a rendezvous is not kvx's; returning without
          * receiving it drops it */
-        kvx_recv_count_drop(t, KVX_DROP_RNDV);
+        t->ucx->ops->on_drop(t, KVX_DROP_RNDV);
         return UCS_OK;
     }
     if (kvx_wire_decode(header, header_length, length, &m) < 0) {
-        kvx_recv_count_drop(t, KVX_DROP_MALFORMED);
+        t->ucx->ops->on_drop(t, KVX_DROP_MALFORMED);
         return UCS_OK;
     }
     switch (m.type) {
@@ -732,7 +734,7 @@ static ucs_status_t kvx_ucx_am_cb(void *arg, const void *header, size_t header_l
     case KVX_MSG_NOTICE:
     case KVX_MSG_BYE:
     case KVX_MSG_PROOF:
-        kvx_recv_on_message(t, &m, header, header_length, data, length);
+        t->ucx->ops->on_request(t, &m, header, header_length, data, length);
         break;
     case KVX_MSG_CHALLENGE:
     case KVX_MSG_MD_REQ:
@@ -743,14 +745,14 @@ static ucs_status_t kvx_ucx_am_cb(void *arg, const void *header, size_t header_l
             for (e = t->ucx->pair_eps; e != NULL && e->ep != param->reply_ep; e = e->pair_next)
                 ;
         if (e == NULL) {
-            kvx_recv_count_drop(t, KVX_DROP_UNKNOWN);
+            t->ucx->ops->on_drop(t, KVX_DROP_UNKNOWN);
             break;
         }
-        kvx_listen_on_message(e->owner, &m, data, length);
+        e->ops->on_message(e->owner, &m, data, length);
         break;
     }
     default:
-        kvx_xfer_on_message(t, &m, data, length);
+        t->ucx->ops->on_reply(t, &m, data, length);
         break;
     }
     return UCS_OK;
@@ -766,12 +768,10 @@ static void kvx_ucx_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
     if (e->pair) {
         kvx_debug(e->t, "ucx: a pairing endpoint failed: %s", ucs_status_string(status));
         /* what UCX's connection manager says when nothing listens at the address */
-        kvx_listen_on_error(e->owner, status == UCS_ERR_NOT_CONNECTED ? -ECONNREFUSED
-                                                                      : kvx_ucx_errno(status));
-    } else if (e->rconn)
-        kvx_recv_on_error(e->owner, kvx_ucx_errno(status));
-    else
-        kvx_on_conn_error(e->owner, kvx_ucx_errno(status));
+        e->ops->on_error(e->owner,
+                         status == UCS_ERR_NOT_CONNECTED ? -ECONNREFUSED : kvx_ucx_errno(status));
+    } else
+        e->ops->on_error(e->owner, kvx_ucx_errno(status));
 }
 
 /*
@@ -957,8 +957,8 @@ static void kvx_ucx_close_fillers(kvx_ucx_t *u)
     u->nfailed = 0;
 }
 
-int kvx_ucx_ep_open(kvx_transport_t *t, const void *waddr, const char *name, void *owner,
-                    bool rconn, kvx_ucx_ep_t **ep_p)
+int kvx_ucx_ep_open(kvx_transport_t *t, const void *waddr, const char *name,
+                    const kvx_ep_ops_t *ops, void *owner, kvx_ucx_ep_t **ep_p)
 {
     kvx_ucx_ep_t *e = calloc(1, sizeof(*e));
     struct kvx_ucx_sn *sn;
@@ -969,8 +969,8 @@ int kvx_ucx_ep_open(kvx_transport_t *t, const void *waddr, const char *name, voi
     if (e == NULL)
         return -ENOMEM;
     e->t = t;
+    e->ops = ops;
     e->owner = owner;
-    e->rconn = rconn;
     ucp_ep_params_t ep_params = {
         .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                       UCP_EP_PARAM_FIELD_ERR_HANDLER | UCP_EP_PARAM_FIELD_NAME,
@@ -1090,12 +1090,7 @@ static void kvx_ucx_close_cb(void *req, ucs_status_t status, void *arg)
 
     (void)status;
     ucp_request_free(req);
-    if (e->pair)
-        kvx_listen_on_closed(e->owner);
-    else if (e->rconn)
-        kvx_recv_on_closed(e->owner);
-    else
-        kvx_on_conn_closed(e->owner);
+    e->ops->on_closed(e->owner);
 }
 
 int kvx_ucx_ep_close(kvx_ucx_ep_t *e, unsigned *refs)
@@ -1145,7 +1140,11 @@ void kvx_ucx_ep_free(kvx_ucx_ep_t *e)
 
 /* ---- pairing by address: UCX's connection manager ------------------------------------------ */
 
-static void kvx_ucx_conn_cb(ucp_conn_request_h req, void *arg) { kvx_listen_on_request(arg, req); }
+static void kvx_ucx_conn_cb(ucp_conn_request_h req, void *arg)
+{
+    kvx_transport_t *t = arg;
+    t->ucx->ops->on_conn_request(t, req);
+}
 
 int kvx_ucx_listen(kvx_transport_t *t, const struct sockaddr *sa, socklen_t len,
                    struct sockaddr_storage *bound)
@@ -1198,7 +1197,7 @@ void kvx_ucx_reject(kvx_transport_t *t, void *conn_req)
 /* An endpoint of UCX's connection manager: from a connection request (conn_req) the listener
  * got, or to a listener's address (sa). */
 int kvx_ucx_pair_open(kvx_transport_t *t, void *conn_req, const struct sockaddr *sa, socklen_t len,
-                      void *owner, kvx_ucx_ep_t **ep_p)
+                      const kvx_ep_ops_t *ops, void *owner, kvx_ucx_ep_t **ep_p)
 {
     kvx_ucx_ep_t *e = calloc(1, sizeof(*e));
     ucs_status_t s;
@@ -1206,6 +1205,7 @@ int kvx_ucx_pair_open(kvx_transport_t *t, void *conn_req, const struct sockaddr 
     if (e == NULL)
         return -ENOMEM;
     e->t = t;
+    e->ops = ops;
     e->owner = owner;
     e->pair = true;
     ucp_ep_params_t ep_params = {
@@ -1284,12 +1284,7 @@ static void kvx_ucx_send_cb(void *req, ucs_status_t status, void *arg)
 
     ucp_request_free(req);
     kvx_ucx_send_put(s);
-    if (e->pair)
-        kvx_listen_on_sent(e->owner, kvx_ucx_errno(status));
-    else if (e->rconn)
-        kvx_recv_on_sent(e->owner, kvx_ucx_errno(status));
-    else
-        kvx_xfer_on_sent(e->owner, xfer_id, kvx_ucx_errno(status));
+    e->ops->on_sent(e->owner, xfer_id, kvx_ucx_errno(status));
 }
 
 int kvx_ucx_send(kvx_send_t *s, size_t hdr_len, size_t iovcnt, unsigned *refs)

@@ -164,12 +164,12 @@ static int kvx_xfer_submit(kvx_transport_t *t, int op, const char *peer_id, cons
     /* leaving idle: a progress thread asleep for a long tick looks again soon (stall and
      * liveness checks run every KVX_HOUSEKEEPING_NS while transfers are in flight) */
     if (kvx_list_empty(&t->active))
-        kvx_progress_kick(t, now + KVX_HOUSEKEEPING_NS);
+        kvx_kick(t, now + KVX_HOUSEKEEPING_NS);
     kvx_list_add_tail(&t->active, &x->active_link);
     due = kvx_xfer_due(t, x);
     if (due != 0 && due < t->next_deadline_ns) {
         t->next_deadline_ns = due;
-        kvx_progress_kick(t, due);
+        kvx_kick(t, due);
     }
     if (p->reconnecting) { /* it waits for the new connection (kvx_xfer_unpark) */
         kvx_list_add_tail(&p->parked, &x->conn_link);
@@ -184,7 +184,7 @@ static int kvx_xfer_submit(kvx_transport_t *t, int op, const char *peer_id, cons
         c->reqs < KVX_MAX_REQS) {
         if (!kvx_list_linked(&c->work_link))
             kvx_list_add_tail(&t->work, &c->work_link);
-        kvx_progress_kick(t, 0);
+        kvx_kick(t, 0);
     }
     rc = 0;
 out:
@@ -256,7 +256,7 @@ static void kvx_xfer_finish(kvx_xfer_t *x, int status)
         x->deadline_ns = kvx_now_ns() + kvx_end_grace(t);
         if (x->deadline_ns < t->next_deadline_ns) {
             t->next_deadline_ns = x->deadline_ns;
-            kvx_progress_kick(t, x->deadline_ns);
+            kvx_kick(t, x->deadline_ns);
         }
         return;
     }
@@ -311,7 +311,7 @@ void kvx_xfer_unpark(kvx_peer_t *p, kvx_conn_t *c, int err)
     }
     if (any && c->state == KVX_CONN_OPEN && c->wired && !kvx_list_linked(&c->work_link)) {
         kvx_list_add_tail(&c->t->work, &c->work_link);
-        kvx_progress_kick(c->t, 0);
+        kvx_kick(c->t, 0);
     }
 }
 
@@ -658,7 +658,7 @@ void kvx_xfer_on_message(kvx_transport_t *t, const kvx_msg_t *m, const uint8_t *
         kvx_put64(b, m->token);
     }
     if (c == NULL || c->state != KVX_CONN_OPEN || !kvx_equal_ct(a, b, 8)) {
-        kvx_recv_count_drop(t, KVX_DROP_UNKNOWN);
+        kvx_count_drop(t, KVX_DROP_UNKNOWN);
         return;
     }
     c->last_progress_ns = kvx_now_ns();
@@ -684,7 +684,7 @@ void kvx_xfer_on_message(kvx_transport_t *t, const kvx_msg_t *m, const uint8_t *
             uint8_t pr[KVX_WIRE_PROOF_LEN];
             int rc;
             kvx_wire_put_hdr(pr, KVX_MSG_PROOF, 0, c->rconn_id, c->rconn_token);
-            kvx_recv_proof_mac(t->secret, t->secret_len, m->u.hello_ack.nonce, c->rconn_id,
+            kvx_wire_proof_mac(t->secret, t->secret_len, m->u.hello_ack.nonce, c->rconn_id,
                                c->rconn_token, pr + KVX_WIRE_HDR_LEN);
             rc = kvx_ucx_send_ctl(c->ucx, pr, sizeof(pr), &c->ucx_refs);
             if (rc < 0) {
@@ -827,3 +827,17 @@ again:
     }
     t->next_deadline_ns = earliest;
 }
+
+static void kvx_xfer_ep_sent(void *c, uint64_t xfer_id, int status)
+{
+    kvx_xfer_on_sent(c, xfer_id, status);
+}
+static void kvx_xfer_ep_error(void *c, int status) { kvx_on_conn_error(c, status); }
+static void kvx_xfer_ep_closed(void *c) { kvx_on_conn_closed(c); }
+
+/* What the endpoint of an initiator's connection reports (kvx_ucx_ep_open). */
+const kvx_ep_ops_t kvx_xfer_ep_ops = {
+    .on_sent = kvx_xfer_ep_sent,
+    .on_error = kvx_xfer_ep_error,
+    .on_closed = kvx_xfer_ep_closed,
+};

@@ -667,7 +667,7 @@ static int replay(void)
         hello_flood(&md, right ? "holder-b" : "holder-a", 1, 0, secret);
         KT_EQ(seen.hello_acks, acks0 + 1);
         kvx_wire_put_hdr(pr, KVX_MSG_PROOF, 0, seen.rconn_id, seen.token);
-        kvx_recv_proof_mac((const uint8_t *)secret, strlen(secret), seen.nonce, seen.rconn_id,
+        kvx_wire_proof_mac((const uint8_t *)secret, strlen(secret), seen.nonce, seen.rconn_id,
                            seen.token, pr + KVX_WIRE_HDR_LEN);
         if (!right)
             pr[KVX_WIRE_HDR_LEN + 5] ^= 1;
