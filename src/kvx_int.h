@@ -97,9 +97,10 @@ typedef struct kvx_rconn kvx_rconn_t;
 typedef struct kvx_writer kvx_writer_t;
 typedef struct kvx_send kvx_send_t;
 typedef struct kvx_pairing kvx_pairing_t;
-typedef struct kvx_ucx kvx_ucx_t;       /* backend state of a transport (ucx.c) */
-typedef struct kvx_ucx_ep kvx_ucx_ep_t; /* backend state of an endpoint (ucx.c) */
-typedef struct kvx_ep_ops kvx_ep_ops_t; /* what an endpoint tells its owner (ucx.c) */
+typedef struct kvx_ucx kvx_ucx_t;           /* backend state of a transport (ucx.c) */
+typedef struct kvx_ucx_ep kvx_ucx_ep_t;     /* backend state of an endpoint (ucx.c) */
+typedef struct kvx_ep_ops kvx_ep_ops_t;     /* what an endpoint tells its owner (ucx.c) */
+typedef struct kvx_conn_ops kvx_conn_ops_t; /* what a connection tells its owner (conn.c) */
 
 enum kvx_op { KVX_OP_WRITE = 0, KVX_OP_READ = 1 };
 
@@ -194,7 +195,8 @@ typedef struct kvx_rreq {
  */
 struct kvx_conn {
     kvx_transport_t *t;
-    kvx_peer_t *peer; /* NULL until kvx_peer_add installs it, and once detached */
+    const kvx_conn_ops_t *ops; /* what its owner hears (kvx_conn_open) */
+    kvx_peer_t *peer;          /* NULL until kvx_peer_add installs it, and once detached */
     int state;
     bool wired;                /* the receiver answered the handshake */
     bool lingering;            /* failed over tcp with sends UCX holds: its endpoint is closed
@@ -750,6 +752,17 @@ static inline int kvx_remote_status(int32_t status)
 
 /* ---- peers (peer.c) ------------------------------------------------------------------------- */
 
+/* Pairing again: at once, then after pauses that double from the first to the last. */
+#define KVX_RECONNECT_MIN_NS 10000000ull
+#define KVX_RECONNECT_MAX_NS 500000000ull
+/* A peer paired by address lost its connection: it pairs again (listen.c's kvx_listen_reconnect
+ * takes it from t->reconnects when due). */
+void kvx_peer_lost(kvx_transport_t *t, kvx_peer_t *p, int err);
+/* A peer event for kvx_peer_event_poll (the oldest goes when the ring is full). */
+void kvx_peer_event(kvx_transport_t *t, const kvx_peer_t *p, int type, int err);
+/* What the peers' connections tell them (kvx_conn_open). */
+extern const kvx_conn_ops_t kvx_peer_conn_ops;
+
 int kvx_peer_check(const kvx_transport_t *t, const kvx_md_t *md, const kvx_peer_params_t *expect,
                    const char **why);
 kvx_peer_t *kvx_peer_lookup(const kvx_transport_t *t, const char *id);
@@ -765,8 +778,26 @@ bool kvx_peer_id_ok(const char *id);
 void kvx_peer_maybe_free(kvx_transport_t *t, kvx_peer_t *p);
 void kvx_peer_free_all(kvx_transport_t *t);
 
-/* ---- connections (peer.c) ------------------------------------------------------------------- */
+/* ---- connections (conn.c) ------------------------------------------------------------------- */
 
+/* What a connection tells its owner, from kvx_conn_open on (the lock held; on_sent inside UCX
+ * progress, the others outside it). */
+struct kvx_conn_ops {
+    /* UCX is done with a message of the connection's (xfer_id: the transfer it carried, or 0) */
+    void (*on_sent)(kvx_conn_t *c, uint64_t xfer_id, int status);
+    /* the progress step serves a connection that asked for work: runs to post */
+    void (*on_work)(kvx_conn_t *c);
+    /* it fails (once, in kvx_conn_fail, before its endpoint closes): its transfers go */
+    void (*on_failed)(kvx_conn_t *c, int err);
+};
+
+/* A new connection from md: its process watched when on this host, its endpoint, its mapping of
+ * an owned region, listed, and its handshake sent. Not yet any peer's. Returns 0 with *c_p set,
+ * or a negative errno (logged for peer_id) with nothing of it left to the caller. */
+int kvx_conn_open(kvx_transport_t *t, const char *peer_id, const kvx_md_t *md,
+                  const kvx_conn_ops_t *ops, kvx_conn_t **c_p);
+/* Fault a mapped region's pages in (lock released meanwhile; c pinned by the caller). */
+void kvx_conn_prefault(kvx_conn_t *c);
 void kvx_conn_fail(kvx_conn_t *c, int err);
 void kvx_conn_end_linger(kvx_conn_t *c);
 void kvx_conn_release(kvx_conn_t *c, int err);
@@ -777,6 +808,7 @@ void kvx_conn_maybe_free(kvx_conn_t *c);
 void kvx_conn_map_prove(kvx_conn_t *c, const uint8_t *token);
 void kvx_conn_housekeeping(kvx_transport_t *t, uint64_t now);
 bool kvx_conn_busy(const kvx_conn_t *c);
+/* Connections by id (table.c). */
 int kvx_idtab_alloc(kvx_idtab_t *tab, void *obj, uint32_t *id_p);
 void *kvx_idtab_get(const kvx_idtab_t *tab, uint32_t id);
 void kvx_idtab_release(kvx_idtab_t *tab, uint32_t id);
@@ -806,9 +838,6 @@ void kvx_xfer_on_message(kvx_transport_t *t, const kvx_msg_t *m, const uint8_t *
                          size_t data_len);
 /* UCX is done with a message of a connection's (status: how it went). */
 void kvx_xfer_on_sent(kvx_conn_t *c, uint64_t xfer_id, int status);
-/* The table an initiator's connection gives its endpoint: sends complete here, failures and
- * closes go to the connection (kvx_on_conn_error, kvx_on_conn_closed). */
-extern const kvx_ep_ops_t kvx_xfer_ep_ops;
 
 /* How often stall and liveness checks run while transfers are in flight. */
 #define KVX_HOUSEKEEPING_NS 100000000ull
@@ -895,6 +924,14 @@ int kvx_addr_split(const char *addr, bool any_port, char buf[KVX_ADDR_MAX], char
 int kvx_addr_parse(const char *addr, bool any_port, struct sockaddr_storage *ss, socklen_t *len);
 void kvx_addr_format(const struct sockaddr_storage *ss, char *out, size_t cap);
 void kvx_listen_on_request(kvx_transport_t *t, void *conn_req);
+/* kvx_peer_connect's pairing: open it to a listener's address (lock held), whether it has an
+ * outcome, and its outcome (0 and the listener's metadata, the caller's to free; the pairing
+ * goes). */
+int kvx_listen_dial(kvx_transport_t *t, const struct sockaddr_storage *ss, socklen_t len,
+                    kvx_pairing_t **pg_p);
+bool kvx_listen_dial_over(const kvx_pairing_t *pg);
+int kvx_listen_dial_end(kvx_pairing_t *pg, const char *peer_id, const char *addr, uint8_t **md_p,
+                        size_t *md_len_p);
 void kvx_listen_on_message(kvx_pairing_t *pg, const kvx_msg_t *m, const uint8_t *data,
                            size_t data_len);
 void kvx_listen_on_sent(kvx_pairing_t *pg, int status);
@@ -905,12 +942,10 @@ unsigned kvx_listen_work(kvx_transport_t *t);
 void kvx_listen_close_all(kvx_transport_t *t); /* at close: every pairing's endpoint */
 bool kvx_listen_closing(const kvx_transport_t *t);
 void kvx_listen_free_all(kvx_transport_t *t); /* after the worker is gone */
-/* Reconnection of peers paired by address: start it (the peer's connection failed), stop it
- * (removed, re-added, closing), and its step (from kvx_progress_step when due). */
-void kvx_listen_peer_lost(kvx_transport_t *t, kvx_peer_t *p, int err);
+/* Reconnection of peers paired by address (kvx_peer_lost starts it): stop it (removed,
+ * re-added, closing), and its step (from kvx_progress_step when due). */
 void kvx_listen_peer_forget(kvx_transport_t *t, kvx_peer_t *p);
 void kvx_listen_reconnect(kvx_transport_t *t, uint64_t now);
-void kvx_listen_event(kvx_transport_t *t, const kvx_peer_t *p, int type, int err);
 
 /* ---- statistics (stats.c) ------------------------------------------------------------------ */
 

@@ -32,9 +32,6 @@
  * time the listener's UCX takes to accept and drop the connections that came first (764 of
  * test_pair's: 0.03-0.4 s); together they reached 2.1 s there, which timed out the 2 s wait. */
 #define KVX_CONNECT_TIMEOUT_NS (5ull * 1000000000ull)
-/* Pairing again: at once, then after pauses that double from the first to the last. */
-#define KVX_RECONNECT_MIN_NS 10000000ull
-#define KVX_RECONNECT_MAX_NS 500000000ull
 /* Connections the listener keeps at once; more are rejected until some finish or expire. */
 #define KVX_ACCEPTED_MAX 256
 
@@ -213,34 +210,6 @@ static const kvx_ep_ops_t kvx_pair_ep_ops = {
     .on_closed = kvx_pair_ep_closed,
     .on_message = kvx_pair_ep_message,
 };
-
-int kvx_transport_listen(kvx_transport_t *t, const char *addr)
-{
-    struct sockaddr_storage ss, bound;
-    socklen_t len;
-    int rc;
-
-    if (t == NULL)
-        return -EINVAL;
-    rc = kvx_addr_parse(addr, true, &ss, &len);
-    if (rc < 0)
-        return rc;
-    kvx_lock(t);
-    if (t->closed) {
-        rc = -ESHUTDOWN;
-    } else if (t->listening) {
-        rc = -EALREADY;
-    } else {
-        rc = kvx_ucx_listen(t, (const struct sockaddr *)&ss, len, &bound);
-        if (rc == 0) {
-            t->listening = true;
-            kvx_addr_format(&bound, t->listen_addr, sizeof(t->listen_addr));
-            kvx_info(t, "listening at %s", t->listen_addr);
-        }
-    }
-    kvx_unlock(t);
-    return rc;
-}
 
 /* In UCX's callback: keep the request for kvx_listen_work, or refuse it at once. */
 void kvx_listen_on_request(kvx_transport_t *t, void *conn_req)
@@ -449,8 +418,8 @@ unsigned kvx_listen_work(kvx_transport_t *t)
 }
 
 /* Open a pairing to a listener's address. Lock held. */
-static int kvx_pair_dial(kvx_transport_t *t, const struct sockaddr_storage *ss, socklen_t len,
-                         kvx_pairing_t **pg_p)
+int kvx_listen_dial(kvx_transport_t *t, const struct sockaddr_storage *ss, socklen_t len,
+                    kvx_pairing_t **pg_p)
 {
     kvx_pairing_t *pg = calloc(1, sizeof(*pg));
     int rc;
@@ -476,50 +445,30 @@ static int kvx_pair_dial(kvx_transport_t *t, const struct sockaddr_storage *ss, 
     return 0;
 }
 
-int kvx_peer_connect(kvx_transport_t *t, const char *peer_id, const char *addr,
-                     const kvx_peer_params_t *params)
+/* A kvx_peer_connect's pairing has an outcome (answered, failed or past its time). */
+bool kvx_listen_dial_over(const kvx_pairing_t *pg)
 {
-    struct sockaddr_storage ss;
-    char numeric[KVX_ADDR_MAX];
-    kvx_pairing_t *pg;
-    uint8_t *md = NULL;
-    size_t md_len = 0;
-    socklen_t len;
-    int rc;
+    return pg->answered || pg->closing || kvx_now_ns() >= pg->expires_ns;
+}
 
-    if (t == NULL || !kvx_peer_id_ok(peer_id))
-        return -EINVAL;
-    rc = kvx_addr_parse(addr, false, &ss, &len);
-    if (rc < 0)
-        return rc;
-    /* the peer remembers the address resolved: pairing again never waits on a name lookup */
-    kvx_addr_format(&ss, numeric, sizeof(numeric));
-    kvx_lock(t);
-    if (t->closed) {
-        kvx_unlock(t);
-        return -ESHUTDOWN;
-    }
-    rc = kvx_pair_dial(t, &ss, len, &pg);
-    if (rc < 0) {
-        kvx_unlock(t);
-        return rc;
-    }
-    t->busy++;
-    while (!t->closed && !pg->answered && !pg->closing && kvx_now_ns() < pg->expires_ns)
-        kvx_progress_wait_event(t, pg->expires_ns);
-    t->busy--;
+/* A kvx_peer_connect's pairing is over: its outcome (0 with the listener's metadata in *md_p,
+ * the caller's to free, or a negative errno, logged), and the pairing goes. */
+int kvx_listen_dial_end(kvx_pairing_t *pg, const char *peer_id, const char *addr, uint8_t **md_p,
+                        size_t *md_len_p)
+{
+    kvx_transport_t *t = pg->t;
+    int rc = 0;
+
     if (t->closed) {
         rc = -ESHUTDOWN;
-        pthread_cond_broadcast(&t->cond); /* close waits for busy calls to leave */
     } else if (pg->err < 0) {
         rc = pg->err;
     } else if (pg->answered) {
         /* a whole answer, checked: the metadata is the listener's, whatever became of the
          * connection after it (a failure reported in the same progress step has closed the
-         * endpoint already; kvx_peer_add_at below finds out whether that process is still
-         * there) */
-        md = pg->md;
-        md_len = pg->md_len;
+         * endpoint already; kvx_peer_add_at finds out whether that process is still there) */
+        *md_p = pg->md;
+        *md_len_p = pg->md_len;
         pg->md = NULL;
         if (kvx_pair_ep(pg) != NULL) {
             char lanes[KVX_TRANSPORT_NAME_MAX];
@@ -541,74 +490,10 @@ int kvx_peer_connect(kvx_transport_t *t, const char *peer_id, const char *addr,
     if (!t->closed) /* at close, kvx_listen_close_all has it */
         kvx_pair_close(pg, 0);
     kvx_pair_maybe_free(pg);
-    kvx_unlock(t);
-    if (rc == 0)
-        rc = kvx_peer_add_at(t, peer_id, md, md_len, params, numeric);
-    free(md);
     return rc;
 }
 
 /* ---- pairing again: peers paired by address whose connection failed ------------------------- */
-
-void kvx_listen_event(kvx_transport_t *t, const kvx_peer_t *p, int type, int err)
-{
-    kvx_peer_event_t *e;
-
-    if (t->ev_count == KVX_PEER_EVENTS_MAX) { /* the oldest goes */
-        t->ev_head = (t->ev_head + 1) % KVX_PEER_EVENTS_MAX;
-        t->ev_count--;
-    }
-    e = &t->events[(t->ev_head + t->ev_count) % KVX_PEER_EVENTS_MAX];
-    memset(e, 0, sizeof(*e));
-    snprintf(e->peer_id, sizeof(e->peer_id), "%s", p->id);
-    e->type = type;
-    e->error = err;
-    e->generation = p->last_generation;
-    t->ev_count++;
-}
-
-int kvx_peer_event_poll(kvx_transport_t *t, kvx_peer_event_t *out, size_t max)
-{
-    size_t n = 0;
-
-    if (t == NULL || (out == NULL && max != 0))
-        return -EINVAL;
-    kvx_lock(t);
-    if (t->closed) {
-        kvx_unlock(t);
-        return -ESHUTDOWN;
-    }
-    while (n < max && n < INT32_MAX && t->ev_count > 0) {
-        out[n++] = t->events[t->ev_head];
-        t->ev_head = (t->ev_head + 1) % KVX_PEER_EVENTS_MAX;
-        t->ev_count--;
-    }
-    kvx_events_update(t);
-    kvx_unlock(t);
-    return (int)n;
-}
-
-static void kvx_reconnect_due(kvx_transport_t *t, uint64_t at)
-{
-    if (at < t->next_reconnect_ns) {
-        t->next_reconnect_ns = at;
-        kvx_kick(t, at);
-    }
-}
-
-void kvx_listen_peer_lost(kvx_transport_t *t, kvx_peer_t *p, int err)
-{
-    if (p->reconnecting)
-        return;
-    p->reconnecting = true;
-    p->backoff_ns = KVX_RECONNECT_MIN_NS;
-    p->next_try_ns = kvx_now_ns();
-    kvx_list_add_tail(&t->reconnects, &p->reconnect_link);
-    kvx_info(t, "peer %s: connection failed (%s); pairing again with %s", p->id, kvx_strerror(err),
-             p->addr);
-    kvx_listen_event(t, p, KVX_PEER_EVENT_DOWN, err);
-    kvx_reconnect_due(t, p->next_try_ns);
-}
 
 /* The attempt under way is over (its outcome taken or not wanted). */
 static void kvx_reconnect_drop_attempt(kvx_peer_t *p)
@@ -689,7 +574,7 @@ void kvx_listen_reconnect(kvx_transport_t *t, uint64_t now)
             socklen_t len;
             int rc = kvx_addr_parse(p->addr, false, &ss, &len); /* numeric: no lookup */
             if (rc == 0)
-                rc = kvx_pair_dial(t, &ss, len, &p->pg);
+                rc = kvx_listen_dial(t, &ss, len, &p->pg);
             if (rc == 0) {
                 p->pg->peer = p;
                 next = p->pg->expires_ns < next ? p->pg->expires_ns : next;

@@ -827,17 +827,3 @@ again:
     }
     t->next_deadline_ns = earliest;
 }
-
-static void kvx_xfer_ep_sent(void *c, uint64_t xfer_id, int status)
-{
-    kvx_xfer_on_sent(c, xfer_id, status);
-}
-static void kvx_xfer_ep_error(void *c, int status) { kvx_on_conn_error(c, status); }
-static void kvx_xfer_ep_closed(void *c) { kvx_on_conn_closed(c); }
-
-/* What the endpoint of an initiator's connection reports (kvx_ucx_ep_open). */
-const kvx_ep_ops_t kvx_xfer_ep_ops = {
-    .on_sent = kvx_xfer_ep_sent,
-    .on_error = kvx_xfer_ep_error,
-    .on_closed = kvx_xfer_ep_closed,
-};
