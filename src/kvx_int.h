@@ -815,6 +815,9 @@ void kvx_idtab_release(kvx_idtab_t *tab, uint32_t id);
 
 /* ---- transfers (xfer.c, transport.c) -------------------------------------------------------- */
 
+int kvx_xfer_submit(kvx_transport_t *t, kvx_peer_t *p, int op, const uint32_t *local,
+                    const uint32_t *remote, size_t count, const kvx_xfer_params_t *params,
+                    uint64_t *id_p);
 void kvx_xfer_post(kvx_conn_t *c, size_t budget_bytes);
 void kvx_xfer_forget(kvx_xfer_t *x);
 void kvx_xfer_fail_conn(kvx_conn_t *c, int err);

@@ -1,6 +1,7 @@
 /*
- * The transport core: create and close, transfer ids and slots, per-peer completion queues, poll
- * and cancel. A transfer completes here (kvx_xfer_complete) and leaves through kvx_transport_poll.
+ * The transport's calls: create and close, metadata, fence, and the transfer calls: write and
+ * read (checked here, born in xfer.c), poll (a transfer leaves through kvx_transport_poll, from
+ * the completion queue cq.c keeps) and cancel. The top of the layers: it may call any of them.
  */
 #include "kvx_int.h"
 
@@ -631,6 +632,54 @@ int kvx_transport_poll(kvx_transport_t *t, const char *peer_id, kvx_completion_t
     kvx_events_update(t);
     kvx_unlock(t);
     return (int)n;
+}
+
+/* ---- submit -----------------------------------------------------------------------------------
+ */
+
+static int kvx_submit(kvx_transport_t *t, int op, const char *peer_id, const uint32_t *local,
+                      const uint32_t *remote, size_t count, const kvx_xfer_params_t *params,
+                      uint64_t *id_p)
+{
+    uint64_t fm = params != NULL ? params->field_mask : 0;
+    uint32_t flags = (fm & KVX_XFER_PARAM_FLAGS) ? params->flags : 0;
+    kvx_peer_t *p;
+    int rc;
+
+    if (t == NULL || peer_id == NULL || id_p == NULL || (count != 0 && (!local || !remote)) ||
+        count > UINT32_MAX || count > UINT64_MAX / t->block_len ||
+        ((fm & KVX_XFER_PARAM_DEADLINE) && params->deadline_ms > KVX_MS_MAX) ||
+        (flags & ~(uint32_t)KVX_XFER_NOTIFY) || ((flags & KVX_XFER_NOTIFY) && op != KVX_OP_WRITE))
+        return -EINVAL;
+    kvx_lock(t);
+    if (t->closed) {
+        rc = -ESHUTDOWN;
+        goto out;
+    }
+    p = kvx_peer_lookup(t, peer_id);
+    if (p == NULL || p->conn == NULL) {
+        kvx_debug(t, "submit: unknown peer '%s'", peer_id);
+        rc = -ENOENT;
+        goto out;
+    }
+    rc = kvx_xfer_submit(t, p, op, local, remote, count, params, id_p);
+out:
+    kvx_unlock(t);
+    return rc;
+}
+
+int kvx_xfer_write(kvx_transport_t *t, const char *peer_id, const uint32_t *local_idxs,
+                   const uint32_t *remote_idxs, size_t count, const kvx_xfer_params_t *params,
+                   uint64_t *id_p)
+{
+    return kvx_submit(t, KVX_OP_WRITE, peer_id, local_idxs, remote_idxs, count, params, id_p);
+}
+
+int kvx_xfer_read(kvx_transport_t *t, const char *peer_id, const uint32_t *local_idxs,
+                  const uint32_t *remote_idxs, size_t count, const kvx_xfer_params_t *params,
+                  uint64_t *id_p)
+{
+    return kvx_submit(t, KVX_OP_READ, peer_id, local_idxs, remote_idxs, count, params, id_p);
 }
 
 /* ---- cancel --------------------------------------------------------------------------------- */

@@ -92,38 +92,23 @@ static uint64_t kvx_xfer_due(const kvx_transport_t *t, const kvx_xfer_t *x)
     return due == 0 || stall < due ? stall : due;
 }
 
-static int kvx_xfer_submit(kvx_transport_t *t, int op, const char *peer_id, const uint32_t *local,
-                           const uint32_t *remote, size_t count, const kvx_xfer_params_t *params,
-                           uint64_t *id_p)
+/* A new transfer to peer p (the API checked the arguments and found p, lock held): where a
+ * transfer is born. Returns 0 with *id_p, or a negative errno with nothing changed. */
+int kvx_xfer_submit(kvx_transport_t *t, kvx_peer_t *p, int op, const uint32_t *local,
+                    const uint32_t *remote, size_t count, const kvx_xfer_params_t *params,
+                    uint64_t *id_p)
 {
     uint64_t deadline_ms, now, due, fm = params != NULL ? params->field_mask : 0;
     uint32_t flags = (fm & KVX_XFER_PARAM_FLAGS) ? params->flags : 0;
-    kvx_peer_t *p;
     kvx_conn_t *c;
     kvx_xfer_t *x;
     bool was_idle;
     int rc;
 
-    if (t == NULL || peer_id == NULL || id_p == NULL || (count != 0 && (!local || !remote)) ||
-        count > UINT32_MAX || count > UINT64_MAX / t->block_len ||
-        ((fm & KVX_XFER_PARAM_DEADLINE) && params->deadline_ms > KVX_MS_MAX) ||
-        (flags & ~(uint32_t)KVX_XFER_NOTIFY) || ((flags & KVX_XFER_NOTIFY) && op != KVX_OP_WRITE))
-        return -EINVAL;
-    kvx_lock(t);
-    if (t->closed) {
-        rc = -ESHUTDOWN;
-        goto out;
-    }
     deadline_ms = t->deadline_ns / 1000000ull;
     if (fm & KVX_XFER_PARAM_DEADLINE)
         deadline_ms = params->deadline_ms; /* at most KVX_MS_MAX: no overflow below */
 
-    p = kvx_peer_lookup(t, peer_id);
-    if (p == NULL || p->conn == NULL) {
-        kvx_debug(t, "submit: unknown peer '%s'", peer_id);
-        rc = -ENOENT;
-        goto out;
-    }
     c = p->conn;
     if (c->state != KVX_CONN_OPEN && !p->reconnecting) {
         rc = -ENOTCONN;
@@ -188,22 +173,7 @@ static int kvx_xfer_submit(kvx_transport_t *t, int op, const char *peer_id, cons
     }
     rc = 0;
 out:
-    kvx_unlock(t);
     return rc;
-}
-
-int kvx_xfer_write(kvx_transport_t *t, const char *peer_id, const uint32_t *local_idxs,
-                   const uint32_t *remote_idxs, size_t count, const kvx_xfer_params_t *params,
-                   uint64_t *id_p)
-{
-    return kvx_xfer_submit(t, KVX_OP_WRITE, peer_id, local_idxs, remote_idxs, count, params, id_p);
-}
-
-int kvx_xfer_read(kvx_transport_t *t, const char *peer_id, const uint32_t *local_idxs,
-                  const uint32_t *remote_idxs, size_t count, const kvx_xfer_params_t *params,
-                  uint64_t *id_p)
-{
-    return kvx_xfer_submit(t, KVX_OP_READ, peer_id, local_idxs, remote_idxs, count, params, id_p);
 }
 
 /* ---- the connection's accounting of a transfer --------------------------------------------- */
