@@ -969,7 +969,7 @@ int kvx_progress_start(kvx_transport_t *t);
 void kvx_progress_stop(kvx_transport_t *t);
 void kvx_kick(kvx_transport_t *t, uint64_t when_ns);
 
-/* ---- UCX backend (ucx.c) -------------------------------------------------------------------- */
+/* ---- UCX backend (ucx*.c; what only they share is in ucx_int.h) ---------------------------- */
 
 /* A message being sent: kvx builds its header and payload iov here, and UCX keeps pointing at
  * both until it is done (a message it could not send at once waits in its queue). */
@@ -1014,7 +1014,6 @@ void kvx_ucx_free(kvx_transport_t *t); /* the owned region and the rest */
 void kvx_ucx_local_address(kvx_transport_t *t, const void **waddr, size_t *waddr_len);
 int kvx_ucx_region_alloc(kvx_transport_t *t, size_t len, void **base_p, const void **rkey_p,
                          size_t *rkey_len_p);
-void kvx_ucx_region_free(kvx_transport_t *t);
 int kvx_ucx_map(kvx_ucx_ep_t *ep, const void *rkey, size_t rkey_len, uint64_t raddr, uint64_t len,
                 uint32_t owner, void **ptr_p, uint8_t *token_p);
 void kvx_ucx_unmap(kvx_ucx_ep_t *ep);
@@ -1023,7 +1022,7 @@ int kvx_ucx_ep_open(kvx_transport_t *t, const void *waddr, const char *name,
                     const kvx_ep_ops_t *ops, void *owner, kvx_ucx_ep_t **ep_p);
 /* UCX pairs two workers' endpoints by the order each opened them towards the other: the place
  * of ep among this worker's endpoints to that peer, and a catch-up to the peer's place before
- * answering it (see ucx.c). */
+ * answering it (see ucx_ep.c). */
 uint32_t kvx_ucx_ep_sn(const kvx_ucx_ep_t *ep);
 /* Returns 0, or -ENOBUFS when the catch-up is over its budget (the HELLO is refused). */
 int kvx_ucx_align(kvx_transport_t *t, const void *waddr, uint32_t sn);

@@ -1,0 +1,447 @@
+/*
+ * The UCX backend's endpoints: opening one towards a worker address, the catch-up endpoints that
+ * keep UCX's pairing by creation order, closing, describing; and the messages kvx sends on them.
+ */
+#include "ucx_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- endpoints ---------------------------------------------------------------------------- */
+
+void kvx_ucx_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    kvx_ucx_ep_t *e = arg;
+
+    (void)ep;
+    if (e->pair) {
+        kvx_debug(e->t, "ucx: a pairing endpoint failed: %s", ucs_status_string(status));
+        /* what UCX's connection manager says when nothing listens at the address */
+        e->ops->on_error(e->owner,
+                         status == UCS_ERR_NOT_CONNECTED ? -ECONNREFUSED : kvx_ucx_errno(status));
+    } else
+        e->ops->on_error(e->owner, kvx_ucx_errno(status));
+}
+
+/*
+ * UCX pairs the endpoints of two workers by creation order: the k-th endpoint one worker opens
+ * towards the other (by address) is paired with the other's k-th (ucp_ep_match, conn_sn). A
+ * writer whose endpoint was force-closed before its HELLO left (a remove while the receiver was
+ * stopped) leaves the receiver one reply endpoint behind, and the receiver's next reply
+ * endpoint would be paired with the writer's dead one. So each side counts the endpoints it
+ * opened towards each remote worker, a HELLO carries the writer's count for its endpoint, and
+ * the receiver first opens the endpoints it lacks (at most KVX_ALIGN_MAX per HELLO, 256 in all)
+ * so that its reply endpoint takes the same place. They stay open, unused, until their peer
+ * fails (UCX reports it: then they close) or the transport closes: closing a tcp endpoint whose
+ * wire-up is still queued meets UCX's use-after-free (see kvx_conn_fail). A holder of the
+ * metadata chooses the number its HELLO claims: a catch-up over its budget (KVX_ALIGN_MAX per
+ * HELLO, KVX_FILLERS_PER_WORKER open towards one worker, 256 open in all) refuses the HELLO. A
+ * receiver already ahead (it opened endpoints of its own towards that worker) is left as it is.
+ * HELLOs of two connections open at once that arrive out of order (tcp) are not told apart from a
+ * lost one: the later reply endpoint then pairs with the writer's next endpoint (a known limit;
+ * pairing by UCX's connection manager would remove it).
+ */
+#define KVX_ALIGN_MAX 16
+
+#define KVX_FILLERS_PER_WORKER 32 /* catch-up endpoints open towards one remote worker */
+
+static uint64_t kvx_ucx_uid(const void *waddr, bool *ok)
+{
+    ucp_worker_address_attr_t a = {.field_mask = UCP_WORKER_ADDRESS_ATTR_FIELD_UID};
+
+    *ok = ucp_worker_address_query((ucp_address_t *)waddr, &a) == UCS_OK;
+    return *ok ? a.worker_uid : 0;
+}
+
+/* The entry of remote worker uid (made when create), or NULL: a hash table, 16 bytes per remote
+ * worker an endpoint was ever opened to, as UCX's own matching keeps one per remote worker. */
+static struct kvx_ucx_sn *kvx_ucx_sn_find(kvx_ucx_t *u, uint64_t uid, bool create)
+{
+    size_t mask = u->sns_cap - 1, i;
+
+    if (u->sns_cap != 0)
+        for (i = (size_t)(uid * 0x9e3779b97f4a7c15ull) & mask; u->sns[i].used; i = (i + 1) & mask)
+            if (u->sns[i].uid == uid)
+                return &u->sns[i];
+    if (!create)
+        return NULL;
+    if (2 * (u->nsns + 1) > u->sns_cap) {
+        size_t cap = u->sns_cap ? 2 * u->sns_cap : 64;
+        struct kvx_ucx_sn *n = calloc(cap, sizeof(*n)), *old = u->sns;
+        size_t oldcap = u->sns_cap;
+        if (n == NULL)
+            return NULL;
+        u->sns = n;
+        u->sns_cap = cap;
+        u->nsns = 0;
+        for (size_t k = 0; k < oldcap; k++)
+            if (old[k].used)
+                *kvx_ucx_sn_find(u, old[k].uid, true) = old[k];
+        free(old);
+        mask = cap - 1;
+    }
+    for (i = (size_t)(uid * 0x9e3779b97f4a7c15ull) & mask; u->sns[i].used; i = (i + 1) & mask)
+        ;
+    u->sns[i] = (struct kvx_ucx_sn){.uid = uid, .used = 1};
+    u->nsns++;
+    return &u->sns[i];
+}
+
+uint32_t kvx_ucx_ep_sn(const kvx_ucx_ep_t *e) { return e != NULL ? e->sn : 0; }
+
+static void kvx_ucx_filler_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    struct kvx_ucx_filler *f = arg;
+    (void)ep;
+    (void)status;
+    if (f->ep != NULL && !f->failed) { /* its peer is gone: closed after this progress */
+        f->failed = true;
+        f->u->nfailed++;
+    }
+}
+
+static void kvx_ucx_filler_closed(void *req, ucs_status_t status, void *arg)
+{
+    (void)status;
+    (void)arg;
+    ucp_request_free(req);
+}
+
+/* Close the catch-up endpoints whose peer failed (not from inside UCX's callback). */
+void kvx_ucx_reap_fillers(kvx_ucx_t *u)
+{
+    ucp_request_param_t cp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK,
+                              .flags = UCP_EP_CLOSE_FLAG_FORCE,
+                              .cb.send = kvx_ucx_filler_closed};
+
+    for (size_t i = 0; i < sizeof(u->fillers) / sizeof(u->fillers[0]) && u->nfailed > 0; i++) {
+        struct kvx_ucx_filler *f = &u->fillers[i];
+        struct kvx_ucx_sn *e;
+        void *req;
+        if (f->ep == NULL || !f->failed)
+            continue;
+        req = ucp_ep_close_nbx(f->ep, &cp);
+        (void)req; /* a request frees itself in kvx_ucx_filler_closed */
+        if ((e = kvx_ucx_sn_find(u, f->uid, false)) != NULL && e->fillers > 0)
+            e->fillers--;
+        f->ep = NULL;
+        f->failed = false;
+        u->nfillers--;
+        u->nfailed--;
+    }
+}
+
+int kvx_ucx_align(kvx_transport_t *t, const void *waddr, uint32_t sn)
+{
+    kvx_ucx_t *u = t->ucx;
+    bool ok;
+    uint64_t uid = kvx_ucx_uid(waddr, &ok);
+    struct kvx_ucx_sn *e = ok ? kvx_ucx_sn_find(u, uid, false) : NULL;
+    uint32_t have = e != NULL ? e->next_sn : 0, want;
+    const size_t cap = sizeof(u->fillers) / sizeof(u->fillers[0]);
+
+    /* UCX's numbers are 16-bit and pair nothing past 65535: nothing to catch up then */
+    if (!ok || have >= sn || sn >= 0xffff)
+        return 0;
+    want = sn - have;
+    /* the budget: per HELLO, per remote worker (open at once) and per transport (open at once;
+     * those whose peer failed give their place back) */
+    if (want > KVX_ALIGN_MAX || want > cap - u->nfillers ||
+        (e != NULL ? e->fillers : 0) + want > KVX_FILLERS_PER_WORKER) {
+        kvx_info(t, "ucx: a writer %u endpoint(s) ahead: over the catch-up budget, refused", want);
+        return -ENOBUFS;
+    }
+    if (e == NULL && (e = kvx_ucx_sn_find(u, uid, true)) == NULL)
+        return -ENOMEM;
+    kvx_debug(t, "ucx: %u endpoint(s) behind the writer's: catching up", want);
+    for (size_t i = 0; i < cap && e->next_sn < sn; i++) {
+        struct kvx_ucx_filler *f = &u->fillers[i];
+        ucp_ep_params_t ep_params = {
+            .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                          UCP_EP_PARAM_FIELD_ERR_HANDLER,
+            .address = (const ucp_address_t *)waddr,
+            .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+            .err_handler = {.cb = kvx_ucx_filler_err_cb, .arg = f},
+        };
+        if (f->ep != NULL)
+            continue;
+        if (ucp_ep_create(u->worker, &ep_params, &f->ep) != UCS_OK) {
+            f->ep = NULL;
+            break;
+        }
+        f->u = u;
+        f->uid = uid;
+        f->failed = false;
+        e->next_sn++;
+        e->fillers++;
+        u->nfillers++;
+    }
+    return 0;
+}
+
+/* The catch-up endpoints go with the worker (forced: nothing was ever sent on them). UCX's
+ * progress is driven for at most a second for them (with the lock held: the transport closes). */
+void kvx_ucx_close_fillers(kvx_ucx_t *u)
+{
+    ucp_request_param_t cp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                              .flags = UCP_EP_CLOSE_FLAG_FORCE};
+    uint64_t until = kvx_now_ns() + 1000000000ull;
+
+    kvx_ucx_reap_fillers(u);
+    for (size_t i = 0; i < sizeof(u->fillers) / sizeof(u->fillers[0]); i++) {
+        void *req;
+        if (u->fillers[i].ep == NULL)
+            continue;
+        req = ucp_ep_close_nbx(u->fillers[i].ep, &cp);
+        u->fillers[i].ep = NULL;
+        if (UCS_PTR_IS_PTR(req)) {
+            while (ucp_request_check_status(req) == UCS_INPROGRESS && kvx_now_ns() < until)
+                ucp_worker_progress(u->worker);
+            /* past the bound the request goes with the worker, which frees it */
+            if (ucp_request_check_status(req) != UCS_INPROGRESS)
+                ucp_request_free(req);
+        }
+    }
+    u->nfillers = 0;
+    u->nfailed = 0;
+}
+
+int kvx_ucx_ep_open(kvx_transport_t *t, const void *waddr, const char *name,
+                    const kvx_ep_ops_t *ops, void *owner, kvx_ucx_ep_t **ep_p)
+{
+    kvx_ucx_ep_t *e = calloc(1, sizeof(*e));
+    struct kvx_ucx_sn *sn;
+    ucs_status_t s;
+    bool ok;
+    uint64_t uid = kvx_ucx_uid(waddr, &ok);
+
+    if (e == NULL)
+        return -ENOMEM;
+    e->t = t;
+    e->ops = ops;
+    e->owner = owner;
+    ucp_ep_params_t ep_params = {
+        .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER | UCP_EP_PARAM_FIELD_NAME,
+        .address = (const ucp_address_t *)waddr,
+        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+        .err_handler = {.cb = kvx_ucx_err_cb, .arg = e},
+        .name = name,
+    };
+    s = ucp_ep_create(t->ucx->worker, &ep_params, &e->ep);
+    /* UCX counts an endpoint it made (its failures are nearly all before it counts: an address it
+     * refused); a worker is remembered from its first endpoint on */
+    if (ok && s == UCS_OK && (sn = kvx_ucx_sn_find(t->ucx, uid, true)) != NULL)
+        e->sn = sn->next_sn++;
+    if (s != UCS_OK) {
+        kvx_error(t, "ucx: ucp_ep_create to %s: %s", name, ucs_status_string(s));
+        free(e);
+        return kvx_ucx_errno(s);
+    }
+    *ep_p = e;
+    return 0;
+}
+
+/* Append name to a ','-joined list unless it is already there. */
+static void kvx_ucx_list_add(char *list, size_t cap, const char *name)
+{
+    size_t n = strlen(name), len = strlen(list);
+    const char *p = list;
+
+    while ((p = strstr(p, name)) != NULL) {
+        if ((p == list || p[-1] == ',') && (p[n] == '\0' || p[n] == ','))
+            return;
+        p += n;
+    }
+    if (len + n + 2 > cap)
+        return;
+    if (len > 0)
+        list[len++] = ',';
+    memcpy(list + len, name, n + 1);
+}
+
+/*
+ * Which transport carries the data. ucp_ep_print_info lists each lane as
+ *   "lane[0]:  3:sysv/memory.0 md[2] -> md[2]/sysv/sysdev[255] am am_bw#0 keepalive"  (1.13)
+ *   "lane[0]:  3:sysv/memory.0 md[2] -> md[2]/sysv/sysdev[255] seg 4294967295 am keepalive"
+ * (1.19, whose protocols v2 tag only the am lane). kvx's messages travel on the am_bw lanes, or
+ * the am lane when none is tagged am_bw. The size of one message on that lane: a shared-memory
+ * FIFO element (MM_SEG_SIZE, kvx's 32k unless set otherwise) or a tcp segment (TCP_TX_SEG_SIZE,
+ * kvx's 60k); a message larger than that is split by UCX and reassembled by copying.
+ */
+void kvx_ucx_ep_describe(kvx_ucx_ep_t *e, char *transport, size_t len, int *rma_hw, size_t *seg)
+{
+    static const char *const mm[] = {"UCX_SYSV_SEG_SIZE", "UCX_POSIX_SEG_SIZE", "UCX_MM_SEG_SIZE",
+                                     NULL};
+    static const char *const tcp[] = {"UCX_TCP_TX_SEG_SIZE", "UCX_TX_SEG_SIZE", NULL};
+    char *text = NULL, *line, *save = NULL;
+    size_t size = 0;
+    char am_bw[KVX_TRANSPORT_NAME_MAX] = "", am[KVX_TRANSPORT_NAME_MAX] = "";
+    FILE *f = open_memstream(&text, &size);
+
+    *rma_hw = 0;
+    *seg = 8192;
+    transport[0] = '\0';
+    if (f == NULL)
+        return;
+    ucp_ep_print_info(e->ep, f);
+    fclose(f);
+    for (line = strtok_r(text, "\n", &save); line != NULL; line = strtok_r(NULL, "\n", &save)) {
+        char tl[32];
+        const char *p = strstr(line, "lane[");
+        size_t ll = strlen(line);
+
+        if (p == NULL || (p = strchr(p, ':')) == NULL)
+            continue;
+        /* "  3:sysv/memory.0" -> "sysv" */
+        while (*++p == ' ')
+            ;
+        while (*p >= '0' && *p <= '9')
+            p++;
+        if (*p != ':' || sscanf(p + 1, "%31[^/ ]", tl) != 1)
+            continue;
+        if (strstr(line, " am_bw") != NULL)
+            kvx_ucx_list_add(am_bw, sizeof(am_bw), tl);
+        if (strstr(line, " am ") != NULL || (ll > 3 && strcmp(line + ll - 3, " am") == 0))
+            kvx_ucx_list_add(am, sizeof(am), tl);
+    }
+    free(text);
+    snprintf(transport, len, "%s", am_bw[0] != '\0' ? am_bw : am);
+    if (strncmp(transport, "sysv", 4) == 0 || strncmp(transport, "posix", 5) == 0)
+        *seg = kvx_ucx_env_size(mm, 32768);
+    else if (strncmp(transport, "tcp", 3) == 0)
+        *seg = kvx_ucx_env_size(tcp, 61440);
+}
+
+static void kvx_ucx_close_cb(void *req, ucs_status_t status, void *arg)
+{
+    kvx_ucx_ep_t *e = arg;
+
+    (void)status;
+    ucp_request_free(req);
+    e->ops->on_closed(e->owner);
+}
+
+int kvx_ucx_ep_close(kvx_ucx_ep_t *e, unsigned *refs)
+{
+    ucp_request_param_t p = {
+        .op_attr_mask =
+            UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+        .flags = UCP_EP_CLOSE_FLAG_FORCE,
+        .cb.send = kvx_ucx_close_cb,
+        .user_data = e,
+    };
+    void *req;
+
+    if (e == NULL || e->ep == NULL)
+        return 0;
+    req = ucp_ep_close_nbx(e->ep, &p);
+    e->ep = NULL;
+    if (UCS_PTR_IS_ERR(req)) {
+        kvx_warn(e->t, "ucx: closing an endpoint: %s", ucs_status_string(UCS_PTR_STATUS(req)));
+        return 0;
+    }
+    if (req == NULL)
+        return 0;
+    (*refs)++;
+    return 1;
+}
+
+void kvx_ucx_ep_free(kvx_ucx_ep_t *e)
+{
+    if (e == NULL)
+        return;
+    if (e->pair) {
+        kvx_ucx_ep_t **pp = &e->t->ucx->pair_eps;
+        while (*pp != NULL && *pp != e)
+            pp = &(*pp)->pair_next;
+        if (*pp == e)
+            *pp = e->pair_next;
+    }
+    kvx_ucx_unmap(e);
+    while (e->free != NULL) {
+        kvx_send_t *s = e->free;
+        e->free = s->next_free;
+        free(s);
+    }
+    free(e);
+}
+
+/* ---- messages out --------------------------------------------------------------------------- */
+
+kvx_send_t *kvx_ucx_send_get(kvx_ucx_ep_t *e)
+{
+    kvx_send_t *s = e->free;
+
+    if (s != NULL)
+        e->free = s->next_free;
+    else if ((s = malloc(sizeof(*s))) == NULL)
+        return NULL;
+    s->ep = e;
+    s->next_free = NULL;
+    s->xfer_id = 0;
+    return s;
+}
+
+static void kvx_ucx_send_put(kvx_send_t *s)
+{
+    kvx_ucx_ep_t *e = s->ep;
+    s->next_free = e->free;
+    e->free = s;
+}
+
+static void kvx_ucx_send_cb(void *req, ucs_status_t status, void *arg)
+{
+    kvx_send_t *s = arg;
+    kvx_ucx_ep_t *e = s->ep;
+    uint64_t xfer_id = s->xfer_id;
+
+    ucp_request_free(req);
+    kvx_ucx_send_put(s);
+    e->ops->on_sent(e->owner, xfer_id, kvx_ucx_errno(status));
+}
+
+int kvx_ucx_send(kvx_send_t *s, size_t hdr_len, size_t iovcnt, unsigned *refs)
+{
+    kvx_ucx_ep_t *e = s->ep;
+    ucp_request_param_t p = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                        UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_DATATYPE,
+        .flags = UCP_AM_SEND_FLAG_EAGER | (e->pair ? UCP_AM_SEND_FLAG_REPLY : 0),
+        .cb.send = kvx_ucx_send_cb,
+        .user_data = s,
+        .datatype = iovcnt > 0 ? ucp_dt_make_iov() : ucp_dt_make_contig(1),
+    };
+    void *req;
+
+    if (e->ep == NULL) {
+        kvx_ucx_send_put(s);
+        return -ENOTCONN;
+    }
+    req = ucp_am_send_nbx(e->ep, KVX_AM_ID, s->hdr, hdr_len, iovcnt > 0 ? (void *)s->iov : NULL,
+                          iovcnt, &p);
+    if (req == NULL) {
+        kvx_ucx_send_put(s);
+        return 0;
+    }
+    if (UCS_PTR_IS_ERR(req)) {
+        kvx_ucx_send_put(s);
+        return kvx_ucx_errno(UCS_PTR_STATUS(req));
+    }
+    (*refs)++;
+    return 1;
+}
+
+int kvx_ucx_send_ctl(kvx_ucx_ep_t *e, const void *hdr, size_t hdr_len, unsigned *refs)
+{
+    kvx_send_t *s;
+
+    if (hdr_len > KVX_SEND_HDR_MAX)
+        return -EINVAL;
+    s = kvx_ucx_send_get(e);
+    if (s == NULL)
+        return -ENOMEM;
+    memcpy(s->hdr, hdr, hdr_len);
+    return kvx_ucx_send(s, hdr_len, 0, refs);
+}

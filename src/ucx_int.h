@@ -1,0 +1,124 @@
+/*
+ * What the UCX backend's files share, and no other file includes (the layers above see only
+ * kvx_int.h's "UCX backend" section): UCP's headers, the backend's state, the helpers more than
+ * one of its files calls. Every UCP call kvx makes lives in these files (context, worker,
+ * endpoints, kvx's active messages in and out, progress, wake-up); the rest of kvx sees plain
+ * errnos. UCP's RMA feature is never enabled: UCX's own put and get handlers, which write and read
+ * any address a message names, do not exist in kvx's workers. Every byte a peer sends arrives
+ * through kvx_ucx_am_cb (ucx.c) and is checked by kvx before it goes anywhere.
+ *
+ * The files, lowest first; each calls only files before it, never one of its own rank or above
+ * (scripts/layers checks it):
+ *   ucx_config.c, ucx_mem.c  the settings kvx applies to UCX (and the log capture that tells which
+ *                 applied, the environment); owned regions and mapping a peer's. Neither calls
+ *                 the other.
+ *   ucx_ep.c      endpoints (open, close, the catch-up endpoints), messages out
+ *   ucx_cm.c      pairing by address: UCX's connection manager, over ucx_ep.c's endpoints
+ *   ucx.c         the worker: creation, and the teardown that ends all of the above (catch-up
+ *                 endpoints, listener, owned region); messages in; progress and wake-up
+ */
+#ifndef KVX_UCX_INT_H
+#define KVX_UCX_INT_H
+
+#include "kvx_int.h"
+
+#include <ucp/api/ucp.h>
+
+/* The active-message id of every kvx message (the type is in kvx's own header). */
+#define KVX_AM_ID 0x4b
+
+struct kvx_ucx {
+    const kvx_ucx_ops_t *ops; /* what the layers above hear of the worker (kvx_ucx_init) */
+    ucp_context_h ctx;
+    ucp_worker_h worker;
+    ucp_address_t *waddr;
+    size_t waddr_len;
+    int efd;
+    ucp_mem_h region; /* an owned region UCX allocated, or NULL */
+    int seg_id;       /* ... its System V segment, listed as this process's (seg_listed) */
+    bool seg_listed;
+    struct kvx_ucx_sn {
+        uint64_t uid;     /* a remote worker */
+        uint32_t next_sn; /* endpoints this worker opened towards it (UCX's conn_sn) */
+        uint16_t fillers; /* catch-up endpoints towards it still open */
+        uint8_t used;
+    } * sns; /* a hash table by uid (open addressing), sns_cap a power of two */
+    size_t nsns, sns_cap;
+    struct kvx_ucx_filler {
+        struct kvx_ucx *u;
+        ucp_ep_h ep; /* NULL: a free slot */
+        uint64_t uid;
+        bool failed; /* its peer failed: closed by kvx_ucx_progress */
+    } fillers[256];  /* endpoints opened only to catch up (kvx_ucx_align) */
+    size_t nfillers, nfailed;
+    void *rkey; /* its packed key (in the metadata) */
+    size_t rkey_len;
+    ucp_listener_h listener; /* kvx_transport_listen */
+    kvx_ucx_ep_t *pair_eps;  /* endpoints of UCX's connection manager (listen.c) */
+};
+
+struct kvx_ucx_ep {
+    kvx_transport_t *t;
+    ucp_ep_h ep;
+    const kvx_ep_ops_t *ops; /* what its owner hears: given when it opened */
+    void *owner;             /* kvx_conn_t *, kvx_rconn_t * or kvx_pairing_t * */
+    bool pair;               /* an endpoint of UCX's connection manager (a pairing's) */
+    kvx_ucx_ep_t *pair_next;
+    kvx_send_t *free; /* messages to reuse */
+    ucp_rkey_h rkey;  /* the peer's owned region, mapped here (kvx_ucx_map) */
+    uint32_t sn;      /* its place among this worker's endpoints to that worker */
+};
+
+_Static_assert(sizeof(kvx_iov_t) == sizeof(ucp_dt_iov_t) &&
+                   offsetof(kvx_iov_t, base) == offsetof(ucp_dt_iov_t, buffer) &&
+                   offsetof(kvx_iov_t, len) == offsetof(ucp_dt_iov_t, length),
+               "kvx_iov_t must be laid out as ucp_dt_iov_t");
+
+static inline int kvx_ucx_errno(ucs_status_t s)
+{
+    switch (s) {
+    case UCS_OK:
+        return 0;
+    case UCS_ERR_CANCELED:
+        return -ECANCELED;
+    case UCS_ERR_CONNECTION_RESET:
+    case UCS_ERR_ENDPOINT_TIMEOUT:
+        return -ECONNRESET;
+    case UCS_ERR_UNREACHABLE:
+        return -EHOSTUNREACH;
+    case UCS_ERR_REJECTED:
+        return -ECONNREFUSED;
+    case UCS_ERR_TIMED_OUT:
+        return -ETIMEDOUT;
+    case UCS_ERR_NO_MEMORY:
+        return -ENOMEM;
+    case UCS_ERR_INVALID_PARAM:
+        return -EINVAL;
+    case UCS_ERR_UNSUPPORTED:
+        return -ENOTSUP;
+    case UCS_ERR_BUSY:
+        return -EBUSY;
+    case UCS_ERR_NO_DEVICE:
+        return -ENODEV;
+    case UCS_ERR_NO_RESOURCE:
+        return -EAGAIN;
+    default:
+        return -EIO;
+    }
+}
+
+/* ucx_config.c */
+/* Context and worker (u->ctx, u->worker) with kvx's settings applied. Returns 0 or an errno. */
+int kvx_ucx_create(kvx_transport_t *t, kvx_ucx_t *u);
+void kvx_ucx_stop(kvx_ucx_t *u);                                /* the worker and the context */
+size_t kvx_ucx_env_size(const char *const *names, size_t dflt); /* "32k" from names[0..] */
+
+/* ucx_mem.c */
+void kvx_ucx_region_free(kvx_transport_t *t);
+
+/* ucx_ep.c */
+void kvx_ucx_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status); /* an endpoint's (arg) */
+void kvx_ucx_reap_fillers(kvx_ucx_t *u);  /* the catch-up endpoints whose peer failed */
+void kvx_ucx_close_fillers(kvx_ucx_t *u); /* all of them (the worker goes) */
+
+#endif /* KVX_UCX_INT_H */
