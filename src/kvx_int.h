@@ -271,7 +271,7 @@ struct kvx_peer {
     kvx_stats_t stats;         /* stats.c */
 };
 
-/* ---- the receiving side (recv.c) ------------------------------------------------------------ */
+/* ---- the receiving side (rconn.c, hello.c, fence.c, recv.c) --------------------------------- */
 
 /*
  * The fences of a writer. A message it stamped with epoch e is dropped iff a fence made after e
@@ -297,7 +297,7 @@ struct kvx_writer {
     kvx_list_t rconns; /* its open connections */
     unsigned live;     /* its connections not yet freed, closing ones too: it stays while any */
     unsigned nopen;    /* its open connections (at most KVX_RCONNS_PER_WRITER) */
-    uint64_t hello_credit_ns; /* its endpoint-open budget: refilled with time (rslots.c) */
+    uint64_t hello_credit_ns; /* its endpoint-open budget: refilled with time (rconn.c) */
     kvx_recv_counters_t counters;
 };
 
@@ -326,7 +326,7 @@ struct kvx_rconn {
     unsigned nserve;
     kvx_list_t ctl; /* small messages to send (HELLO_ACK, FENCE, NOTICE_ACK) */
     unsigned nctl;
-    size_t qbytes;        /* what it has queued and UCX holds of it (the bounds of recv.c) */
+    size_t qbytes;        /* what it has queued and UCX holds of it (the bounds of rconn.c) */
     bool doomed;          /* over a bound: closed by kvx_recv_work, its messages refused */
     bool tcp;             /* its lane is tcp: closed only once UCX holds none of its messages */
     bool lingering;       /* closing: its endpoint waits for that (or its failure) to close */
@@ -397,7 +397,7 @@ struct kvx_transport {
     /* capabilities kvx_fence_ex retired, newest first: a HELLO with one is refused, answered */
     uint8_t retired[KVX_RETIRED_MAX][16];
     unsigned nretired;
-    struct kvx_seen_proof *seen; /* with a secret: HELLO proofs of the last seconds (recv.c) */
+    struct kvx_seen_proof *seen; /* with a secret: HELLO proofs of the last seconds (hello.c) */
     kvx_list_t refusing;         /* connections made only to answer such a HELLO (at most 16) */
     void *old_md;  /* metadata buffers replaced while pairings may still be sending them */
     size_t nftags; /* tag fence records of every writer (kvx_fence_rec_t) */
@@ -430,10 +430,10 @@ struct kvx_transport {
     kvx_list_t rwork;  /* rconns with acknowledgements, read data or control to send */
     kvx_list_t hellos; /* HELLOs with a valid capability, handled after UCX progress */
     unsigned nhellos;
-    kvx_list_t rslots[3]; /* open rconns by eviction order: unproven, fresh, active (rslots.c) */
-    size_t rqbytes;       /* sum of their qbytes (lingering ones' excepted) */
-    unsigned nlingering;  /* closed tcp connections whose endpoints wait for UCX (recv.c) */
-    uint64_t hello_credit_ns; /* the transport's endpoint-open budget (rslots.c) */
+    kvx_list_t rslots[3];     /* open rconns by eviction order: unproven, fresh, active (rconn.c) */
+    size_t rqbytes;           /* sum of their qbytes (lingering ones' excepted) */
+    unsigned nlingering;      /* closed tcp connections whose endpoints wait for UCX (rconn.c) */
+    uint64_t hello_credit_ns; /* the transport's endpoint-open budget (rconn.c) */
     kvx_recv_counters_t rcounters;
     kvx_notice_t *notices; /* a ring of notice_cap */
     size_t notice_cap, notice_head, notice_count;
@@ -848,7 +848,7 @@ void kvx_xfer_on_sent(kvx_conn_t *c, uint64_t xfer_id, int status);
 /* Some of the transfer's bytes were handed to UCX. */
 static inline bool kvx_xfer_started(const kvx_xfer_t *x) { return x->posted > 0; }
 
-/* ---- the receiving side (recv.c) ------------------------------------------------------------ */
+/* ---- the receiving side (rconn.c, hello.c, fence.c, recv.c; recv_int.h) --------------------- */
 
 /* A message for the receiving side arrived (HELLO, WRITE, READ_REQ, NOTICE, BYE). Runs inside
  * UCX progress: it applies writes at once, and defers what needs to send to kvx_recv_work. */
@@ -856,9 +856,6 @@ void kvx_recv_on_message(kvx_transport_t *t, const kvx_msg_t *m, const void *hdr
                          const uint8_t *data, size_t data_len);
 /* After UCX progress: handshakes, acknowledgements, read data, control. Returns work done. */
 unsigned kvx_recv_work(kvx_transport_t *t);
-void kvx_recv_on_sent(kvx_rconn_t *rc, int status);
-void kvx_recv_on_error(kvx_rconn_t *rc, int status);
-void kvx_recv_on_closed(kvx_rconn_t *rc);
 bool kvx_recv_busy(const kvx_transport_t *t);
 /* Periodic (kvx_progress_step's housekeeping): unproven connections past their time close. */
 void kvx_recv_housekeeping(kvx_transport_t *t, uint64_t now);
@@ -870,19 +867,8 @@ kvx_writer_t *kvx_writer_lookup(const kvx_transport_t *t, const char *name);
 int kvx_recv_fence_prepare(kvx_transport_t *t, const char *writer, const uint64_t *tags,
                            size_t ntags);
 int kvx_recv_fence(kvx_transport_t *t, const char *writer, const uint64_t *tags, size_t ntags);
-/* Connection slots and the bounds over all connections (rslots.c). Slots give way in the order
- * of rslots[]: unproven, fresh (no transfer completed yet), active (least recently first). */
-enum { KVX_SLOT_UNPROVEN = 0, KVX_SLOT_FRESH, KVX_SLOT_ACTIVE };
-void kvx_rq_add(kvx_rconn_t *rc, size_t n); /* past the transport's bound, one is doomed */
-void kvx_rq_sub(kvx_rconn_t *rc, size_t n);
-void kvx_rconn_doom(kvx_rconn_t *rc, const char *why); /* recv.c: over a bound, it closes */
-/* May a HELLO of w open an endpoint now (the rates of new connections)? Takes it if so. */
-bool kvx_hello_rate(kvx_transport_t *t, kvx_writer_t *w, uint64_t now);
-void kvx_slots_init(kvx_transport_t *t);
-void kvx_slot_set(kvx_rconn_t *rc, int cls, uint64_t now);
-void kvx_rconn_active(kvx_rconn_t *rc); /* it completed (part of) a transfer */
-/* The connection that gives way to a new one: of writer w (over its share), or of any. */
-kvx_rconn_t *kvx_slot_victim(kvx_transport_t *t, kvx_writer_t *w, uint64_t now);
+/* Take up to max arrival notices into out, oldest first (kvx_notice_poll): how many. */
+size_t kvx_notice_take(kvx_transport_t *t, kvx_notice_t *out, size_t max);
 /* What a writer with the secret answers a HELLO_ACK's nonce with (PROOF, src/wire.c). */
 void kvx_wire_proof_mac(const uint8_t *secret, size_t secret_len, const uint8_t *nonce,
                         uint32_t rconn_id, uint64_t token, uint8_t out[32]);
