@@ -3,7 +3,7 @@
  * what they wait for with the lock released (a handshake, an old connection closing, the adds and
  * removes of one id before them). Peers and their connections themselves are peer.c's.
  */
-#include "kvx_int.h"
+#include "kvx_engine.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -92,6 +92,9 @@ static void kvx_conn_retire(kvx_conn_t *old, int err)
     kvx_conn_maybe_free(old);
 }
 
+static int kvx_peer_add_at(kvx_transport_t *t, const char *peer_id, const void *metadata,
+                           size_t metadata_len, const kvx_peer_params_t *params, const char *addr);
+
 int kvx_peer_add(kvx_transport_t *t, const char *peer_id, const void *metadata, size_t metadata_len,
                  const kvx_peer_params_t *params)
 {
@@ -99,8 +102,8 @@ int kvx_peer_add(kvx_transport_t *t, const char *peer_id, const void *metadata, 
 }
 
 /* kvx_peer_add; addr: where the peer listens (kvx_peer_connect), or NULL (a metadata blob). */
-int kvx_peer_add_at(kvx_transport_t *t, const char *peer_id, const void *metadata,
-                    size_t metadata_len, const kvx_peer_params_t *params, const char *addr)
+static int kvx_peer_add_at(kvx_transport_t *t, const char *peer_id, const void *metadata,
+                           size_t metadata_len, const kvx_peer_params_t *params, const char *addr)
 {
     char *addr_copy = NULL;
     kvx_md_t md;

@@ -4,7 +4,7 @@
  * kvx signs its metadata and its connection requests with them when the application configures a
  * secret (see docs/security.md); tests/test_vectors.c pins every byte.
  */
-#include "kvx_int.h"
+#include "kvx_base.h"
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>

@@ -4,7 +4,7 @@
  * the CPU has it: zlib and libcrypto have no CRC-32C, and the one Debian library that has a
  * good one (ISA-L's crc32_iscsi, libisal-dev) would be a new dependency for this option alone.
  */
-#include "kvx_int.h"
+#include "kvx_base.h"
 
 #include <string.h>
 #include <zlib.h>

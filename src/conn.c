@@ -6,7 +6,7 @@
  * tells its owner what happens through the kvx_conn_ops_t given at open: UCX let go of a message,
  * it has work (runs to post), it fails (its transfers go). It calls nothing above it by name.
  */
-#include "kvx_int.h"
+#include "kvx_conn.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -15,6 +15,11 @@
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <unistd.h>
+
+/* the tokens a segment holds (segment.c) fit the fields that keep them */
+_Static_assert(sizeof(((kvx_conn_t *)0)->seg_token) == KVX_SEG_TOKEN_LEN &&
+                   sizeof(((kvx_transport_t *)0)->seg_token) == KVX_SEG_TOKEN_LEN,
+               "segment tokens");
 
 void kvx_conn_maybe_free(kvx_conn_t *c)
 {
@@ -323,7 +328,7 @@ static int kvx_conn_hello(kvx_conn_t *c)
     kvx_transport_t *t = c->t;
     kvx_send_t *s;
     const void *waddr;
-    size_t waddr_len, name_len = strlen(t->name), len;
+    size_t waddr_len, name_len = strlen(t->log.name), len;
     int rc;
 
     kvx_ucx_local_address(t, &waddr, &waddr_len);
@@ -344,7 +349,7 @@ static int kvx_conn_hello(kvx_conn_t *c)
     kvx_put64(s->hdr + 48, t->generation);
     s->hdr[56] = (uint8_t)name_len;
     kvx_put32(s->hdr + 60, (uint32_t)waddr_len);
-    memcpy(s->hdr + KVX_WIRE_HELLO_LEN, t->name, name_len);
+    memcpy(s->hdr + KVX_WIRE_HELLO_LEN, t->log.name, name_len);
     memcpy(s->hdr + KVX_WIRE_HELLO_LEN + name_len, waddr, waddr_len);
     if (t->secret != NULL) {
         kvx_iov_t part = {s->hdr, len};

@@ -3,7 +3,7 @@
  * kvx_xfer_complete puts it in its peer's completion queue, where kvx_transport_poll finds it
  * (kvx_cq_drain), and kvx_xfer_release gives the object back.
  */
-#include "kvx_int.h"
+#include "kvx_objects.h"
 
 #include <errno.h>
 #include <stdlib.h>

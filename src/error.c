@@ -1,7 +1,7 @@
 /*
  * Error names and the library version.
  */
-#include "kvx_int.h"
+#include "kvx_base.h"
 
 #include <errno.h>
 #include <limits.h>

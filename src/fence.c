@@ -4,6 +4,7 @@
  * (kvx_writer_fenced, for recv.c); each connection of a fenced writer is told the new epoch by
  * a FENCE message. kvx_int.h's struct kvx_writer says what the records are.
  */
+#include "kvx_recv.h"
 #include "recv_int.h"
 
 #include <errno.h>

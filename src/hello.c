@@ -6,6 +6,7 @@
  * secret, the writer then proves it over the HELLO_ACK's nonce (PROOF) in time, or its
  * connection closes.
  */
+#include "kvx_recv.h"
 #include "recv_int.h"
 
 #include <errno.h>

@@ -4,7 +4,7 @@
  * its parent has not reaped (a zombie) still has one: kvx watches same-host peers itself, through
  * a pidfd (readable once the process has exited, reaped or not) or /proc when pidfds are denied.
  */
-#include "kvx_int.h"
+#include "kvx_base.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -14,7 +14,7 @@
  * the proof checks out. Data never travels here: kvx_peer_add opens the usual connection from
  * the metadata's worker address (shared memory between processes on one host, tcp across).
  */
-#include "kvx_int.h"
+#include "kvx_peer.h"
 
 #include <errno.h>
 #include <netdb.h>

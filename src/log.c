@@ -2,7 +2,7 @@
  * Logging: a settable sink with levels, silent by default, level from KVX_LOG. Errors are logged
  * once, where they are first seen.
  */
-#include "kvx_int.h"
+#include "kvx_base.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,16 +59,17 @@ static void kvx_log_default(kvx_log_fn *fn, void **arg, int *level)
 
 void kvx_log(const kvx_transport_t *t, int level, const char *fmt, ...)
 {
+    const kvx_logger_t *lg = (const kvx_logger_t *)t; /* its first member */
     kvx_log_fn fn;
     void *arg;
     int max;
     char msg[512];
     va_list ap;
 
-    if (t != NULL && t->own_log) {
-        fn = t->log_fn != NULL ? t->log_fn : kvx_log_stderr;
-        arg = t->log_arg;
-        max = t->log_level;
+    if (lg != NULL && lg->own) {
+        fn = lg->fn != NULL ? lg->fn : kvx_log_stderr;
+        arg = lg->arg;
+        max = lg->level;
     } else {
         kvx_log_default(&fn, &arg, &max);
     }
@@ -77,9 +78,9 @@ void kvx_log(const kvx_transport_t *t, int level, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
-    if (t != NULL && t->name[0] != '\0') {
+    if (lg != NULL && lg->name[0] != '\0') {
         char line[600];
-        snprintf(line, sizeof(line), "[%s] %s", t->name, msg);
+        snprintf(line, sizeof(line), "[%s] %s", lg->name, msg);
         fn(arg, level, line);
     } else {
         fn(arg, level, msg);

@@ -21,7 +21,7 @@
  * those who hold the blob can write into (or read) the region. The region key (UCX's packed
  * key of a region kvx allocated, KVX_PARAM_OWN_REGION) lets a peer on this host map the region.
  */
-#include "kvx_int.h"
+#include "kvx_wire.h"
 
 #include <errno.h>
 #include <string.h>

@@ -4,7 +4,7 @@
  * whoever watches kvx_transport_event_fd (kvx_events_update). Every layer may call these; they
  * only write file descriptors and flags of the transport.
  */
-#include "kvx_int.h"
+#include "kvx_objects.h"
 
 #include <errno.h>
 #include <string.h>

@@ -4,7 +4,7 @@
  * new connection for a peer that paired again, and the peer events. The calls that add and
  * remove peers, which wait, are api_peer.c's; the peer table is table.c's.
  */
-#include "kvx_int.h"
+#include "kvx_peer.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -47,7 +47,7 @@ const kvx_conn_ops_t kvx_peer_conn_ops = {
 int kvx_peer_check(const kvx_transport_t *t, const kvx_md_t *md, const kvx_peer_params_t *expect,
                    const char **why)
 {
-    if (strcmp(md->agent_name, t->name) == 0) {
+    if (strcmp(md->agent_name, t->log.name) == 0) {
         *why = "the metadata is this transport's own (same agent name)";
         return -EEXIST;
     }

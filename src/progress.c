@@ -3,7 +3,7 @@
  * passive-target thread that runs it so peers' transfers into this region complete while the
  * application never calls kvx. Idle, the thread sleeps on the worker's event fd.
  */
-#include "kvx_int.h"
+#include "kvx_engine.h"
 
 #include <errno.h>
 #include <poll.h>

@@ -3,7 +3,7 @@
  * notices of recv.c). A query runs one progress step first, so that a caller that only polls
  * still advances.
  */
-#include "kvx_int.h"
+#include "kvx_engine.h"
 
 #include <errno.h>
 

@@ -6,6 +6,7 @@
  * sends is used before it is checked. Messages arrive inside UCX progress (kvx_recv_on_message);
  * what must be sent in return waits for kvx_recv_work, after it.
  */
+#include "kvx_recv.h"
 #include "recv_int.h"
 
 #include <errno.h>

@@ -8,7 +8,7 @@
 #ifndef KVX_RECV_INT_H
 #define KVX_RECV_INT_H
 
-#include "kvx_int.h"
+#include "kvx_conn.h"
 
 /*
  * Resource bounds (docs/security.md, "Resource bounds"). UCX's active messages cannot be paused

@@ -13,7 +13,7 @@
  * The trailer sits at the segment's end, which the kernel reports, not at an offset the
  * metadata could choose: a forged block count cannot aim the token read at other bytes.
  */
-#include "kvx_int.h"
+#include "kvx_wire.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -22,10 +22,6 @@
 #include <string.h>
 #include <sys/shm.h>
 #include <unistd.h>
-
-_Static_assert(sizeof(((kvx_conn_t *)0)->seg_token) == KVX_SEG_TOKEN_LEN &&
-                   sizeof(((kvx_transport_t *)0)->seg_token) == KVX_SEG_TOKEN_LEN,
-               "segment tokens");
 
 static const uint8_t kvx_seg_magic[8] = {'K', 'V', 'X', 'S', 'E', 'G', '0', '1'};
 

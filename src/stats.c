@@ -3,7 +3,7 @@
  * peer and for the whole transport (kvx_stats_query). The Python binding exports them to
  * Prometheus; nothing here allocates or takes time worth measuring on the completion path.
  */
-#include "kvx_int.h"
+#include "kvx_objects.h"
 
 #include <errno.h>
 #include <string.h>

@@ -2,7 +2,7 @@
  * The transport's tables: peers by id (a chained hash) and connections by the id their messages
  * carry. No transport state beyond the tables themselves; every layer above may use them.
  */
-#include "kvx_int.h"
+#include "kvx_objects.h"
 
 #include <errno.h>
 #include <stdlib.h>

@@ -3,7 +3,7 @@
  * read (checked here, born in xfer.c), poll (a transfer leaves through kvx_transport_poll, from
  * the completion queue cq.c keeps) and cancel. The top of the layers: it may call any of them.
  */
-#include "kvx_int.h"
+#include "kvx_engine.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -107,7 +107,7 @@ static int kvx_metadata_encode(kvx_transport_t *t, uint8_t **buf_p, size_t *len_
     int rc;
 
     kvx_ucx_local_address(t, &waddr, &waddr_len);
-    snprintf(md.agent_name, sizeof(md.agent_name), "%s", t->name);
+    snprintf(md.agent_name, sizeof(md.agent_name), "%s", t->log.name);
     snprintf(md.fingerprint, sizeof(md.fingerprint), "%s", t->fingerprint);
     md.base = (uintptr_t)t->base;
     md.num_blocks = t->num_blocks;
@@ -156,7 +156,9 @@ static void kvx_old_md_free(kvx_transport_t *t)
     }
 }
 
-int kvx_transport_retire(kvx_transport_t *t)
+/* A fresh capability, and metadata that carries it; the old one joins t->retired. Returns 0 or
+ * a negative errno (nothing changed). */
+static int kvx_transport_retire(kvx_transport_t *t)
 {
     uint8_t old[16], *buf;
     size_t len;
@@ -289,9 +291,9 @@ int kvx_transport_create(const kvx_params_t *params, kvx_transport_t **transport
         goto err_free;
     }
     if (params->field_mask & KVX_PARAM_AGENT_NAME)
-        snprintf(t->name, sizeof(t->name), "%s", params->agent_name);
+        snprintf(t->log.name, sizeof(t->log.name), "%s", params->agent_name);
     else
-        kvx_default_name(t->name, sizeof(t->name));
+        kvx_default_name(t->log.name, sizeof(t->log.name));
     if ((params->field_mask & KVX_PARAM_FINGERPRINT) && params->fingerprint != NULL)
         snprintf(t->fingerprint, sizeof(t->fingerprint), "%s", params->fingerprint);
     t->num_threads = (params->field_mask & KVX_PARAM_NUM_THREADS) ? params->num_threads : 1;
@@ -316,10 +318,10 @@ int kvx_transport_create(const kvx_params_t *params, kvx_transport_t **transport
         goto err_free;
     }
     if (params->field_mask & KVX_PARAM_LOG) {
-        t->own_log = true;
-        t->log_fn = params->log_fn;
-        t->log_arg = params->log_arg;
-        t->log_level = params->log_level;
+        t->log.own = true;
+        t->log.fn = params->log_fn;
+        t->log.arg = params->log_arg;
+        t->log.level = params->log_level;
     }
 
     rc = kvx_ucx_init(t, &kvx_core_ops);
@@ -493,7 +495,7 @@ int kvx_transport_query(kvx_transport_t *t, kvx_transport_attr_t *attr)
         return -ESHUTDOWN;
     }
     if (attr->field_mask & KVX_TRANSPORT_ATTR_AGENT_NAME)
-        memcpy(attr->agent_name, t->name, sizeof(attr->agent_name));
+        memcpy(attr->agent_name, t->log.name, sizeof(attr->agent_name));
     if (attr->field_mask & KVX_TRANSPORT_ATTR_FINGERPRINT)
         memcpy(attr->fingerprint, t->fingerprint, sizeof(attr->fingerprint));
     if (attr->field_mask & KVX_TRANSPORT_ATTR_REGION) {

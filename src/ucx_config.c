@@ -200,7 +200,7 @@ static int kvx_ucx_start(kvx_transport_t *t, kvx_ucx_t *u, kvx_ucx_setting_t *se
             UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED | UCP_PARAM_FIELD_NAME,
         .features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP,
         .mt_workers_shared = 0,
-        .name = t->name,
+        .name = t->log.name,
     };
     /* kvx's own lock serializes every call on the worker (caller threads, progress thread). */
     ucp_worker_params_t wparams = {

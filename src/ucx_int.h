@@ -20,7 +20,7 @@
 #ifndef KVX_UCX_INT_H
 #define KVX_UCX_INT_H
 
-#include "kvx_int.h"
+#include "kvx_ucx.h"
 
 #include <ucp/api/ucp.h>
 

@@ -36,7 +36,7 @@
  *              zero); the payload is the metadata (none when status < 0)
  * A run is {u64 offset into the receiver's region, u32 length, u32 crc32c (KVX_MSGF_CRC)}.
  */
-#include "kvx_int.h"
+#include "kvx_wire.h"
 
 #include <errno.h>
 #include <string.h>

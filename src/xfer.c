@@ -4,7 +4,7 @@
  * them) with back-pressure, what the receiver answers (ACK, READ_DATA, NOTICE_ACK, and
  * HELLO_ACK and FENCE for the connection), and deadlines. The receiving side is recv.c.
  */
-#include "kvx_int.h"
+#include "kvx_xfer.h"
 
 #include <errno.h>
 #include <stdatomic.h>

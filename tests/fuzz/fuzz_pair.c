@@ -60,7 +60,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     pthread_mutex_init(&t->lock, NULL);
     kvx_list_init(&t->pairings);
     kvx_list_init(&t->reconnects);
-    snprintf(t->name, sizeof(t->name), "fuzz");
+    snprintf(t->log.name, sizeof(t->log.name), "fuzz");
     memset(metadata, 0x6d, sizeof(metadata));
     t->metadata = metadata;
     t->metadata_len = sizeof(metadata);

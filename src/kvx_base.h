@@ -1,0 +1,147 @@
+/*
+ * kvx's leaves, the lowest layers (src/README.md): base (error.c, log.c) and services
+ * (checksum.c, auth.c, host.c). What every file may use: lists, little-endian fields, the clock,
+ * logging, checksums, SHA-256 and HMAC, same-host peers. No transport state.
+ */
+#ifndef KVX_BASE_H
+#define KVX_BASE_H
+
+#include "kvx.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <time.h>
+
+/* ---- intrusive circular list ---------------------------------------------------------------- */
+
+typedef struct kvx_list {
+    struct kvx_list *prev, *next;
+} kvx_list_t;
+
+static inline void kvx_list_init(kvx_list_t *h) { h->prev = h->next = h; }
+static inline bool kvx_list_empty(const kvx_list_t *h) { return h->next == h; }
+static inline bool kvx_list_linked(const kvx_list_t *n) { return n->next != NULL && n->next != n; }
+static inline void kvx_list_add_tail(kvx_list_t *h, kvx_list_t *n)
+{
+    n->prev = h->prev;
+    n->next = h;
+    h->prev->next = n;
+    h->prev = n;
+}
+static inline void kvx_list_del(kvx_list_t *n)
+{
+    n->prev->next = n->next;
+    n->next->prev = n->prev;
+    n->prev = n->next = n;
+}
+/* Move every node of from onto the empty list to; from becomes empty. */
+static inline void kvx_list_splice_init(kvx_list_t *from, kvx_list_t *to)
+{
+    if (kvx_list_empty(from)) {
+        kvx_list_init(to);
+        return;
+    }
+    to->next = from->next;
+    to->prev = from->prev;
+    to->next->prev = to;
+    to->prev->next = to;
+    kvx_list_init(from);
+}
+#define kvx_container_of(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
+#define kvx_list_first(h, type, member) kvx_container_of((h)->next, type, member)
+
+/* ---- little-endian fields of what crosses the wire --------------------------------------- */
+
+static inline void kvx_put16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+static inline void kvx_put32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline void kvx_put64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline uint16_t kvx_get16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+static inline uint32_t kvx_get32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static inline uint64_t kvx_get64(const uint8_t *p)
+{
+    return (uint64_t)kvx_get32(p) | (uint64_t)kvx_get32(p + 4) << 32;
+}
+
+/* A piece of memory (the layout of UCX's ucp_dt_iov_t: ucx.c checks it). */
+typedef struct kvx_iov {
+    void *base;
+    size_t len;
+} kvx_iov_t;
+
+/* ---- the clock, logging (log.c) ------------------------------------------------------------ */
+
+static inline uint64_t kvx_now_ns(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+/* How a transport logs: the first member of struct kvx_transport, so that log.c reads it through
+ * the transport's pointer without seeing the rest (C lets a struct's pointer be its first
+ * member's). */
+typedef struct kvx_logger {
+    kvx_log_fn fn; /* own: the transport's own sink (NULL: stderr), else the process default */
+    void *arg;
+    int level;
+    bool own;
+    char name[KVX_NAME_MAX + 1]; /* the transport's name (its agent name): it prefixes its lines */
+} kvx_logger_t;
+
+void kvx_log(const kvx_transport_t *t, int level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+#define kvx_error(t, ...) kvx_log((t), KVX_LOG_ERROR, __VA_ARGS__)
+#define kvx_warn(t, ...) kvx_log((t), KVX_LOG_WARN, __VA_ARGS__)
+#define kvx_info(t, ...) kvx_log((t), KVX_LOG_INFO, __VA_ARGS__)
+#define kvx_debug(t, ...) kvx_log((t), KVX_LOG_DEBUG, __VA_ARGS__)
+
+/* Who a transport is: same kernel (boot id) and pid namespace means a peer's pid names the same
+ * process here (host.c). */
+typedef struct kvx_host_id {
+    uint8_t boot_id[16]; /* zero: unknown */
+    uint64_t pid_ns;
+    uint64_t start_time; /* clock ticks after boot, as /proc/<pid>/stat says */
+    uint32_t pid;
+} kvx_host_id_t;
+
+/* ---- same-host peers (host.c) --------------------------------------------------------------- */
+
+void kvx_host_self(kvx_host_id_t *id);
+/* Start watching a peer's process: 1 (same host: *pidfd_p set, or -1 to fall back on /proc),
+ * 0 (another host, or unknown: UCX's keepalive watches it), -EHOSTUNREACH (already gone). */
+int kvx_host_watch(const kvx_host_id_t *self, const kvx_host_id_t *peer, int *pidfd_p);
+bool kvx_host_alive(const kvx_host_id_t *peer, int pidfd);
+
+/* ---- checksums and authentication (checksum.c, auth.c) -------------------------------------- */
+
+uint32_t kvx_crc32(const void *buf, size_t len);
+uint32_t kvx_crc32_parts(const kvx_iov_t *parts, size_t n);
+uint32_t kvx_crc32c(const void *buf, size_t len);
+uint32_t kvx_crc32c_parts(const kvx_iov_t *parts, size_t n);
+void kvx_sha256(const void *data, size_t len, uint8_t out[32]);
+void kvx_hmac_sha256(const void *key, size_t key_len, const kvx_iov_t *parts, size_t n,
+                     uint8_t out[32]);
+bool kvx_equal_ct(const void *a, const void *b, size_t len);
+
+#endif /* KVX_BASE_H */

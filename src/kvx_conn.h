@@ -1,0 +1,196 @@
+/*
+ * Connections (src/README.md): the initiator's (conn.c) and the receiving side's (rconn.c). A
+ * connection's life: open, handshake, failure, linger, close, free. What happens to it reaches
+ * its owner through the kvx_conn_ops_t it was opened with (the initiator's) or the work lists
+ * the sides drain (the receiving side's).
+ */
+#ifndef KVX_CONN_H
+#define KVX_CONN_H
+
+#include "kvx_ucx.h"
+
+/* ---- the initiator's connections (conn.c) ------------------------------------------------ */
+
+enum kvx_conn_state { KVX_CONN_OPEN = 0, KVX_CONN_CLOSING, KVX_CONN_CLOSED };
+
+/* A read request in flight: its part of the stream, and where the next byte of it lands. */
+typedef struct kvx_rreq {
+    uint64_t xfer_id; /* 0: free */
+    uint64_t stream_off;
+    uint64_t len;
+    uint64_t got;
+    uint32_t run; /* the local run, and offset in it, of stream byte stream_off + got */
+    uint64_t run_off;
+} kvx_rreq_t;
+
+/* Operations kvx keeps in UCX's hands per connection at most (back-pressure): messages posted
+ * and not yet sent, and read requests not yet answered. */
+#define KVX_MAX_REQS 16
+
+/*
+ * The initiator's side of a peer: one UCX endpoint to the peer's worker. It is OPEN from
+ * kvx_peer_add on; the handshake (HELLO, answered with HELLO_ACK: the receiver's id and token
+ * for this connection) completes in the background (wired). A failure makes it CLOSING (the
+ * endpoint closing, forced) then CLOSED. No API call waits for any of this with the transport
+ * lock held: they wait on t->cond, which progress signals.
+ */
+struct kvx_conn {
+    kvx_transport_t *t;
+    const kvx_conn_ops_t *ops; /* what its owner hears (kvx_conn_open) */
+    kvx_peer_t *peer;          /* NULL until kvx_peer_add installs it, and once detached */
+    int state;
+    bool wired;                /* the receiver answered the handshake */
+    bool lingering;            /* failed over tcp with sends UCX holds: its endpoint is closed
+                                * once they left or UCX reports it failed (see kvx_conn_fail) */
+    bool linger_over;          /* ... which has happened: kvx_conn_handle_work closes it */
+    int err;                   /* why it failed or closes */
+    int pending_err;           /* an error reported by UCX, handled outside UCX callbacks */
+    unsigned pins;             /* API calls waiting on this connection: it is not freed meanwhile */
+    uint64_t last_progress_ns; /* last sign of life from the peer on this connection */
+    kvx_host_id_t host;        /* the peer's process, when it runs on this host */
+    bool watched;              /* same host: kvx checks that process is alive */
+    int pidfd;                 /* its pidfd (-1: none, /proc is read instead) */
+    uint32_t id;               /* messages to this connection carry id and token */
+    uint64_t token;
+    uint32_t rconn_id; /* ... and ours to the receiver carry its id and token */
+    uint64_t rconn_token;
+    uint64_t epoch; /* the receiver's fence epoch for us, as last heard */
+    bool crc;       /* integrity: checksums on this connection's data */
+    size_t seg;     /* a message's size on this connection's lane */
+    uint64_t remote_base;
+    uint64_t remote_num_blocks;
+    uint64_t remote_len; /* bytes of its region */
+    uint64_t generation; /* its metadata's: when the peer's transport was created */
+    uint8_t capability[16];
+    char agent_name[KVX_NAME_MAX + 1];
+    char transport[KVX_TRANSPORT_NAME_MAX];
+    int rma_hw;
+    uint8_t *mapped;       /* the peer's owned region, mapped here: copies, no messages (xfer.c) */
+    uint8_t *unproven;     /* ... mapped, until its HELLO_ACK's token matches its segment's */
+    uint8_t seg_token[16]; /* the token its segment holds (KVX_SEG_TOKEN_LEN) */
+    kvx_list_t queue;      /* QUEUED transfers, in submission order */
+    kvx_list_t waiting;    /* WAITING transfers */
+    unsigned reqs;         /* messages UCX holds and read requests unanswered (back-pressure) */
+    uint64_t unacked;      /* bytes posted and not yet acknowledged or arrived */
+    unsigned notices;      /* notices sent and not yet answered */
+    kvx_rreq_t rreqs[KVX_MAX_REQS];
+    unsigned ucx_refs;    /* UCX callbacks still to come that name this connection */
+    kvx_list_t work_link; /* t->work: has queued runs to post or an error to handle */
+    kvx_list_t all_link;  /* t->conns */
+    kvx_list_t fail_link; /* a local list of connections to fail */
+    kvx_ucx_ep_t *ucx;
+};
+
+/* What a connection tells its owner, from kvx_conn_open on (the lock held; on_sent inside UCX
+ * progress, the others outside it). */
+struct kvx_conn_ops {
+    /* UCX is done with a message of the connection's (xfer_id: the transfer it carried, or 0) */
+    void (*on_sent)(kvx_conn_t *c, uint64_t xfer_id, int status);
+    /* the progress step serves a connection that asked for work: runs to post */
+    void (*on_work)(kvx_conn_t *c);
+    /* it fails (once, in kvx_conn_fail, before its endpoint closes): its transfers go */
+    void (*on_failed)(kvx_conn_t *c, int err);
+};
+
+/* A new connection from md: its process watched when on this host, its endpoint, its mapping of
+ * an owned region, listed, and its handshake sent. Not yet any peer's. Returns 0 with *c_p set,
+ * or a negative errno (logged for peer_id) with nothing of it left to the caller. */
+int kvx_conn_open(kvx_transport_t *t, const char *peer_id, const kvx_md_t *md,
+                  const kvx_conn_ops_t *ops, kvx_conn_t **c_p);
+/* Fault a mapped region's pages in (lock released meanwhile; c pinned by the caller). */
+void kvx_conn_prefault(kvx_conn_t *c);
+void kvx_conn_fail(kvx_conn_t *c, int err);
+void kvx_conn_end_linger(kvx_conn_t *c);
+void kvx_conn_release(kvx_conn_t *c, int err);
+void kvx_conn_handle_work(kvx_conn_t *c);
+void kvx_conn_maybe_free(kvx_conn_t *c);
+/* The HELLO_ACK's segment token: a mapping still unproven is used if it is its segment's, and
+ * let go of (counted, logged) if not. */
+void kvx_conn_map_prove(kvx_conn_t *c, const uint8_t *token);
+void kvx_conn_housekeeping(kvx_transport_t *t, uint64_t now);
+bool kvx_conn_busy(const kvx_conn_t *c);
+
+/* What the connection's endpoint reports (conn.c's table of it), inside UCX progress. */
+void kvx_on_conn_error(kvx_conn_t *c, int status);
+void kvx_on_conn_closed(kvx_conn_t *c);
+
+/* ---- the receiving side's connections (rconn.c) ---------------------------------- */
+
+/*
+ * The fences of a writer. A message it stamped with epoch e is dropped iff a fence made after e
+ * covered its tag: the latest fence of every tag (fence_all), or the latest fence of that very
+ * tag (ftags, sorted by tag, one record per distinct tag). A fence of every tag makes the tag
+ * records moot (they are freed), and so does a writer with no connection (a new connection
+ * starts at the current epoch). At most KVX_FENCE_WRITER_TAGS_MAX records per writer and
+ * KVX_FENCE_TOTAL_TAGS_MAX over all: a fence that would need more fails and fences nothing.
+ */
+typedef struct kvx_fence_rec {
+    uint64_t tag;
+    uint64_t at_epoch;
+} kvx_fence_rec_t;
+
+/* One remote transport (an agent name) that connected to this one to write or read. */
+struct kvx_writer {
+    char name[KVX_NAME_MAX + 1];
+    kvx_writer_t *hnext;
+    uint64_t epoch;         /* bumped by each kvx_fence of this writer */
+    uint64_t fence_all;     /* epoch of its latest fence of every tag (0: none) */
+    kvx_fence_rec_t *ftags; /* its latest fence of each tag fenced alone, sorted by tag */
+    uint32_t nftags, ftags_cap;
+    kvx_list_t rconns; /* its open connections */
+    unsigned live;     /* its connections not yet freed, closing ones too: it stays while any */
+    unsigned nopen;    /* its open connections (at most KVX_RCONNS_PER_WRITER) */
+    uint64_t hello_credit_ns; /* its endpoint-open budget: refilled with time (rconn.c) */
+    kvx_recv_counters_t counters;
+};
+
+/* Retired capabilities remembered (older ones are dropped like any unknown one). */
+#define KVX_RETIRED_MAX 8
+
+/* A connection from a writer: made when its HELLO arrives with our capability. Acknowledgements
+ * go out in messages of KVX_ACK_BATCH entries; at most KVX_ACKS_MAX wait at once. */
+#define KVX_ACK_BATCH 256
+#define KVX_ACKS_MAX 65536
+struct kvx_rconn {
+    kvx_transport_t *t;
+    uint32_t id;
+    uint64_t token;
+    kvx_writer_t *w;
+    uint32_t peer_conn_id; /* our messages to the writer carry its id and token */
+    uint64_t peer_token;
+    int state;       /* kvx_conn_state */
+    int pending_err; /* UCX reported it failed: closed by kvx_recv_work, outside UCX's call */
+    unsigned ucx_refs;
+    unsigned sending;         /* messages of ours UCX holds (acks, read data) */
+    bool crc_reads;           /* the reader asked for checksums */
+    uint32_t nacks, acks_cap; /* acknowledgements to send: {transfer id, bytes, status} */
+    uint8_t *acks;
+    kvx_list_t serve; /* read requests to answer, oldest first */
+    unsigned nserve;
+    kvx_list_t ctl; /* small messages to send (HELLO_ACK, FENCE, NOTICE_ACK) */
+    unsigned nctl;
+    size_t qbytes;        /* what it has queued and UCX holds of it (the bounds of rconn.c) */
+    bool doomed;          /* over a bound: closed by kvx_recv_work, its messages refused */
+    bool tcp;             /* its lane is tcp: closed only once UCX holds none of its messages */
+    bool lingering;       /* closing: its endpoint waits for that (or its failure) to close */
+    bool proven;          /* the writer proved the secret over nonce (always, without one) */
+    uint8_t slot_class;   /* which of t->rslots it is in: unproven, fresh or active */
+    uint64_t since_ns;    /* made (or proven) at; last active at, once active */
+    uint8_t nonce[16];    /* KVX_WIRE_NONCE_LEN: what its PROOF must cover */
+    kvx_list_t slot_link; /* t->rslots[slot_class], oldest first */
+    size_t seg;           /* a message's size on its lane */
+    kvx_list_t work_link; /* t->rwork */
+    kvx_list_t w_link;    /* w->rconns */
+    kvx_list_t all_link;  /* t->rconns: until freed */
+    kvx_ucx_ep_t *ucx;
+
+    /* made only to refuse a HELLO of a retired capability (linked by w_link in t->refusing) */
+    bool refusing;
+};
+
+/* The writer of that agent name, or NULL (rconn.c). */
+kvx_writer_t *kvx_writer_lookup(const kvx_transport_t *t, const char *name);
+/* At close: every receiving connection closes (rconn.c). */
+void kvx_recv_close_all(kvx_transport_t *t);
+
+#endif /* KVX_CONN_H */

@@ -1,0 +1,17 @@
+/*
+ * The progress engine (progress.c, src/README.md): one step over every layer below, the progress
+ * thread, and the waits of API calls that drive progress themselves. Only the API calls it.
+ */
+#ifndef KVX_ENGINE_H
+#define KVX_ENGINE_H
+
+#include "kvx_peer.h"
+
+/* ---- progress (progress.c) ------------------------------------------------------------------ */
+
+unsigned kvx_progress_step(kvx_transport_t *t);
+void kvx_progress_wait_event(kvx_transport_t *t, uint64_t until_ns);
+int kvx_progress_start(kvx_transport_t *t);
+void kvx_progress_stop(kvx_transport_t *t);
+
+#endif /* KVX_ENGINE_H */

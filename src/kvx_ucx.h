@@ -1,0 +1,95 @@
+/*
+ * The UCX backend's interface to the layers above (src/README.md): the only layer that talks to
+ * UCX (ucx_config.c, ucx_mem.c, ucx_ep.c, ucx_cm.c, ucx.c; what only they share is ucx_int.h,
+ * the only header that includes UCP's). It calls nothing above it: what it learns reaches the
+ * layers above through the tables of callbacks they give it.
+ */
+#ifndef KVX_UCX_H
+#define KVX_UCX_H
+
+#include "kvx_objects.h"
+
+/* ---- UCX backend (ucx*.c) ------------------------------------------------------------------ */
+
+/* A message being sent: kvx builds its header and payload iov here, and UCX keeps pointing at
+ * both until it is done (a message it could not send at once waits in its queue). */
+#define KVX_SEND_HDR_MAX (KVX_WIRE_HELLO_LEN + KVX_NAME_MAX + KVX_WIRE_MAX_WADDR + KVX_PROOF_LEN)
+struct kvx_send {
+    kvx_ucx_ep_t *ep;
+    kvx_send_t *next_free;
+    uint64_t xfer_id; /* the transfer whose local blocks the payload is (0: none) */
+    uint8_t hdr[KVX_SEND_HDR_MAX];
+    kvx_iov_t iov[KVX_WIRE_MAX_RUNS];
+};
+
+/*
+ * What the layers above hear from the backend: from inside UCX progress, with the transport lock
+ * held, through the tables they gave it (the backend calls no kvx file above it). The worker's
+ * table (kvx_ucx_init): messages, decoded and checked against the wire format, by the side they
+ * are for, connection requests of the listener, and messages dropped before any owner saw them.
+ */
+typedef struct kvx_ucx_ops {
+    /* for the receiving side: HELLO, WRITE, READ_REQ, NOTICE, BYE, PROOF */
+    void (*on_request)(kvx_transport_t *t, const kvx_msg_t *m, const void *hdr, size_t hdr_len,
+                       const uint8_t *data, size_t data_len);
+    /* for the initiator's side: HELLO_ACK, ACK, READ_DATA, FENCE, NOTICE_ACK */
+    void (*on_reply)(kvx_transport_t *t, const kvx_msg_t *m, const uint8_t *data, size_t data_len);
+    void (*on_conn_request)(kvx_transport_t *t, void *conn_req);
+    void (*on_drop)(kvx_transport_t *t, int why); /* KVX_DROP_* */
+} kvx_ucx_ops_t;
+
+/* An endpoint's table (kvx_ucx_ep_open, kvx_ucx_pair_open), called with the owner it was given. */
+struct kvx_ep_ops {
+    /* UCX is done with a message of the owner's (xfer_id: the message's; status: how it went) */
+    void (*on_sent)(void *owner, uint64_t xfer_id, int status);
+    void (*on_error)(void *owner, int status); /* the endpoint failed */
+    void (*on_closed)(void *owner);            /* a close that returned 1 completed */
+    /* pairing endpoints only: a CHALLENGE, MD_REQ or MD that arrived on it */
+    void (*on_message)(void *owner, const kvx_msg_t *m, const uint8_t *data, size_t data_len);
+};
+
+int kvx_ucx_init(kvx_transport_t *t, const kvx_ucx_ops_t *ops);
+void kvx_ucx_fini(kvx_transport_t *t); /* the worker; an owned region stays */
+void kvx_ucx_free(kvx_transport_t *t); /* the owned region and the rest */
+void kvx_ucx_local_address(kvx_transport_t *t, const void **waddr, size_t *waddr_len);
+int kvx_ucx_region_alloc(kvx_transport_t *t, size_t len, void **base_p, const void **rkey_p,
+                         size_t *rkey_len_p);
+int kvx_ucx_map(kvx_ucx_ep_t *ep, const void *rkey, size_t rkey_len, uint64_t raddr, uint64_t len,
+                uint32_t owner, void **ptr_p, uint8_t *token_p);
+void kvx_ucx_unmap(kvx_ucx_ep_t *ep);
+/* An endpoint to a worker address, whose errors and sends report to owner through ops. */
+int kvx_ucx_ep_open(kvx_transport_t *t, const void *waddr, const char *name,
+                    const kvx_ep_ops_t *ops, void *owner, kvx_ucx_ep_t **ep_p);
+/* UCX pairs two workers' endpoints by the order each opened them towards the other: the place
+ * of ep among this worker's endpoints to that peer, and a catch-up to the peer's place before
+ * answering it (see ucx_ep.c). */
+uint32_t kvx_ucx_ep_sn(const kvx_ucx_ep_t *ep);
+/* Returns 0, or -ENOBUFS when the catch-up is over its budget (the HELLO is refused). */
+int kvx_ucx_align(kvx_transport_t *t, const void *waddr, uint32_t sn);
+/* Close (forced). Returns 0 when closed on return, 1 when the owner's on_closed follows. */
+int kvx_ucx_ep_close(kvx_ucx_ep_t *ep, unsigned *refs);
+void kvx_ucx_ep_free(kvx_ucx_ep_t *ep);
+/* Which transport the endpoint's data travels on, and its message size. */
+void kvx_ucx_ep_describe(kvx_ucx_ep_t *ep, char *transport, size_t len, int *rma_hw, size_t *seg);
+/* A message to fill (s->hdr, s->iov, s->xfer_id), then hand to kvx_ucx_send; NULL: no memory. */
+kvx_send_t *kvx_ucx_send_get(kvx_ucx_ep_t *ep);
+/* Send s: hdr_len bytes of s->hdr and the payload s->iov[0..iovcnt) (memory of the region). Returns
+ * 0 (UCX is done with it already: s is free again), 1 (UCX holds it: the owner's on_sent follows,
+ * and *refs counts it meanwhile), or a negative errno (s is free again). */
+int kvx_ucx_send(kvx_send_t *s, size_t hdr_len, size_t iovcnt, unsigned *refs);
+/* Wrap a header already built into a message with no payload and send it. */
+int kvx_ucx_send_ctl(kvx_ucx_ep_t *ep, const void *hdr, size_t hdr_len, unsigned *refs);
+/* pairing by address (UCX's connection manager) */
+int kvx_ucx_listen(kvx_transport_t *t, const struct sockaddr *sa, socklen_t len,
+                   struct sockaddr_storage *bound);
+void kvx_ucx_unlisten(kvx_transport_t *t);
+void kvx_ucx_reject(kvx_transport_t *t, void *conn_req);
+int kvx_ucx_pair_open(kvx_transport_t *t, void *conn_req, const struct sockaddr *sa, socklen_t len,
+                      const kvx_ep_ops_t *ops, void *owner, kvx_ucx_ep_t **ep_p);
+int kvx_ucx_send_pair(kvx_ucx_ep_t *ep, const void *hdr, size_t hdr_len, const void *data,
+                      size_t data_len, unsigned *refs);
+unsigned kvx_ucx_progress(kvx_transport_t *t);
+int kvx_ucx_arm(kvx_transport_t *t);
+int kvx_ucx_event_fd(kvx_transport_t *t);
+
+#endif /* KVX_UCX_H */

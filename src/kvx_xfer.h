@@ -1,0 +1,31 @@
+/*
+ * The initiator's side (xfer.c, src/README.md): a transfer born (kvx_xfer_submit), cut into
+ * messages and posted on its connection, the receiver's replies, deadlines. It never calls the
+ * receiving side, which never calls it.
+ */
+#ifndef KVX_XFER_H
+#define KVX_XFER_H
+
+#include "kvx_conn.h"
+
+/* ---- transfers (xfer.c) --------------------------------------------------------------------- */
+
+int kvx_xfer_submit(kvx_transport_t *t, kvx_peer_t *p, int op, const uint32_t *local,
+                    const uint32_t *remote, size_t count, const kvx_xfer_params_t *params,
+                    uint64_t *id_p);
+void kvx_xfer_post(kvx_conn_t *c, size_t budget_bytes);
+void kvx_xfer_forget(kvx_xfer_t *x);
+void kvx_xfer_fail_conn(kvx_conn_t *c, int err);
+/* A reconnected peer's parked transfers go to its new connection c (those beyond its region
+ * fail with -EINVAL); or they all fail with err (c NULL: the peer was removed or closed). */
+void kvx_xfer_unpark(kvx_peer_t *p, kvx_conn_t *c, int err);
+/* A peer's connection failed before its handshake: its transfers (none posted yet) wait again. */
+void kvx_xfer_repark(kvx_conn_t *c, kvx_peer_t *p);
+void kvx_xfer_check_deadlines(kvx_transport_t *t, uint64_t now);
+/* A message of the initiator's side arrived (ACK, READ_DATA, HELLO_ACK, FENCE, NOTICE_ACK). */
+void kvx_xfer_on_message(kvx_transport_t *t, const kvx_msg_t *m, const uint8_t *data,
+                         size_t data_len);
+/* UCX is done with a message of a connection's (status: how it went). */
+void kvx_xfer_on_sent(kvx_conn_t *c, uint64_t xfer_id, int status);
+
+#endif /* KVX_XFER_H */
