@@ -2,7 +2,7 @@
  * The writers' fences (kvx_fence_ex, transport.c): a fence bumps its writers' epochs and records
  * which tags it covered, so that a write or notice stamped with an older epoch is refused
  * (kvx_writer_fenced, for recv.c); each connection of a fenced writer is told the new epoch by
- * a FENCE message. kvx_int.h's struct kvx_writer says what the records are.
+ * a FENCE message. kvx_conn.h's struct kvx_writer says what the records are.
  */
 #include "kvx_recv.h"
 #include "recv_int.h"

@@ -83,7 +83,7 @@ static inline uint64_t kvx_get64(const uint8_t *p)
     return (uint64_t)kvx_get32(p) | (uint64_t)kvx_get32(p + 4) << 32;
 }
 
-/* A piece of memory (the layout of UCX's ucp_dt_iov_t: ucx.c checks it). */
+/* A piece of memory (the layout of UCX's ucp_dt_iov_t: ucx_int.h checks it). */
 typedef struct kvx_iov {
     void *base;
     size_t len;

@@ -19,9 +19,9 @@ typedef struct kvx_rconn kvx_rconn_t;
 typedef struct kvx_writer kvx_writer_t;
 typedef struct kvx_send kvx_send_t;
 typedef struct kvx_pairing kvx_pairing_t;
-typedef struct kvx_ucx kvx_ucx_t;           /* backend state of a transport (ucx.c) */
-typedef struct kvx_ucx_ep kvx_ucx_ep_t;     /* backend state of an endpoint (ucx.c) */
-typedef struct kvx_ep_ops kvx_ep_ops_t;     /* what an endpoint tells its owner (ucx.c) */
+typedef struct kvx_ucx kvx_ucx_t;           /* backend state of a transport (ucx_int.h) */
+typedef struct kvx_ucx_ep kvx_ucx_ep_t;     /* backend state of an endpoint (ucx_int.h) */
+typedef struct kvx_ep_ops kvx_ep_ops_t;     /* what an endpoint tells its owner (kvx_ucx.h) */
 typedef struct kvx_conn_ops kvx_conn_ops_t; /* what a connection tells its owner (conn.c) */
 
 enum kvx_op { KVX_OP_WRITE = 0, KVX_OP_READ = 1 };

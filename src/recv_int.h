@@ -3,7 +3,7 @@
  * replies, its counters, and the calls each of its layers gives the ones above it. Included by
  * rconn.c (a receiving connection's life, the writers, the slots and bounds), hello.c (the
  * handshake), fence.c (the writers' fences) and recv.c (the messages), lowest first; what files
- * outside the receiving side use is in kvx_int.h.
+ * outside the receiving side use is in kvx_conn.h and kvx_recv.h.
  */
 #ifndef KVX_RECV_INT_H
 #define KVX_RECV_INT_H

@@ -543,7 +543,7 @@ int kvx_transport_metadata(kvx_transport_t *t, void *buf, size_t *len_p)
     return rc;
 }
 
-/* ---- fences (the receiving side's records: recv.c) ------------------------------------------ */
+/* ---- fences (the receiving side's records: fence.c) ----------------------------------------- */
 
 static int kvx_tag_cmp(const void *a, const void *b)
 {

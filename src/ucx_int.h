@@ -1,6 +1,6 @@
 /*
  * What the UCX backend's files share, and no other file includes (the layers above see only
- * kvx_int.h's "UCX backend" section): UCP's headers, the backend's state, the helpers more than
+ * kvx_ucx.h): UCP's headers, the backend's state, the helpers more than
  * one of its files calls. Every UCP call kvx makes lives in these files (context, worker,
  * endpoints, kvx's active messages in and out, progress, wake-up); the rest of kvx sees plain
  * errnos. UCP's RMA feature is never enabled: UCX's own put and get handlers, which write and read

@@ -13,7 +13,7 @@ static bool kvx_ucx_shared_mapping(uintptr_t p, uint64_t len);
 
 /*
  * The owner's half of the segment proof (segment.c): a fresh random token in the trailer at the
- * end of the region's System V segment, which every HELLO_ACK also carries (recv.c). Without
+ * end of the region's System V segment, which every HELLO_ACK also carries (hello.c). Without
  * such a segment the token stays zero and no peer maps the region.
  */
 static void kvx_ucx_seg_token(kvx_transport_t *t, uint8_t *base, size_t len)
