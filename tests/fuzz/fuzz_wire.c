@@ -1,12 +1,12 @@
 /*
  * libFuzzer harness for what kvx does with a peer's messages before they touch anything: the
  * strict header decoder (src/wire.c) and the receiving side that acts on what it decoded
- * (src/recv.c, hello.c, fence.c: token check, fences, region bounds, applying writes into a region, queueing read
- * requests, notices, handshakes, a retired capability's). Each input is one message: a byte
- * choosing where the header ends, the header, the payload. Messages naming connection 1 get that
- * connection's token when the input asks, so that the fuzzer reaches what a peer holding the token
- * could do. Build with clang (CMake: CC=clang, -DKVX_BUILD_FUZZ=ON); ASan checks every byte written
- * to the region.
+ * (src/recv.c, hello.c, fence.c: token check, fences, region bounds, applying writes into a region,
+ * queueing read requests, notices, handshakes, a retired capability's). Each input is one message:
+ * a byte choosing where the header ends, the header, the payload. Messages naming connection 1 get
+ * that connection's token when the input asks, so that the fuzzer reaches what a peer holding the
+ * token could do. Build with clang (CMake: CC=clang, -DKVX_BUILD_FUZZ=ON); ASan checks every byte
+ * written to the region.
  */
 #include "kvx_int.h"
 
