@@ -11,6 +11,9 @@
 
 unsigned kvx_progress_step(kvx_transport_t *t);
 void kvx_progress_wait_event(kvx_transport_t *t, uint64_t until_ns);
+/* kvx_transport_wait's loop (lock held): 1 when peer_id (NULL: any) has a completion, 0 at
+ * end_ns, -ESHUTDOWN at close. */
+int kvx_progress_wait_cq(kvx_transport_t *t, const char *peer_id, uint64_t end_ns);
 int kvx_progress_start(kvx_transport_t *t);
 void kvx_progress_stop(kvx_transport_t *t);
 

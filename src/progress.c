@@ -280,17 +280,15 @@ static void *kvx_progress_main(void *arg)
     return NULL;
 }
 
-int kvx_transport_wait(kvx_transport_t *t, const char *peer_id, int timeout_ms)
+/* kvx_transport_wait's loop (lock held): progress steps, resting between them on the
+ * completion fd, until peer_id (or any peer, NULL) has a completion (1), end_ns (0) or close. */
+int kvx_progress_wait_cq(kvx_transport_t *t, const char *peer_id, uint64_t end)
 {
     uint64_t now = kvx_now_ns(), until;
-    uint64_t end = timeout_ms < 0 ? UINT64_MAX : now + (uint64_t)timeout_ms * 1000000ull;
     kvx_rest_t rest = {.last_work = now, .pause = KVX_STALL_MIN_NS};
     bool stalled;
     int rc;
 
-    if (t == NULL)
-        return -EINVAL;
-    kvx_lock(t);
     t->waiters++;
     for (;;) {
         kvx_peer_t *p;
@@ -326,34 +324,6 @@ int kvx_transport_wait(kvx_transport_t *t, const char *peer_id, int timeout_ms)
     t->waiters--;
     if (t->closed)
         pthread_cond_broadcast(&t->cond); /* close waits for the waiters to leave */
-    kvx_unlock(t);
-    return rc;
-}
-
-int kvx_transport_event_fd(kvx_transport_t *t, int *fd_p)
-{
-    int rc = 0;
-
-    if (t == NULL || fd_p == NULL)
-        return -EINVAL;
-    kvx_lock(t);
-    if (t->closed) {
-        rc = -ESHUTDOWN;
-        goto out;
-    }
-    if (t->ev_fd < 0) {
-        t->ev_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-        if (t->ev_fd < 0) {
-            rc = -errno;
-            kvx_error(t, "event fd: eventfd: %s", strerror(errno));
-            goto out;
-        }
-        t->ev_set = false;
-        kvx_events_update(t);
-    }
-    *fd_p = t->ev_fd;
-out:
-    kvx_unlock(t);
     return rc;
 }
 
