@@ -407,11 +407,8 @@ int kvx_peer_connect(kvx_transport_t *t, const char *peer_id, const char *addr,
         return rc;
     /* the peer remembers the address resolved: pairing again never waits on a name lookup */
     kvx_addr_format(&ss, numeric, sizeof(numeric));
-    kvx_lock(t);
-    if (t->closed) {
-        kvx_unlock(t);
+    if (kvx_enter(t) < 0)
         return -ESHUTDOWN;
-    }
     rc = kvx_listen_dial(t, &ss, len, &pg);
     if (rc < 0) {
         kvx_unlock(t);
@@ -437,11 +434,8 @@ int kvx_peer_event_poll(kvx_transport_t *t, kvx_peer_event_t *out, size_t max)
 
     if (t == NULL || (out == NULL && max != 0))
         return -EINVAL;
-    kvx_lock(t);
-    if (t->closed) {
-        kvx_unlock(t);
+    if (kvx_enter(t) < 0)
         return -ESHUTDOWN;
-    }
     while (n < max && n < INT32_MAX && t->ev_count > 0) {
         out[n++] = t->events[t->ev_head];
         t->ev_head = (t->ev_head + 1) % KVX_PEER_EVENTS_MAX;
@@ -498,11 +492,8 @@ int kvx_peer_list(kvx_transport_t *t, char *buf, size_t *len_p)
     if (t == NULL || len_p == NULL || (buf == NULL && *len_p != 0))
         return -EINVAL;
     cap = *len_p;
-    kvx_lock(t);
-    if (t->closed) {
-        kvx_unlock(t);
+    if (kvx_enter(t) < 0)
         return -ESHUTDOWN;
-    }
     for (size_t i = 0; i < t->ptab_cap; i++)
         for (const kvx_peer_t *p = t->ptab[i]; p != NULL; p = p->hnext) {
             size_t len = strlen(p->id) + 1;

@@ -53,6 +53,18 @@ static inline void kvx_list_splice_init(kvx_list_t *from, kvx_list_t *to)
     to->prev->next = to;
     kvx_list_init(from);
 }
+/* FNV-1a of a string: the hash of the tables by name (peers, writers). */
+static inline size_t kvx_hash_str(const char *s)
+{
+    uint64_t h = 1469598103934665603ull;
+
+    while (*s) {
+        h ^= (unsigned char)*s++;
+        h *= 1099511628211ull;
+    }
+    return (size_t)h;
+}
+
 #define kvx_container_of(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
 #define kvx_list_first(h, type, member) kvx_container_of((h)->next, type, member)
 

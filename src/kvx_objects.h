@@ -262,6 +262,16 @@ static inline void kvx_lock(kvx_transport_t *t)
     atomic_fetch_sub_explicit(&t->lock_waiters, 1, memory_order_relaxed);
 }
 static inline void kvx_unlock(kvx_transport_t *t) { pthread_mutex_unlock(&t->lock); }
+/* An API call's entry: the lock taken (0), or -ESHUTDOWN when the transport closes (unlocked). */
+static inline int kvx_enter(kvx_transport_t *t)
+{
+    kvx_lock(t);
+    if (t->closed) {
+        kvx_unlock(t);
+        return -ESHUTDOWN;
+    }
+    return 0;
+}
 
 /* ---- the tables (table.c) ----------------------------------------------------------------- */
 

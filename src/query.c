@@ -18,11 +18,8 @@ int kvx_notice_poll(kvx_transport_t *t, kvx_notice_t *out, size_t max)
         return -EINVAL;
     if (max > INT32_MAX)
         max = INT32_MAX;
-    kvx_lock(t);
-    if (t->closed) {
-        kvx_unlock(t);
+    if (kvx_enter(t) < 0)
         return -ESHUTDOWN;
-    }
     kvx_progress_step(t);
     n = kvx_notice_take(t, out, max);
     kvx_events_update(t);

@@ -15,21 +15,11 @@
 
 /* ---- writers ------------------------------------------------------------------------------- */
 
-static size_t kvx_whash(const char *s)
-{
-    uint64_t h = 1469598103934665603ull;
-    while (*s) {
-        h ^= (unsigned char)*s++;
-        h *= 1099511628211ull;
-    }
-    return (size_t)h;
-}
-
 kvx_writer_t *kvx_writer_lookup(const kvx_transport_t *t, const char *name)
 {
     if (t->wtab_cap == 0)
         return NULL;
-    for (kvx_writer_t *w = t->wtab[kvx_whash(name) & (t->wtab_cap - 1)]; w != NULL; w = w->hnext)
+    for (kvx_writer_t *w = t->wtab[kvx_hash_str(name) & (t->wtab_cap - 1)]; w != NULL; w = w->hnext)
         if (strcmp(w->name, name) == 0)
             return w;
     return NULL;
@@ -37,7 +27,7 @@ kvx_writer_t *kvx_writer_lookup(const kvx_transport_t *t, const char *name)
 
 static void kvx_writer_unlink(kvx_transport_t *t, kvx_writer_t *w)
 {
-    kvx_writer_t **pp = &t->wtab[kvx_whash(w->name) & (t->wtab_cap - 1)];
+    kvx_writer_t **pp = &t->wtab[kvx_hash_str(w->name) & (t->wtab_cap - 1)];
     while (*pp != w)
         pp = &(*pp)->hnext;
     *pp = w->hnext;
@@ -87,8 +77,8 @@ kvx_writer_t *kvx_writer_get(kvx_transport_t *t, const char *name)
             kvx_writer_t *x, *next;
             for (x = t->wtab[i]; x != NULL; x = next) {
                 next = x->hnext;
-                x->hnext = tab[kvx_whash(x->name) & (cap - 1)];
-                tab[kvx_whash(x->name) & (cap - 1)] = x;
+                x->hnext = tab[kvx_hash_str(x->name) & (cap - 1)];
+                tab[kvx_hash_str(x->name) & (cap - 1)] = x;
             }
         }
         free(t->wtab);
@@ -100,7 +90,7 @@ kvx_writer_t *kvx_writer_get(kvx_transport_t *t, const char *name)
         return NULL;
     snprintf(w->name, sizeof(w->name), "%s", name);
     kvx_list_init(&w->rconns);
-    b = kvx_whash(name) & (t->wtab_cap - 1);
+    b = kvx_hash_str(name) & (t->wtab_cap - 1);
     w->hnext = t->wtab[b];
     t->wtab[b] = w;
     t->nwriters++;

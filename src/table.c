@@ -10,22 +10,11 @@
 
 /* ---- the peer table: a chained hash by peer id ---------------------------------------------- */
 
-static size_t kvx_hash(const char *s)
-{
-    uint64_t h = 1469598103934665603ull;
-
-    while (*s) {
-        h ^= (unsigned char)*s++;
-        h *= 1099511628211ull;
-    }
-    return (size_t)h;
-}
-
 kvx_peer_t *kvx_peer_lookup(const kvx_transport_t *t, const char *id)
 {
     if (t->ptab_cap == 0)
         return NULL;
-    for (kvx_peer_t *p = t->ptab[kvx_hash(id) & (t->ptab_cap - 1)]; p != NULL; p = p->hnext)
+    for (kvx_peer_t *p = t->ptab[kvx_hash_str(id) & (t->ptab_cap - 1)]; p != NULL; p = p->hnext)
         if (strcmp(p->id, id) == 0)
             return p;
     return NULL;
@@ -42,15 +31,15 @@ int kvx_peer_insert(kvx_transport_t *t, kvx_peer_t *p)
             kvx_peer_t *q, *next;
             for (q = t->ptab[i]; q != NULL; q = next) {
                 next = q->hnext;
-                q->hnext = tab[kvx_hash(q->id) & (cap - 1)];
-                tab[kvx_hash(q->id) & (cap - 1)] = q;
+                q->hnext = tab[kvx_hash_str(q->id) & (cap - 1)];
+                tab[kvx_hash_str(q->id) & (cap - 1)] = q;
             }
         }
         free(t->ptab);
         t->ptab = tab;
         t->ptab_cap = cap;
     }
-    size_t b = kvx_hash(p->id) & (t->ptab_cap - 1);
+    size_t b = kvx_hash_str(p->id) & (t->ptab_cap - 1);
     p->hnext = t->ptab[b];
     t->ptab[b] = p;
     t->npeers++;
@@ -59,7 +48,7 @@ int kvx_peer_insert(kvx_transport_t *t, kvx_peer_t *p)
 
 static void kvx_peer_unlink(kvx_transport_t *t, kvx_peer_t *p)
 {
-    kvx_peer_t **pp = &t->ptab[kvx_hash(p->id) & (t->ptab_cap - 1)];
+    kvx_peer_t **pp = &t->ptab[kvx_hash_str(p->id) & (t->ptab_cap - 1)];
 
     while (*pp != p)
         pp = &(*pp)->hnext;

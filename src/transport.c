@@ -489,11 +489,8 @@ int kvx_transport_query(kvx_transport_t *t, kvx_transport_attr_t *attr)
 {
     if (t == NULL || attr == NULL)
         return -EINVAL;
-    kvx_lock(t);
-    if (t->closed) {
-        kvx_unlock(t);
+    if (kvx_enter(t) < 0)
         return -ESHUTDOWN;
-    }
     if (attr->field_mask & KVX_TRANSPORT_ATTR_AGENT_NAME)
         memcpy(attr->agent_name, t->log.name, sizeof(attr->agent_name));
     if (attr->field_mask & KVX_TRANSPORT_ATTR_FINGERPRINT)
@@ -571,11 +568,8 @@ int kvx_fence_ex(kvx_transport_t *t, const char *writer, const uint64_t *tags, s
             if (n == 0 || sorted[k] != sorted[n - 1])
                 sorted[n++] = sorted[k];
     }
-    kvx_lock(t);
-    if (t->closed) {
-        kvx_unlock(t);
+    if (kvx_enter(t) < 0)
         return -ESHUTDOWN;
-    }
     /* what can fail comes first (the bounds, memory, the new capability): on error nothing is
      * fenced and the capability stays */
     rc = kvx_recv_fence_prepare(t, writer, sorted, n);
@@ -607,11 +601,8 @@ int kvx_transport_poll(kvx_transport_t *t, const char *peer_id, kvx_completion_t
         return -EINVAL;
     if (max > INT32_MAX)
         max = INT32_MAX;
-    kvx_lock(t);
-    if (t->closed) {
-        kvx_unlock(t);
+    if (kvx_enter(t) < 0)
         return -ESHUTDOWN;
-    }
     kvx_progress_step(t);
     /* An application that polls in a loop drives UCX itself, and the progress thread steps
      * aside; one that waits on the event fd polls once per wake-up and sleeps: the thread must
@@ -695,11 +686,8 @@ int kvx_xfer_cancel(kvx_transport_t *t, const uint64_t *ids, size_t count, int m
     if (t == NULL || (ids == NULL && count != 0) ||
         (mode != KVX_CANCEL_IMMEDIATE && mode != KVX_CANCEL_WAIT) || count > INT32_MAX)
         return -EINVAL;
-    kvx_lock(t);
-    if (t->closed) {
-        kvx_unlock(t);
+    if (kvx_enter(t) < 0)
         return -ESHUTDOWN;
-    }
     call = ++t->cancel_calls;
     for (size_t i = 0; i < count; i++) {
         kvx_xfer_t *x = kvx_xfer_lookup(t, ids[i]);

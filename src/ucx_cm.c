@@ -104,20 +104,3 @@ int kvx_ucx_pair_open(kvx_transport_t *t, void *conn_req, const struct sockaddr 
     *ep_p = e;
     return 0;
 }
-
-/* A pairing message: header, and the metadata as payload (data_len 0: none). */
-int kvx_ucx_send_pair(kvx_ucx_ep_t *e, const void *hdr, size_t hdr_len, const void *data,
-                      size_t data_len, unsigned *refs)
-{
-    kvx_send_t *s;
-
-    if (hdr_len > KVX_SEND_HDR_MAX)
-        return -EINVAL;
-    s = kvx_ucx_send_get(e);
-    if (s == NULL)
-        return -ENOMEM;
-    memcpy(s->hdr, hdr, hdr_len);
-    s->iov[0].base = (void *)data;
-    s->iov[0].len = data_len;
-    return kvx_ucx_send(s, hdr_len, data_len > 0 ? 1 : 0, refs);
-}

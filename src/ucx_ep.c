@@ -433,7 +433,10 @@ int kvx_ucx_send(kvx_send_t *s, size_t hdr_len, size_t iovcnt, unsigned *refs)
     return 1;
 }
 
-int kvx_ucx_send_ctl(kvx_ucx_ep_t *e, const void *hdr, size_t hdr_len, unsigned *refs)
+/* A message of a header and one piece of payload (data_len 0: none): a pairing's (the metadata),
+ * or a control message. */
+int kvx_ucx_send_pair(kvx_ucx_ep_t *e, const void *hdr, size_t hdr_len, const void *data,
+                      size_t data_len, unsigned *refs)
 {
     kvx_send_t *s;
 
@@ -443,5 +446,12 @@ int kvx_ucx_send_ctl(kvx_ucx_ep_t *e, const void *hdr, size_t hdr_len, unsigned 
     if (s == NULL)
         return -ENOMEM;
     memcpy(s->hdr, hdr, hdr_len);
-    return kvx_ucx_send(s, hdr_len, 0, refs);
+    s->iov[0].base = (void *)data;
+    s->iov[0].len = data_len;
+    return kvx_ucx_send(s, hdr_len, data_len > 0 ? 1 : 0, refs);
+}
+
+int kvx_ucx_send_ctl(kvx_ucx_ep_t *e, const void *hdr, size_t hdr_len, unsigned *refs)
+{
+    return kvx_ucx_send_pair(e, hdr, hdr_len, NULL, 0, refs);
 }
