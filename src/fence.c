@@ -5,7 +5,7 @@
  * a FENCE message. kvx_conn.h's struct kvx_writer says what the records are.
  */
 #include "kvx_recv.h"
-#include "recv_int.h"
+#include "recv_sides_int.h"
 
 #include <errno.h>
 #include <stdlib.h>

@@ -7,7 +7,7 @@
  * connection closes.
  */
 #include "kvx_recv.h"
-#include "recv_int.h"
+#include "recv_sides_int.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -137,6 +137,7 @@ typedef struct kvx_idtab {
 
 struct kvx_transport {
     kvx_logger_t log; /* first: log.c sees only this (kvx_base.h) */
+    /* the transport's own: lock, close, its region and settings (transport.c) */
     pthread_mutex_t lock;
     pthread_cond_t cond;     /* progress signals connection events to API calls waiting */
     atomic_int lock_waiters; /* API calls waiting for the lock: the progress thread yields */
@@ -166,13 +167,7 @@ struct kvx_transport {
     kvx_host_id_t host;
     uint64_t generation;
     uint8_t capability[16];
-    /* capabilities kvx_fence_ex retired, newest first: a HELLO with one is refused, answered */
-    uint8_t retired[KVX_RETIRED_MAX][16];
-    unsigned nretired;
-    struct kvx_seen_proof *seen; /* with a secret: HELLO proofs of the last seconds (hello.c) */
-    kvx_list_t refusing;         /* connections made only to answer such a HELLO (at most 16) */
-    void *old_md;  /* metadata buffers replaced while pairings may still be sending them */
-    size_t nftags; /* tag fence records of every writer (kvx_fence_rec_t) */
+    void *old_md; /* metadata buffers replaced while pairings may still be sending them */
 
     kvx_ucx_t *ucx;
     uint8_t *metadata;
@@ -189,6 +184,12 @@ struct kvx_transport {
     kvx_idtab_t conn_ids;
 
     /* the receiving side: writers by name, their connections by id */
+    /* capabilities kvx_fence_ex retired, newest first: a HELLO with one is refused, answered */
+    uint8_t retired[KVX_RETIRED_MAX][16];
+    unsigned nretired;
+    struct kvx_seen_proof *seen; /* with a secret: HELLO proofs of the last seconds (hello.c) */
+    kvx_list_t refusing;         /* connections made only to answer such a HELLO (at most 16) */
+    size_t nftags;               /* tag fence records of every writer (kvx_fence_rec_t) */
     kvx_writer_t **wtab;
     size_t wtab_cap, nwriters;
     kvx_idtab_t rconn_ids;

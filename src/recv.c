@@ -7,7 +7,7 @@
  * what must be sent in return waits for kvx_recv_work, after it.
  */
 #include "kvx_recv.h"
-#include "recv_int.h"
+#include "recv_sides_int.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -1,9 +1,9 @@
 /*
  * What the receiving side's files share, and no other file needs: its bounds, its queued
- * replies, its counters, and the calls each of its layers gives the ones above it. Included by
- * rconn.c (a receiving connection's life, the writers, the slots and bounds), hello.c (the
- * handshake), fence.c (the writers' fences) and recv.c (the messages), lowest first; what files
- * outside the receiving side use is in kvx_conn.h and kvx_recv.h.
+ * replies, its counters, and what rconn.c (a receiving connection's life, the writers, the slots
+ * and bounds) gives the files above it: hello.c (the handshake), fence.c (the writers' fences)
+ * and recv.c (the messages). What hello.c and fence.c give the files above them is in
+ * recv_sides_int.h; what files outside the receiving side use, in kvx_conn.h and kvx_recv.h.
  */
 #ifndef KVX_RECV_INT_H
 #define KVX_RECV_INT_H
@@ -98,19 +98,5 @@ void kvx_slot_set(kvx_rconn_t *rc, int cls, uint64_t now);
 void kvx_rconn_active(kvx_rconn_t *rc); /* it completed (part of) a transfer */
 /* The connection that gives way to a new one: of writer w (over its share), or of any. */
 kvx_rconn_t *kvx_slot_victim(kvx_transport_t *t, kvx_writer_t *w, uint64_t now);
-
-/* ---- hello.c: the handshake ----------------------------------------------------------------- */
-
-/* A HELLO arrived (inside UCX progress): checked, and kept for kvx_recv_hellos. */
-void kvx_recv_hello_in(kvx_transport_t *t, const kvx_msg_t *m, const void *hdr, size_t hdr_len);
-/* Make the connections of the HELLOs that arrived (force: none is held back by the rates).
- * Returns the HELLOs done with. */
-unsigned kvx_recv_hellos(kvx_transport_t *t, bool force);
-void kvx_recv_proof(kvx_transport_t *t, const kvx_msg_t *m); /* a PROOF arrived */
-
-/* ---- fence.c: the writers' fences ----------------------------------------------------------- */
-
-/* Did a fence after the writer's epoch e cover tag? */
-bool kvx_writer_fenced(const kvx_writer_t *w, uint64_t e, uint64_t tag);
 
 #endif

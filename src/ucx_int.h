@@ -9,13 +9,16 @@
  *
  * The files, lowest first; each calls only files before it, never one of its own rank or above
  * (scripts/layers checks it):
- *   ucx_config.c, ucx_mem.c  the settings kvx applies to UCX (and the log capture that tells which
- *                 applied, the environment); owned regions and mapping a peer's. Neither calls
+ *   ucx_config.c, ucx_mem.c  the settings kvx applies to UCX, the context and worker made with
+ *                 them (and the log capture that tells which applied, the environment); owned
+ *                 regions and mapping a peer's. Neither calls
  *                 the other.
  *   ucx_ep.c      endpoints (open, close, the catch-up endpoints), messages out
  *   ucx_cm.c      pairing by address: UCX's connection manager, over ucx_ep.c's endpoints
- *   ucx.c         the worker: creation, and the teardown that ends all of the above (catch-up
- *                 endpoints, listener, owned region); messages in; progress and wake-up
+ *   ucx.c         the backend's entry: kvx_ucx_init (the context and worker themselves are
+ *                 made by ucx_config.c's kvx_ucx_create, with the settings it applies) and the
+ *                 teardown that ends all of the above (catch-up endpoints, listener, owned
+ *                 region); messages in; progress and wake-up
  */
 #ifndef KVX_UCX_INT_H
 #define KVX_UCX_INT_H

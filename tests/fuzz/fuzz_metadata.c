@@ -14,7 +14,7 @@
 static void check(const uint8_t *data, size_t size)
 {
     static kvx_transport_t self = {
-        .name = "fuzz-self", .fingerprint = "0123456789abcdef", .block_len = 65536};
+        .log.name = "fuzz-self", .fingerprint = "0123456789abcdef", .block_len = 65536};
     static uint8_t again[1 << 16];
     kvx_md_t md;
     kvx_peer_params_t expect = {.field_mask = KVX_PEER_PARAM_EXPECT_REGION};
