@@ -127,7 +127,19 @@ enum kvx_params_field {
     KVX_PARAM_NET_DEVICES = 1u << 10, /**< default: UCX's (every device) */
     KVX_PARAM_INTEGRITY = 1u << 11,   /**< default: off */
     KVX_PARAM_NOTICES = 1u << 12,     /**< default: 1024 */
-    KVX_PARAM_OWN_REGION = 1u << 13   /**< default: the application provides the region */
+    KVX_PARAM_OWN_REGION = 1u << 13,  /**< default: the application provides the region */
+    KVX_PARAM_RNDV = 1u << 14         /**< default: KVX_RNDV_AUTO, each lane's threshold */
+};
+
+/** How a transfer's data travels (kvx_params_t.rndv_mode). */
+enum kvx_rndv_mode {
+    /** Runs of at least the threshold go by rendezvous, smaller ones in eager messages: the
+     *  threshold is rndv_thresh when set, else the lane's (README, "Rendezvous"). */
+    KVX_RNDV_AUTO = 0,
+    /** Every byte in eager messages, copied out of UCX's buffers by the receiving side. */
+    KVX_RNDV_EAGER = 1,
+    /** Every run of at least rndv_thresh bytes (any run, with 0) by rendezvous. */
+    KVX_RNDV_ALWAYS = 2
 };
 
 /** Largest value accepted for a duration in milliseconds (deadline_ms, keepalive_ms, stall_ms):
@@ -235,6 +247,15 @@ typedef struct kvx_params {
     /** How many arrival notices (kvx_notice_poll) may wait here at once, 1..KVX_NOTICES_MAX. A
      * write whose notice finds the queue full fails at its sender with -ENOSPC. */
     size_t notice_queue;
+
+    /** How data travels (KVX_PARAM_RNDV): rndv_mode is a kvx_rndv_mode, and rndv_thresh the
+     *  smallest run in bytes that goes by rendezvous (0: the lane's choice with
+     *  KVX_RNDV_AUTO, every run with KVX_RNDV_ALWAYS). By rendezvous, the receiving side
+     *  checks the message's header first, then UCX moves the run straight into the place it
+     *  names in the region (on RDMA lanes with no copy by either side). The region is
+     *  registered with UCX once, at creation, unless the mode is KVX_RNDV_EAGER. */
+    int rndv_mode;
+    uint64_t rndv_thresh;
 } kvx_params_t;
 
 /** The longest shared secret, in bytes. */
@@ -279,7 +300,8 @@ typedef struct kvx_recv_counters {
     uint64_t drop_range;      /**< writes or reads of bytes outside the region */
     uint64_t drop_fenced;     /**< write messages a fence dropped */
     uint64_t drop_crc;        /**< data whose checksum did not match */
-    uint64_t drop_other;      /**< rendezvous messages, notices over the queue, overflows */
+    uint64_t drop_other;      /**< rendezvous messages of a kind that has no payload, notices over
+                               *   the queue, overflows */
     /** Connections closed because their replies could not leave (docs/security.md, "Resource
      *  bounds"): acknowledgements, read requests or control messages over their bound, per
      *  connection or per transport. Their writers' transfers on them fail. */
@@ -298,6 +320,12 @@ typedef struct kvx_recv_counters {
     /** With a secret: HELLOs whose proof this transport saw in the last 10 s (a recorded HELLO
      *  replayed), dropped before they take any of the bounds above. */
     uint64_t drop_replayed;
+    /** Write messages whose payload came by rendezvous: received into the region after their
+     *  header's checks (included in writes_landed once landed). */
+    uint64_t rndv_landed;
+    /** Rendezvous receives that did not end well: their sender vanished, stopped past the
+     *  stall limit, or their connection closed meanwhile (each closes the connection). */
+    uint64_t rndv_failed;
 } kvx_recv_counters_t;
 
 /** Bits of kvx_transport_attr_t.field_mask. */

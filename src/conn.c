@@ -362,6 +362,31 @@ static int kvx_conn_hello(kvx_conn_t *c)
     return rc < 0 ? rc : 0;
 }
 
+/*
+ * The smallest run that goes by rendezvous on a lane (README, "Rendezvous"): with KVX_RNDV_AUTO
+ * and no threshold set, tcp's from measurement here (UCX's rendezvous beats its eager messages
+ * copied into the region from KVX_RNDV_TCP_MIN on), RDMA lanes' from UCX's design (their
+ * rendezvous is zero-copy), and none on shared memory (eager was as fast or faster here).
+ */
+#define KVX_RNDV_TCP_MIN ((uint64_t)256 << 10)
+#define KVX_RNDV_RDMA_MIN ((uint64_t)16 << 10)
+
+uint64_t kvx_conn_rndv_min(const kvx_transport_t *t, const char *lane)
+{
+    static const char *const rdma[] = {"rc", "dc", "ud", "gga", "srd"};
+
+    if (t->rndv_mode == KVX_RNDV_EAGER)
+        return UINT64_MAX;
+    if (t->rndv_mode == KVX_RNDV_ALWAYS || t->rndv_thresh != 0)
+        return t->rndv_thresh;
+    if (strncmp(lane, "tcp", 3) == 0)
+        return KVX_RNDV_TCP_MIN;
+    for (size_t i = 0; i < sizeof(rdma) / sizeof(rdma[0]); i++)
+        if (strncmp(lane, rdma[i], strlen(rdma[i])) == 0)
+            return KVX_RNDV_RDMA_MIN;
+    return UINT64_MAX;
+}
+
 static void kvx_conn_ep_sent(void *c, uint64_t xfer_id, int status)
 {
     kvx_conn_t *conn = c;
@@ -407,6 +432,7 @@ int kvx_conn_open(kvx_transport_t *t, const char *peer_id, const kvx_md_t *md,
         return rc;
     }
     kvx_ucx_ep_describe(c->ucx, c->transport, sizeof(c->transport), &c->rma_hw, &c->seg);
+    c->rndv_min = kvx_conn_rndv_min(t, c->transport);
     if (md->rkey != NULL && c->watched)
         kvx_conn_map(c, md);
     kvx_list_add_tail(&t->conns, &c->all_link);

@@ -80,6 +80,7 @@ static void kvx_recv_refuse_hello(kvx_transport_t *t, const uint8_t *buf, size_t
     rc->peer_conn_id = m.u.hello.conn_id;
     rc->peer_token = m.u.hello.token;
     kvx_list_init(&rc->serve);
+    kvx_list_init(&rc->rxs);
     kvx_list_init(&rc->ctl);
     kvx_list_init(&rc->work_link);
     kvx_list_init(&rc->all_link);
@@ -258,6 +259,7 @@ static int kvx_recv_hello(kvx_transport_t *t, const uint8_t *buf, size_t len, bo
     rc->peer_conn_id = m.u.hello.conn_id;
     rc->peer_token = m.u.hello.token;
     kvx_list_init(&rc->serve);
+    kvx_list_init(&rc->rxs);
     kvx_list_init(&rc->ctl);
     kvx_list_init(&rc->work_link);
     kvx_list_init(&rc->w_link);

@@ -54,9 +54,10 @@ struct kvx_conn {
     uint64_t token;
     uint32_t rconn_id; /* ... and ours to the receiver carry its id and token */
     uint64_t rconn_token;
-    uint64_t epoch; /* the receiver's fence epoch for us, as last heard */
-    bool crc;       /* integrity: checksums on this connection's data */
-    size_t seg;     /* a message's size on this connection's lane */
+    uint64_t epoch;    /* the receiver's fence epoch for us, as last heard */
+    bool crc;          /* integrity: checksums on this connection's data */
+    size_t seg;        /* a message's size on this connection's lane */
+    uint64_t rndv_min; /* runs of at least this many bytes go by rendezvous (UINT64_MAX: none) */
     uint64_t remote_base;
     uint64_t remote_num_blocks;
     uint64_t remote_len; /* bytes of its region */
@@ -97,6 +98,8 @@ struct kvx_conn_ops {
  * or a negative errno (logged for peer_id) with nothing of it left to the caller. */
 int kvx_conn_open(kvx_transport_t *t, const char *peer_id, const kvx_md_t *md,
                   const kvx_conn_ops_t *ops, kvx_conn_t **c_p);
+/* The smallest run that goes by rendezvous on a lane of that name (UINT64_MAX: none). */
+uint64_t kvx_conn_rndv_min(const kvx_transport_t *t, const char *lane);
 /* Fault a mapped region's pages in (lock released meanwhile; c pinned by the caller). */
 void kvx_conn_prefault(kvx_conn_t *c);
 void kvx_conn_fail(kvx_conn_t *c, int err);
@@ -151,6 +154,16 @@ struct kvx_writer {
  * go out in messages of KVX_ACK_BATCH entries; at most KVX_ACKS_MAX wait at once. */
 #define KVX_ACK_BATCH 256
 #define KVX_ACKS_MAX 65536
+/* A rendezvous receive in flight on a receiving connection: the side that started it
+ * (kvx_rconn_recv) embeds this in its own record, and done runs once UCX has ended it (status 0:
+ * its bytes are in place), inside UCX progress, with the connection still allocated. */
+typedef struct kvx_rx kvx_rx_t;
+struct kvx_rx {
+    kvx_list_t link; /* rc->rxs, oldest first */
+    uint64_t since_ns;
+    void (*done)(kvx_rconn_t *rc, kvx_rx_t *rx, int status);
+};
+
 struct kvx_rconn {
     kvx_transport_t *t;
     uint32_t id;
@@ -183,10 +196,20 @@ struct kvx_rconn {
     kvx_list_t w_link;    /* w->rconns */
     kvx_list_t all_link;  /* t->rconns: until freed */
     kvx_ucx_ep_t *ucx;
+    kvx_list_t rxs; /* rendezvous receives in flight (kvx_rx_t), oldest first */
+    unsigned nrxs;
 
     /* made only to refuse a HELLO of a retired capability (linked by w_link in t->refusing) */
     bool refusing;
 };
+
+/* The most rendezvous receives in flight on one connection (an initiator keeps at most
+ * KVX_MAX_REQS messages in UCX's hands): past it the connection closes. */
+#define KVX_RXS_PER_CONN 32
+/* Start a rendezvous receive of len bytes of the region at off (checked by the caller) for a
+ * message of rc whose payload descriptor is desc: 0 (landed at once: rx->done has not run, the
+ * caller finishes), 1 (in flight: rx->done follows), or a negative errno (nothing received). */
+int kvx_rconn_recv(kvx_rconn_t *rc, kvx_rx_t *rx, void *desc, uint64_t off, size_t len);
 
 /* The writer of that agent name, or NULL (rconn.c). */
 kvx_writer_t *kvx_writer_lookup(const kvx_transport_t *t, const char *name);

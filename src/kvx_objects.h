@@ -161,7 +161,9 @@ struct kvx_transport {
     uint64_t stall_ns;
     unsigned num_threads;
     bool integrity;
-    uint8_t *secret; /* NULL: none */
+    int rndv_mode;        /* kvx_rndv_mode (KVX_PARAM_RNDV) */
+    uint64_t rndv_thresh; /* ... and its threshold (0: the lane's) */
+    uint8_t *secret;      /* NULL: none */
     size_t secret_len;
     char *net_devices;
     kvx_host_id_t host;

@@ -18,6 +18,9 @@ struct kvx_send {
     kvx_ucx_ep_t *ep;
     kvx_send_t *next_free;
     uint64_t xfer_id; /* the transfer whose local blocks the payload is (0: none) */
+    /* its one payload piece (iov[0], memory of the region) goes by rendezvous: the receiver
+     * checks the header, then UCX moves the piece into the place it names (kvx_ucx_recv) */
+    bool rndv;
     uint8_t hdr[KVX_SEND_HDR_MAX];
     kvx_iov_t iov[KVX_WIRE_MAX_RUNS];
 };
@@ -46,6 +49,9 @@ struct kvx_ep_ops {
     void (*on_closed)(void *owner);            /* a close that returned 1 completed */
     /* pairing endpoints only: a CHALLENGE, MD_REQ or MD that arrived on it */
     void (*on_message)(void *owner, const kvx_msg_t *m, const uint8_t *data, size_t data_len);
+    /* a rendezvous receive the owner started on this endpoint (kvx_ucx_recv) ended: status 0,
+     * its bytes are in place; else they may be partly there */
+    void (*on_received)(void *owner, void *cookie, int status);
 };
 
 int kvx_ucx_init(kvx_transport_t *t, const kvx_ucx_ops_t *ops);
@@ -77,6 +83,18 @@ kvx_send_t *kvx_ucx_send_get(kvx_ucx_ep_t *ep);
  * 0 (UCX is done with it already: s is free again), 1 (UCX holds it: the owner's on_sent follows,
  * and *refs counts it meanwhile), or a negative errno (s is free again). */
 int kvx_ucx_send(kvx_send_t *s, size_t hdr_len, size_t iovcnt, unsigned *refs);
+/* Receive a rendezvous message's payload (m->rndv: desc is the data pointer its handler got, and
+ * this is called from that handler, inside UCX progress) into len bytes at dest, memory of the
+ * region: UCX moves them there itself (on RDMA lanes, by an RDMA READ or WRITE with no copy).
+ * len must be the message's payload length. Returns 0 (in place already), 1 (in flight: the
+ * endpoint owner's on_received follows, and *refs counts it until then; it may have run before
+ * this returns), or a negative errno (nothing received). A handler that returns without calling
+ * it refuses the payload: UCX tells the sender it is done. */
+int kvx_ucx_recv(kvx_ucx_ep_t *ep, void *desc, void *dest, size_t len, void *cookie,
+                 unsigned *refs);
+/* Register the application's region with UCX once, at creation, so that no rendezvous pays a
+ * registration (an owned region is registered already). 0 or a negative errno. */
+int kvx_ucx_region_register(kvx_transport_t *t, void *base, size_t len);
 /* Wrap a header already built into a message with no payload and send it. */
 int kvx_ucx_send_ctl(kvx_ucx_ep_t *ep, const void *hdr, size_t hdr_len, unsigned *refs);
 /* pairing by address (UCX's connection manager) */

@@ -126,6 +126,9 @@ typedef struct kvx_wire_run {
 /* A decoded message header. Pointers point into the header decoded. */
 typedef struct kvx_msg {
     uint8_t type;
+    /* set by the backend, not on the wire: the payload comes by rendezvous, and the data pointer
+     * handed with the message is UCX's descriptor of it, for kvx_ucx_recv (WRITE, READ_DATA) */
+    bool rndv;
     uint16_t flags;
     uint32_t conn_id;
     uint64_t token;

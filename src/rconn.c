@@ -251,6 +251,37 @@ static void kvx_recv_on_sent(kvx_rconn_t *rc, int status)
     kvx_rconn_maybe_free(rc);
 }
 
+static void kvx_rconn_ep_received(void *arg, void *cookie, int status)
+{
+    kvx_rconn_t *rc = arg;
+    kvx_rx_t *rx = cookie;
+
+    rc->ucx_refs--;
+    kvx_list_del(&rx->link);
+    rc->nrxs--;
+    rx->done(rc, rx, status);
+    kvx_rconn_maybe_free(rc);
+}
+
+int kvx_rconn_recv(kvx_rconn_t *rc, kvx_rx_t *rx, void *desc, uint64_t off, size_t len)
+{
+    int r;
+
+    if (rc->nrxs >= KVX_RXS_PER_CONN) {
+        kvx_rconn_doom(rc, "too many rendezvous receives at once");
+        return -EBUSY;
+    }
+    rx->since_ns = kvx_now_ns();
+    kvx_list_add_tail(&rc->rxs, &rx->link);
+    rc->nrxs++;
+    r = kvx_ucx_recv(rc->ucx, desc, rc->t->base + off, len, rx, &rc->ucx_refs);
+    if (r != 1) { /* landed at once, or not at all: the caller finishes */
+        kvx_list_del(&rx->link);
+        rc->nrxs--;
+    }
+    return r;
+}
+
 static void kvx_rconn_ep_sent(void *rc, uint64_t xfer_id, int status)
 {
     (void)xfer_id;
@@ -264,6 +295,7 @@ const kvx_ep_ops_t kvx_rconn_ep_ops = {
     .on_sent = kvx_rconn_ep_sent,
     .on_error = kvx_rconn_ep_error,
     .on_closed = kvx_rconn_ep_closed,
+    .on_received = kvx_rconn_ep_received,
 };
 
 /* The connection a message names, if its token matches; NULL (counted) otherwise. */

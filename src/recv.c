@@ -48,6 +48,85 @@ static bool kvx_rconn_ack(kvx_rconn_t *rc, uint64_t xfer_id, uint64_t bytes, int
 
 /* ---- messages in (inside UCX progress) ---------------------------------------------------- */
 
+/* A write whose payload comes by rendezvous, received into the region (kvx_rconn_recv). */
+typedef struct kvx_landing {
+    kvx_rx_t rx;
+    uint64_t xfer_id;
+    uint64_t off;
+    uint32_t len;
+    uint32_t crc;
+    bool check_crc;
+} kvx_landing_t;
+
+/* The receive ended: the write landed (its checksum checked first) and is acknowledged, or the
+ * connection closes (its writer's transfers on it fail: a receive that did not end well may have
+ * left part of its bytes in place, which only a failed transfer may do). */
+static void kvx_recv_landed(kvx_rconn_t *rc, kvx_rx_t *rx, int status)
+{
+    kvx_landing_t *l = kvx_container_of(rx, kvx_landing_t, rx);
+    kvx_transport_t *t = rc->t;
+    kvx_writer_t *w = rc->w;
+    int32_t st = 0;
+
+    if (status < 0) {
+        kvx_count(t, w, KVX_CNT(rndv_failed));
+        kvx_info(t, "writer %s: connection %u: a rendezvous receive of write %llu ended: %s",
+                 w->name, rc->id, (unsigned long long)l->xfer_id, kvx_strerror(status));
+        if (rc->state == KVX_CONN_OPEN)
+            kvx_rconn_doom(rc, "a rendezvous receive failed");
+        free(l);
+        return;
+    }
+    if (l->check_crc && kvx_crc32c(t->base + l->off, l->len) != l->crc) {
+        kvx_count(t, w, KVX_CNT(drop_crc));
+        st = -EBADMSG;
+    } else {
+        t->rcounters.bytes_landed += l->len;
+        w->counters.bytes_landed += l->len;
+        kvx_count(t, w, KVX_CNT(writes_landed));
+        kvx_count(t, w, KVX_CNT(rndv_landed));
+        kvx_rconn_active(rc);
+    }
+    if (rc->state == KVX_CONN_OPEN && !rc->doomed && !kvx_rconn_ack(rc, l->xfer_id, l->len, st))
+        kvx_rconn_doom(rc, "its acknowledgements cannot leave");
+    free(l);
+}
+
+/* After the header's checks (status): the payload goes straight into the region, or is refused
+ * (UCX tells the sender it is done; the acknowledgement says why). Nothing of it reaches memory
+ * before the checks. */
+static void kvx_recv_write_rndv(kvx_rconn_t *rc, const kvx_msg_t *m, const uint8_t *desc,
+                                size_t data_len, int32_t status)
+{
+    kvx_landing_t *l = NULL;
+    kvx_wire_run_t r;
+    int got;
+
+    if (status == 0 && (l = calloc(1, sizeof(*l))) == NULL)
+        status = -ENOSPC;
+    if (status != 0) {
+        if (!kvx_rconn_ack(rc, m->u.write.xfer_id, data_len, status))
+            kvx_rconn_doom(rc, "its acknowledgements cannot leave");
+        return;
+    }
+    kvx_wire_run_get(m->u.write.runs, 0, &r);
+    l->rx.done = kvx_recv_landed;
+    l->xfer_id = m->u.write.xfer_id;
+    l->off = r.offset;
+    l->len = r.len;
+    l->crc = r.crc;
+    l->check_crc = (m->flags & KVX_MSGF_CRC) != 0;
+    got = kvx_rconn_recv(rc, &l->rx, (void *)desc, r.offset, r.len);
+    if (got == 0) {
+        kvx_recv_landed(rc, &l->rx, 0);
+    } else if (got < 0) {
+        free(l);
+        kvx_count(rc->t, rc->w, KVX_CNT(rndv_failed));
+        if (rc->state == KVX_CONN_OPEN)
+            kvx_rconn_doom(rc, "a rendezvous receive could not start");
+    }
+}
+
 static void kvx_recv_write(kvx_transport_t *t, const kvx_msg_t *m, const uint8_t *data,
                            size_t data_len)
 {
@@ -64,6 +143,11 @@ static void kvx_recv_write(kvx_transport_t *t, const kvx_msg_t *m, const uint8_t
         kvx_count(t, w, KVX_CNT(drop_fenced));
         status = -KVX_EFENCED;
     }
+    /* a rendezvous payload is one run, received in one piece into the region */
+    if (m->rndv && status == 0 && m->u.write.nruns != 1) {
+        kvx_count(t, w, KVX_CNT(drop_malformed));
+        status = -EINVAL;
+    }
     d = data;
     for (uint32_t i = 0; i < m->u.write.nruns && status == 0; i++) {
         kvx_wire_run_t r;
@@ -71,6 +155,8 @@ static void kvx_recv_write(kvx_transport_t *t, const kvx_msg_t *m, const uint8_t
         if (r.offset > t->region_len || r.len > t->region_len - r.offset) {
             kvx_count(t, w, KVX_CNT(drop_range));
             status = -EINVAL;
+        } else if (m->rndv) {
+            /* its checksum, if any, is checked once it has landed (kvx_recv_landed) */
         } else if ((m->flags & KVX_MSGF_CRC) && kvx_crc32c(d, r.len) != r.crc) {
             kvx_count(t, w, KVX_CNT(drop_crc));
             status = -EBADMSG;
@@ -80,6 +166,10 @@ static void kvx_recv_write(kvx_transport_t *t, const kvx_msg_t *m, const uint8_t
     if (status != 0)
         kvx_debug(t, "writer %s: write %llu refused: %s", w->name,
                   (unsigned long long)m->u.write.xfer_id, kvx_strerror(status));
+    if (m->rndv) { /* the checks passed or not: the payload is received now, or refused */
+        kvx_recv_write_rndv(rc, m, data, data_len, status);
+        return;
+    }
     if (status == 0) {
         d = data;
         for (uint32_t i = 0; i < m->u.write.nruns; i++) {

@@ -94,6 +94,10 @@ static int kvx_params_check(const kvx_params_t *p)
     if ((p->field_mask & KVX_PARAM_NOTICES) &&
         (p->notice_queue == 0 || p->notice_queue > KVX_NOTICES_MAX))
         return -EINVAL;
+    if ((p->field_mask & KVX_PARAM_RNDV) &&
+        (p->rndv_mode < KVX_RNDV_AUTO || p->rndv_mode > KVX_RNDV_ALWAYS ||
+         p->rndv_thresh > UINT32_MAX))
+        return -EINVAL;
     return 0;
 }
 
@@ -269,6 +273,10 @@ int kvx_transport_create(const kvx_params_t *params, kvx_transport_t **transport
     t->block_len = params->block_len;
     t->region_len = params->num_blocks * params->block_len;
     t->integrity = (params->field_mask & KVX_PARAM_INTEGRITY) && params->integrity != 0;
+    if (params->field_mask & KVX_PARAM_RNDV) {
+        t->rndv_mode = params->rndv_mode;
+        t->rndv_thresh = params->rndv_thresh;
+    }
     t->notice_cap =
         (params->field_mask & KVX_PARAM_NOTICES) ? params->notice_queue : KVX_DEFAULT_NOTICES;
     t->notices = calloc(t->notice_cap, sizeof(*t->notices));
@@ -334,6 +342,11 @@ int kvx_transport_create(const kvx_params_t *params, kvx_transport_t **transport
             goto err_ucx;
         t->base = base;
         t->owned = true;
+    } else if (t->rndv_mode != KVX_RNDV_EAGER) {
+        /* once, so that no rendezvous pays a registration */
+        rc = kvx_ucx_region_register(t, t->base, t->region_len);
+        if (rc < 0)
+            goto err_ucx;
     }
     rc = kvx_metadata_build(t);
     if (rc < 0)

@@ -110,14 +110,22 @@ static ucs_status_t kvx_ucx_am_cb(void *arg, const void *header, size_t header_l
     kvx_transport_t *t = arg;
     kvx_msg_t m;
 
-    if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
-        /* kvx sends only eager messages: a rendezvous is not kvx's; returning without
-         * receiving it drops it */
-        t->ucx->ops->on_drop(t, KVX_DROP_RNDV);
-        return UCS_OK;
-    }
     if (kvx_wire_decode(header, header_length, length, &m) < 0) {
         t->ucx->ops->on_drop(t, KVX_DROP_MALFORMED);
+        return UCS_OK;
+    }
+    if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+        /* Only a WRITE's or a READ_DATA's payload may come by rendezvous. Nothing of it has
+         * moved: data is UCX's descriptor, and the side's handler checks the header, then
+         * either receives the payload where it chooses (kvx_ucx_recv) or returns without it,
+         * which UCX reports to the sender as done (returning UCS_OK in both cases). */
+        m.rndv = true;
+        if (m.type == KVX_MSG_WRITE)
+            t->ucx->ops->on_request(t, &m, header, header_length, data, length);
+        else if (m.type == KVX_MSG_READ_DATA)
+            t->ucx->ops->on_reply(t, &m, data, length);
+        else
+            t->ucx->ops->on_drop(t, KVX_DROP_RNDV);
         return UCS_OK;
     }
     switch (m.type) {

@@ -381,6 +381,7 @@ kvx_send_t *kvx_ucx_send_get(kvx_ucx_ep_t *e)
     s->ep = e;
     s->next_free = NULL;
     s->xfer_id = 0;
+    s->rndv = false;
     return s;
 }
 
@@ -413,14 +414,28 @@ int kvx_ucx_send(kvx_send_t *s, size_t hdr_len, size_t iovcnt, unsigned *refs)
         .user_data = s,
         .datatype = iovcnt > 0 ? ucp_dt_make_iov() : ucp_dt_make_contig(1),
     };
+    const void *buf = iovcnt > 0 ? (void *)s->iov : NULL;
+    size_t count = iovcnt;
     void *req;
 
     if (e->ep == NULL) {
         kvx_ucx_send_put(s);
         return -ENOTCONN;
     }
-    req = ucp_am_send_nbx(e->ep, KVX_AM_ID, s->hdr, hdr_len, iovcnt > 0 ? (void *)s->iov : NULL,
-                          iovcnt, &p);
+    if (s->rndv && iovcnt == 1) {
+        /* one contiguous piece, from the registered region: UCX's rendezvous takes it from
+         * there (its handle spares a registration per message) */
+        ucp_mem_h mh = kvx_ucx_memh(e->t->ucx, s->iov[0].base, s->iov[0].len);
+        p.flags = UCP_AM_SEND_FLAG_RNDV;
+        p.datatype = ucp_dt_make_contig(1);
+        buf = s->iov[0].base;
+        count = s->iov[0].len;
+        if (mh != NULL) {
+            p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+            p.memh = mh;
+        }
+    }
+    req = ucp_am_send_nbx(e->ep, KVX_AM_ID, s->hdr, hdr_len, buf, count, &p);
     if (req == NULL) {
         kvx_ucx_send_put(s);
         return 0;
@@ -454,4 +469,55 @@ int kvx_ucx_send_pair(kvx_ucx_ep_t *e, const void *hdr, size_t hdr_len, const vo
 int kvx_ucx_send_ctl(kvx_ucx_ep_t *e, const void *hdr, size_t hdr_len, unsigned *refs)
 {
     return kvx_ucx_send_pair(e, hdr, hdr_len, NULL, 0, refs);
+}
+
+/* ---- rendezvous receives ----------------------------------------------------------------------
+ */
+
+typedef struct kvx_ucx_rx {
+    kvx_ucx_ep_t *ep;
+    void *cookie;
+} kvx_ucx_rx_t;
+
+static void kvx_ucx_recv_cb(void *req, ucs_status_t status, size_t length, void *arg)
+{
+    kvx_ucx_rx_t *rx = arg;
+    kvx_ucx_ep_t *e = rx->ep;
+    void *cookie = rx->cookie;
+
+    (void)length;
+    ucp_request_free(req);
+    free(rx);
+    e->ops->on_received(e->owner, cookie, kvx_ucx_errno(status));
+}
+
+int kvx_ucx_recv(kvx_ucx_ep_t *e, void *desc, void *dest, size_t len, void *cookie, unsigned *refs)
+{
+    kvx_ucx_rx_t *rx = malloc(sizeof(*rx));
+    ucp_request_param_t p = {
+        .op_attr_mask =
+            UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE,
+        .cb.recv_am = kvx_ucx_recv_cb,
+        .datatype = ucp_dt_make_contig(1),
+    };
+    ucp_mem_h mh = kvx_ucx_memh(e->t->ucx, dest, len);
+    void *req;
+
+    if (rx == NULL)
+        return -ENOMEM;
+    rx->ep = e;
+    rx->cookie = cookie;
+    p.user_data = rx;
+    if (mh != NULL) {
+        p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+        p.memh = mh;
+    }
+    /* counted first: the callback may run before this returns */
+    (*refs)++;
+    req = ucp_am_recv_data_nbx(e->t->ucx->worker, desc, dest, len, &p);
+    if (UCS_PTR_IS_PTR(req))
+        return 1;
+    (*refs)--;
+    free(rx);
+    return req == NULL ? 0 : kvx_ucx_errno(UCS_PTR_STATUS(req));
 }

@@ -37,8 +37,11 @@ struct kvx_ucx {
     ucp_address_t *waddr;
     size_t waddr_len;
     int efd;
-    ucp_mem_h region; /* an owned region UCX allocated, or NULL */
-    int seg_id;       /* ... its System V segment, listed as this process's (seg_listed) */
+    ucp_mem_h region;  /* an owned region UCX allocated, or NULL */
+    ucp_mem_h reg;     /* the application's region, registered (kvx_ucx_region_register), or NULL */
+    uint8_t *reg_base; /* the region either handle covers, for the sends and receives in it */
+    size_t reg_len;
+    int seg_id; /* ... its System V segment, listed as this process's (seg_listed) */
     bool seg_listed;
     struct kvx_ucx_sn {
         uint64_t uid;     /* a remote worker */
@@ -123,5 +126,8 @@ void kvx_ucx_region_free(kvx_transport_t *t);
 void kvx_ucx_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status); /* an endpoint's (arg) */
 void kvx_ucx_reap_fillers(kvx_ucx_t *u);  /* the catch-up endpoints whose peer failed */
 void kvx_ucx_close_fillers(kvx_ucx_t *u); /* all of them (the worker goes) */
+
+/* ucx_mem.c: the registered region's handle for [p, p + len), or NULL (UCX then registers). */
+ucp_mem_h kvx_ucx_memh(const kvx_ucx_t *u, const void *p, size_t len);
 
 #endif /* KVX_UCX_INT_H */

@@ -318,6 +318,9 @@ static void kvx_run_step(uint32_t *run, uint64_t *off, size_t piece, uint64_t ru
     }
 }
 
+/* The largest piece of a run one rendezvous message carries. */
+#define KVX_RNDV_PIECE ((size_t)1 << 20)
+
 /* One WRITE: as many of the stream's bytes as a message holds, from posted on. Returns the bytes
  * posted (0: none, out of message buffers), or a negative errno (the connection fails). */
 static ssize_t kvx_xfer_post_write(kvx_conn_t *c, kvx_xfer_t *x)
@@ -337,7 +340,17 @@ static ssize_t kvx_xfer_post_write(kvx_conn_t *c, kvx_xfer_t *x)
         uint64_t left = run_len - x->run_off;
         size_t room = avail - hdr_len - KVX_WIRE_RUN_LEN - len;
         size_t piece = left < room ? (size_t)left : room;
-        kvx_wire_run_t r = {kvx_xfer_remote(t, x, x->next_run, x->run_off), (uint32_t)piece, 0};
+        kvx_wire_run_t r;
+
+        if (left >= c->rndv_min) {
+            /* a large run goes alone, by rendezvous: the receiver checks this header, then
+             * UCX moves the piece into the place it names; runs already batched go first */
+            if (n > 0)
+                break;
+            piece = left < KVX_RNDV_PIECE ? (size_t)left : KVX_RNDV_PIECE;
+            s->rndv = true;
+        }
+        r = (kvx_wire_run_t){kvx_xfer_remote(t, x, x->next_run, x->run_off), (uint32_t)piece, 0};
 
         s->iov[n].base = kvx_xfer_local(t, x, x->next_run, x->run_off);
         s->iov[n].len = piece;
@@ -348,6 +361,8 @@ static ssize_t kvx_xfer_post_write(kvx_conn_t *c, kvx_xfer_t *x)
         len += piece;
         hdr_len += KVX_WIRE_RUN_LEN;
         kvx_run_step(&x->next_run, &x->run_off, piece, run_len);
+        if (s->rndv)
+            break;
     }
     kvx_wire_put_hdr(s->hdr, KVX_MSG_WRITE, c->crc ? KVX_MSGF_CRC : 0, c->rconn_id, c->rconn_token);
     kvx_put64(s->hdr + 16, x->id);

@@ -98,8 +98,22 @@ kvx_transport_t *kt_transport_ex(const kt_region_t *r, const char *name, unsigne
         p.field_mask |= KVX_PARAM_DEADLINE;
         p.deadline_ms = deadline_ms;
     }
+    kt_rndv_params(&p);
     KT_OK(kvx_transport_create(&p, &t));
     return t;
+}
+
+void kt_rndv_params(kvx_params_t *p)
+{
+    const char *m = getenv("KT_RNDV");
+
+    if (m == NULL || *m == '\0')
+        return;
+    p->field_mask |= KVX_PARAM_RNDV;
+    p->rndv_mode = strcmp(m, "eager") == 0    ? KVX_RNDV_EAGER
+                   : strcmp(m, "always") == 0 ? KVX_RNDV_ALWAYS
+                                              : KVX_RNDV_AUTO;
+    p->rndv_thresh = getenv("KT_RNDV_THRESH") ? strtoull(getenv("KT_RNDV_THRESH"), NULL, 0) : 0;
 }
 
 kvx_transport_t *kt_transport(const kt_region_t *r, const char *name, unsigned threads)
@@ -350,6 +364,7 @@ int kt_target_main(int sock, void *arg)
             .agent_name = a->name,
             .fingerprint = a->fingerprint,
         };
+        kt_rndv_params(&p);
         KT_OK(kvx_transport_create(&p, &t));
         KT_OK(kvx_transport_query(t, &ta));
         r = (kt_region_t){.base = ta.base, .num_blocks = a->num_blocks, .block_len = a->block_len};

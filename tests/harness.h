@@ -78,6 +78,9 @@ uint64_t kt_check(const kt_region_t *r, uint64_t idx, uint64_t salt, uint64_t sr
 /* ---- transports ----------------------------------------------------------------------------- */
 
 kvx_transport_t *kt_transport(const kt_region_t *r, const char *name, unsigned threads);
+/* KT_RNDV=eager|auto|always (and KT_RNDV_THRESH=bytes) in the environment: the transports the
+ * harness makes, targets included, move data that way (KVX_PARAM_RNDV). */
+void kt_rndv_params(kvx_params_t *p);
 kvx_transport_t *kt_transport_ex(const kt_region_t *r, const char *name, unsigned threads,
                                  const char *fingerprint, uint64_t deadline_ms);
 /* Metadata of t in a malloc'd buffer. */

@@ -3,7 +3,8 @@
  * 64 KiB and 1 MiB, contiguous, scattered and mixed index lists. argv[1] names the transport
  * ("shm" or "tcp"): UCX_TLS is limited to it, and the peer must report that it travels on it.
  * kvx's settings for that transport must have been applied in the form this UCX accepts (kvx
- * logs each one at debug level, and warns when UCX reports one unused).
+ * logs each one at debug level, and warns when UCX reports one unused). argv[2] "rndv": every
+ * run goes by rendezvous (KVX_RNDV_ALWAYS), and the target must count its writes landed so.
  */
 #include "harness.h"
 
@@ -12,6 +13,7 @@
 
 static char applied[4096];
 static bool ignored;
+static bool rndv; /* every run by rendezvous: the target counts them */
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static void capture(void *arg, int level, const char *msg)
@@ -81,6 +83,15 @@ static void run(uint64_t block_len, uint64_t num_blocks, const char *want_tl, ui
                         (unsigned long long)block_len);
     }
 
+    if (rndv) {
+        kvx_recv_counters_t rc;
+        kt_target_counters(&tg, &rc);
+        kt_log("block_len %llu: the target landed %llu writes, %llu by rendezvous, %llu failed",
+               (unsigned long long)block_len, (unsigned long long)rc.writes_landed,
+               (unsigned long long)rc.rndv_landed, (unsigned long long)rc.rndv_failed);
+        KT_CHECK(rc.rndv_landed > 0 && rc.rndv_landed == rc.writes_landed);
+        KT_EQ(rc.rndv_failed, 0);
+    }
     KT_OK(kvx_peer_query(t, "target", &pa));
     KT_EQ(pa.state, KVX_PEER_CONNECTED);
     KT_EQ(pa.bytes_written, bytes_w);
@@ -144,6 +155,11 @@ int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "shm";
     const char *want, *setting;
+
+    if (argc > 2 && strcmp(argv[2], "rndv") == 0) {
+        rndv = true;
+        setenv("KT_RNDV", "always", 1); /* the target's transport too (the harness) */
+    }
 
     if (strcmp(mode, "tcp") == 0) {
         setenv("UCX_TLS", "tcp", 1);

@@ -35,7 +35,9 @@ struct opts {
     bool json, verify, loopback, same_block, quiet, wait;
     bool wait_fd;   /* sleep in poll(2) on kvx_transport_event_fd instead */
     bool integrity; /* the initiator's transport checksums what it moves (CRC-32C) */
-    bool owned;     /* the server's regions are kvx's own (KVX_PARAM_OWN_REGION) */
+    int rndv_mode;  /* --rndv: kvx_params_t.rndv_mode and rndv_thresh, both sides */
+    uint64_t rndv_thresh;
+    bool owned; /* the server's regions are kvx's own (KVX_PARAM_OWN_REGION) */
     double load_s;
     const char *addrs[MAX_PEERS];
     int naddrs;

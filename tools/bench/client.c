@@ -52,12 +52,15 @@ void client_open(client_t *c, int *ctl, uint64_t size)
     for (uint64_t i = 0; i < c->nb; i++)
         kvx_pattern_fill(c->base + i * size, size, CLIENT_SALT + (uint64_t)o.client_index, i, 0);
 
-    kvx_params_t p = {.field_mask = KVX_PARAM_REGION | KVX_PARAM_NUM_THREADS | KVX_PARAM_INTEGRITY,
+    kvx_params_t p = {.field_mask = KVX_PARAM_REGION | KVX_PARAM_NUM_THREADS | KVX_PARAM_INTEGRITY |
+                                    KVX_PARAM_RNDV,
                       .base = c->base,
                       .num_blocks = c->nb,
                       .block_len = size,
                       .num_threads = (unsigned)o.threads,
-                      .integrity = o.integrity};
+                      .integrity = o.integrity,
+                      .rndv_mode = o.rndv_mode,
+                      .rndv_thresh = o.rndv_thresh};
     t0 = now_ns();
     CHECK_KVX(kvx_transport_create(&p, &c->t));
     c->create_ms = (double)(now_ns() - t0) / 1e6;

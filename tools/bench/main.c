@@ -104,6 +104,9 @@ static void usage(void)
            "      --same-block      one block, the same remote block every time (ucx_perftest's\n"
            "                        cache-hot mode)\n"
            "      --integrity       CRC-32C of every block written or read, checked on arrival\n"
+           "      --rndv MODE[:BYTES]  how data travels: auto (default: each lane's threshold),\n"
+           "                        eager, or always (runs of BYTES or more, default every run,\n"
+           "                        by rendezvous); auto:BYTES sets the threshold\n"
            "      --owned           server: kvx allocates its regions in shared memory\n"
            "                        (KVX_PARAM_OWN_REGION); initiators on its host copy into\n"
            "                        and out of them with no work by the server\n"
@@ -125,17 +128,37 @@ static void usage(void)
 
 int main(int argc, char **argv)
 {
-    static const struct option lo[] = {
-        {"sizes", 1, 0, 's'},          {"region", 1, 0, 'r'},     {"blocks", 1, 0, 'b'},
-        {"pattern", 1, 0, 'P'},        {"op", 1, 0, 'o'},         {"iters", 1, 0, 'n'},
-        {"warmup", 1, 0, 'w'},         {"inflight", 1, 0, 'q'},   {"threads", 1, 0, 't'},
-        {"target-threads", 1, 0, 'T'}, {"peers", 1, 0, 'N'},      {"port", 1, 0, 'p'},
-        {"loopback", 0, 0, 'L'},       {"json", 0, 0, 'J'},       {"no-verify", 0, 0, 'V'},
-        {"same-block", 0, 0, 'S'},     {"quiet", 0, 0, 'Q'},      {"help", 0, 0, 'h'},
-        {"client-index", 1, 0, 'K'},   {"clients", 1, 0, 'C'},    {"initiators", 1, 0, 'C'},
-        {"wait", 0, 0, 'W'},           {"wait-fd", 0, 0, 'F'},    {"load", 1, 0, 'D'},
-        {"bind", 1, 0, 'B'},           {"max-region", 1, 0, 'M'}, {"integrity", 0, 0, 'G'},
-        {"owned", 0, 0, 'O'},          {"listen", 2, 0, 'l'},     {0, 0, 0, 0}};
+    static const struct option lo[] = {{"sizes", 1, 0, 's'},
+                                       {"region", 1, 0, 'r'},
+                                       {"blocks", 1, 0, 'b'},
+                                       {"pattern", 1, 0, 'P'},
+                                       {"op", 1, 0, 'o'},
+                                       {"iters", 1, 0, 'n'},
+                                       {"warmup", 1, 0, 'w'},
+                                       {"inflight", 1, 0, 'q'},
+                                       {"threads", 1, 0, 't'},
+                                       {"target-threads", 1, 0, 'T'},
+                                       {"peers", 1, 0, 'N'},
+                                       {"port", 1, 0, 'p'},
+                                       {"loopback", 0, 0, 'L'},
+                                       {"json", 0, 0, 'J'},
+                                       {"no-verify", 0, 0, 'V'},
+                                       {"same-block", 0, 0, 'S'},
+                                       {"quiet", 0, 0, 'Q'},
+                                       {"help", 0, 0, 'h'},
+                                       {"client-index", 1, 0, 'K'},
+                                       {"clients", 1, 0, 'C'},
+                                       {"initiators", 1, 0, 'C'},
+                                       {"wait", 0, 0, 'W'},
+                                       {"wait-fd", 0, 0, 'F'},
+                                       {"load", 1, 0, 'D'},
+                                       {"bind", 1, 0, 'B'},
+                                       {"max-region", 1, 0, 'M'},
+                                       {"integrity", 0, 0, 'G'},
+                                       {"owned", 0, 0, 'O'},
+                                       {"listen", 2, 0, 'l'},
+                                       {"rndv", 1, 0, 'R'},
+                                       {0, 0, 0, 0}};
     bool listen_mode = false;
     const char *listen_at = NULL;
     int c;
@@ -209,6 +232,20 @@ int main(int argc, char **argv)
         case 'O':
             o.owned = true;
             break;
+        case 'R': {
+            const char *colon = strchr(optarg, ':');
+            size_t n = colon ? (size_t)(colon - optarg) : strlen(optarg);
+            if (n == 4 && strncmp(optarg, "auto", 4) == 0)
+                o.rndv_mode = KVX_RNDV_AUTO;
+            else if (n == 5 && strncmp(optarg, "eager", 5) == 0)
+                o.rndv_mode = KVX_RNDV_EAGER;
+            else if (n == 6 && strncmp(optarg, "always", 6) == 0)
+                o.rndv_mode = KVX_RNDV_ALWAYS;
+            else
+                die("--rndv: auto, eager or always, not '%s'", optarg);
+            o.rndv_thresh = colon ? parse_size(colon + 1) : 0;
+            break;
+        }
         case 'l':
             listen_mode = true;
             listen_at = optarg;

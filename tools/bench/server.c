@@ -63,7 +63,9 @@ static srv_region_t *srv_region_find(uint64_t block_len, uint64_t num_blocks)
 static srv_region_t *srv_region_get(uint64_t block_len, uint64_t num_blocks, const char **why)
 {
     srv_region_t *r = srv_region_find(block_len, num_blocks);
-    kvx_params_t p = {.field_mask = KVX_PARAM_REGION | KVX_PARAM_NUM_THREADS};
+    kvx_params_t p = {.field_mask = KVX_PARAM_REGION | KVX_PARAM_NUM_THREADS | KVX_PARAM_RNDV,
+                      .rndv_mode = o.rndv_mode,
+                      .rndv_thresh = o.rndv_thresh};
     int rc;
 
     if (r != NULL)
