@@ -364,11 +364,15 @@ static int kvx_conn_hello(kvx_conn_t *c)
 
 /*
  * The smallest run that goes by rendezvous on a lane (README, "Rendezvous"): with KVX_RNDV_AUTO
- * and no threshold set, tcp's from measurement here (UCX's rendezvous beats its eager messages
- * copied into the region from KVX_RNDV_TCP_MIN on), RDMA lanes' from UCX's design (their
- * rendezvous is zero-copy), and none on shared memory (eager was as fast or faster here).
+ * and no threshold set, tcp's from measurement here (UCX 1.13.1 and 1.19.1, two processes,
+ * 256 MiB scattered: rendezvous was level with eager over tcp at 256 KiB-1 MiB and ahead at
+ * 4 MiB, eager ahead below), RDMA lanes' from UCX's design (their rendezvous is zero-copy, its
+ * own threshold is a few KiB). Shared memory stays eager in auto: rendezvous was faster there
+ * at 1-4 MiB (19-21 GB/s against 13-16), but a stopped receiver left its sends in UCX's hands
+ * after the connection's close, so that a removed peer's transfers were not let go of at once;
+ * KVX_RNDV_ALWAYS or a threshold still forces it. Other lanes: eager.
  */
-#define KVX_RNDV_TCP_MIN ((uint64_t)256 << 10)
+#define KVX_RNDV_TCP_MIN ((uint64_t)1 << 20)
 #define KVX_RNDV_RDMA_MIN ((uint64_t)16 << 10)
 
 uint64_t kvx_conn_rndv_min(const kvx_transport_t *t, const char *lane)

@@ -179,3 +179,31 @@ int kvx_recv_fence(kvx_transport_t *t, const char *writer, const uint64_t *tags,
     }
     return count;
 }
+
+/* ---- rendezvous receives a fence covers ----------------------------------------------------- */
+
+/* How many rendezvous receives in flight a fence of writer (NULL: every writer) now covers; with
+ * abort, the connections holding them close (which ends them). */
+unsigned kvx_recv_fence_rxs(kvx_transport_t *t, const char *writer, bool abort)
+{
+    unsigned n = 0;
+
+    if (t->rconns.next == NULL)
+        return 0;
+    for (kvx_list_t *c = t->rconns.next; c != &t->rconns; c = c->next) {
+        kvx_rconn_t *rc = kvx_container_of(c, kvx_rconn_t, all_link);
+        unsigned here = 0;
+
+        if (rc->nrxs == 0 || rc->w == NULL || (writer != NULL && strcmp(rc->w->name, writer)))
+            continue;
+        for (kvx_list_t *x = rc->rxs.next; x != &rc->rxs; x = x->next) {
+            kvx_rx_t *rx = kvx_container_of(x, kvx_rx_t, link);
+            if (kvx_writer_fenced(rc->w, rx->epoch, rx->tag))
+                here++;
+        }
+        if (here > 0 && abort)
+            kvx_rconn_abort(rc, "a fence covers its rendezvous receives still in flight");
+        n += here;
+    }
+    return n;
+}

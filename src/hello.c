@@ -365,6 +365,7 @@ void kvx_recv_proof(kvx_transport_t *t, const kvx_msg_t *m)
  * once a second: an unproven connection lasts 2-3 s. */
 void kvx_recv_housekeeping(kvx_transport_t *t, uint64_t now)
 {
+    kvx_rconn_housekeeping(t, now);
     if (t->rslots[KVX_SLOT_UNPROVEN].next == NULL)
         return;
     while (!kvx_list_empty(&t->rslots[KVX_SLOT_UNPROVEN])) {

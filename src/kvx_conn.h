@@ -161,6 +161,7 @@ typedef struct kvx_rx kvx_rx_t;
 struct kvx_rx {
     kvx_list_t link; /* rc->rxs, oldest first */
     uint64_t since_ns;
+    uint64_t epoch, tag; /* the write's, as its header said (a fence may cover it) */
     void (*done)(kvx_rconn_t *rc, kvx_rx_t *rx, int status);
 };
 
@@ -206,10 +207,15 @@ struct kvx_rconn {
 /* The most rendezvous receives in flight on one connection (an initiator keeps at most
  * KVX_MAX_REQS messages in UCX's hands): past it the connection closes. */
 #define KVX_RXS_PER_CONN 32
+/* What one counts in the receiving side's bound over all connections' queues (its record and
+ * UCX's request for it). */
+#define KVX_RX_COST 512
 /* Start a rendezvous receive of len bytes of the region at off (checked by the caller) for a
  * message of rc whose payload descriptor is desc: 0 (landed at once: rx->done has not run, the
  * caller finishes), 1 (in flight: rx->done follows), or a negative errno (nothing received). */
 int kvx_rconn_recv(kvx_rconn_t *rc, kvx_rx_t *rx, void *desc, uint64_t off, size_t len);
+/* Periodic: connections whose rendezvous receives stalled past the stall limit close. */
+void kvx_rconn_housekeeping(kvx_transport_t *t, uint64_t now);
 
 /* The writer of that agent name, or NULL (rconn.c). */
 kvx_writer_t *kvx_writer_lookup(const kvx_transport_t *t, const char *name);

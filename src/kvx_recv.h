@@ -25,6 +25,9 @@ void kvx_recv_free_all(kvx_transport_t *t);
 int kvx_recv_fence_prepare(kvx_transport_t *t, const char *writer, const uint64_t *tags,
                            size_t ntags);
 int kvx_recv_fence(kvx_transport_t *t, const char *writer, const uint64_t *tags, size_t ntags);
+/* The rendezvous receives in flight that a fence just made covers (fence.c): how many; with
+ * abort, their connections close, which ends them. */
+unsigned kvx_recv_fence_rxs(kvx_transport_t *t, const char *writer, bool abort);
 /* Take up to max arrival notices into out, oldest first (kvx_notice_poll): how many. */
 size_t kvx_notice_take(kvx_transport_t *t, kvx_notice_t *out, size_t max);
 

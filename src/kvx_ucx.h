@@ -86,10 +86,13 @@ int kvx_ucx_send(kvx_send_t *s, size_t hdr_len, size_t iovcnt, unsigned *refs);
 /* Receive a rendezvous message's payload (m->rndv: desc is the data pointer its handler got, and
  * this is called from that handler, inside UCX progress) into len bytes at dest, memory of the
  * region: UCX moves them there itself (on RDMA lanes, by an RDMA READ or WRITE with no copy).
- * len must be the message's payload length. Returns 0 (in place already), 1 (in flight: the
- * endpoint owner's on_received follows, and *refs counts it until then; it may have run before
- * this returns), or a negative errno (nothing received). A handler that returns without calling
- * it refuses the payload: UCX tells the sender it is done. */
+ * len must be the message's payload length, and the message must have come on ep itself (its
+ * sender named the endpoint, UCP_AM_SEND_FLAG_REPLY): closing ep is what ends the receive, UCX
+ * cannot cancel it otherwise. Returns 0 (in place already), 1 (in flight: the endpoint owner's
+ * on_received follows, and *refs counts it until then; it may have run before this returns),
+ * -EPERM (it came on another endpoint, or named none: not received), or another negative errno
+ * (nothing received). A handler that returns without receiving refuses the payload: UCX tells
+ * the sender it is done. */
 int kvx_ucx_recv(kvx_ucx_ep_t *ep, void *desc, void *dest, size_t len, void *cookie,
                  unsigned *refs);
 /* Register the application's region with UCX once, at creation, so that no rendezvous pays a

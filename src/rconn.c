@@ -179,7 +179,9 @@ void kvx_rconn_close(kvx_rconn_t *rc)
     kvx_list_del(&rc->work_link);
     kvx_rconn_drop_queued(rc);
     kvx_info(t, "writer %s: connection %u closed", rc->w->name, rc->id);
-    if (rc->tcp && rc->sending > 0 && rc->pending_err == 0 && !t->closed &&
+    /* a connection with rendezvous receives in flight closes at once: its close is what ends
+     * them (UCX cannot cancel them otherwise), so that none outlives it */
+    if (rc->tcp && rc->sending > 0 && rc->pending_err == 0 && !t->closed && rc->nrxs == 0 &&
         t->nlingering < KVX_LINGER_MAX) {
         rc->lingering = true;
         t->nlingering++;
@@ -194,14 +196,16 @@ void kvx_rconn_close(kvx_rconn_t *rc)
     kvx_rconn_end_linger(rc);
 }
 
-/* Over a bound: what it queued goes now, and kvx_recv_work closes it (a caller may be walking a
- * list it is on); its messages are refused meanwhile. */
-void kvx_rconn_doom(kvx_rconn_t *rc, const char *why)
+/* Over a bound (overflow: counted so), or a rendezvous receive that ended badly: what it queued
+ * goes now, and kvx_recv_work closes it (a caller may be walking a list it is on); its messages
+ * are refused meanwhile. */
+static void kvx_rconn_end(kvx_rconn_t *rc, const char *why, bool overflow)
 {
     if (rc->doomed || rc->state != KVX_CONN_OPEN)
         return;
     rc->doomed = true;
-    kvx_count(rc->t, rc->w, KVX_CNT(conns_overflow));
+    if (overflow)
+        kvx_count(rc->t, rc->w, KVX_CNT(conns_overflow));
     kvx_warn(rc->t,
              "writer %s: connection %u closed: %s (%u acknowledgements, %u reads, %u "
              "control messages waiting, %u held by UCX)",
@@ -209,6 +213,10 @@ void kvx_rconn_doom(kvx_rconn_t *rc, const char *why)
     kvx_rconn_drop_queued(rc);
     kvx_rconn_want_work(rc);
 }
+
+void kvx_rconn_doom(kvx_rconn_t *rc, const char *why) { kvx_rconn_end(rc, why, true); }
+
+void kvx_rconn_abort(kvx_rconn_t *rc, const char *why) { kvx_rconn_end(rc, why, false); }
 
 /* The forced close completed (its callback). */
 static void kvx_recv_on_closed(kvx_rconn_t *rc)
@@ -259,6 +267,7 @@ static void kvx_rconn_ep_received(void *arg, void *cookie, int status)
     rc->ucx_refs--;
     kvx_list_del(&rx->link);
     rc->nrxs--;
+    kvx_rq_sub(rc, KVX_RX_COST);
     rx->done(rc, rx, status);
     kvx_rconn_maybe_free(rc);
 }
@@ -274,10 +283,12 @@ int kvx_rconn_recv(kvx_rconn_t *rc, kvx_rx_t *rx, void *desc, uint64_t off, size
     rx->since_ns = kvx_now_ns();
     kvx_list_add_tail(&rc->rxs, &rx->link);
     rc->nrxs++;
+    kvx_rq_add(rc, KVX_RX_COST); /* in the bound over all connections' queues */
     r = kvx_ucx_recv(rc->ucx, desc, rc->t->base + off, len, rx, &rc->ucx_refs);
     if (r != 1) { /* landed at once, or not at all: the caller finishes */
         kvx_list_del(&rx->link);
         rc->nrxs--;
+        kvx_rq_sub(rc, KVX_RX_COST);
     }
     return r;
 }
@@ -297,6 +308,27 @@ const kvx_ep_ops_t kvx_rconn_ep_ops = {
     .on_closed = kvx_rconn_ep_closed,
     .on_received = kvx_rconn_ep_received,
 };
+
+/*
+ * Periodic: a connection whose oldest rendezvous receive has been in flight for longer than the
+ * stall limit (its sender stopped, or never sends the payload it announced) closes, which ends
+ * its receives (their bytes may be partly in place: the writer's transfers on it fail).
+ */
+void kvx_rconn_housekeeping(kvx_transport_t *t, uint64_t now)
+{
+    if (t->stall_ns == 0 || t->rconns.next == NULL)
+        return;
+    for (kvx_list_t *n = t->rconns.next; n != &t->rconns; n = n->next) {
+        kvx_rconn_t *rc = kvx_container_of(n, kvx_rconn_t, all_link);
+        kvx_rx_t *rx;
+
+        if (rc->state != KVX_CONN_OPEN || rc->doomed || rc->nrxs == 0)
+            continue;
+        rx = kvx_list_first(&rc->rxs, kvx_rx_t, link);
+        if (now > rx->since_ns && now - rx->since_ns > t->stall_ns)
+            kvx_rconn_abort(rc, "a rendezvous receive made no progress within the stall limit");
+    }
+}
 
 /* The connection a message names, if its token matches; NULL (counted) otherwise. */
 kvx_rconn_t *kvx_rconn_of(kvx_transport_t *t, const kvx_msg_t *m)

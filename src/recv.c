@@ -73,7 +73,7 @@ static void kvx_recv_landed(kvx_rconn_t *rc, kvx_rx_t *rx, int status)
         kvx_info(t, "writer %s: connection %u: a rendezvous receive of write %llu ended: %s",
                  w->name, rc->id, (unsigned long long)l->xfer_id, kvx_strerror(status));
         if (rc->state == KVX_CONN_OPEN)
-            kvx_rconn_doom(rc, "a rendezvous receive failed");
+            kvx_rconn_abort(rc, "a rendezvous receive failed");
         free(l);
         return;
     }
@@ -111,6 +111,8 @@ static void kvx_recv_write_rndv(kvx_rconn_t *rc, const kvx_msg_t *m, const uint8
     }
     kvx_wire_run_get(m->u.write.runs, 0, &r);
     l->rx.done = kvx_recv_landed;
+    l->rx.epoch = m->u.write.epoch;
+    l->rx.tag = m->u.write.tag;
     l->xfer_id = m->u.write.xfer_id;
     l->off = r.offset;
     l->len = r.len;
@@ -119,11 +121,17 @@ static void kvx_recv_write_rndv(kvx_rconn_t *rc, const kvx_msg_t *m, const uint8
     got = kvx_rconn_recv(rc, &l->rx, (void *)desc, r.offset, r.len);
     if (got == 0) {
         kvx_recv_landed(rc, &l->rx, 0);
+    } else if (got == -EPERM) {
+        /* not on the connection's own endpoint: refused, as a message of no connection */
+        free(l);
+        kvx_count(rc->t, rc->w, KVX_CNT(drop_unknown));
+        if (!kvx_rconn_ack(rc, m->u.write.xfer_id, data_len, -EPROTO))
+            kvx_rconn_doom(rc, "its acknowledgements cannot leave");
     } else if (got < 0) {
         free(l);
         kvx_count(rc->t, rc->w, KVX_CNT(rndv_failed));
         if (rc->state == KVX_CONN_OPEN)
-            kvx_rconn_doom(rc, "a rendezvous receive could not start");
+            kvx_rconn_abort(rc, "a rendezvous receive could not start");
     }
 }
 

@@ -82,6 +82,8 @@ void kvx_rconn_end_linger(kvx_rconn_t *rc);
 /* Stop accepting its messages and close its endpoint (over tcp, it may linger first). */
 void kvx_rconn_close(kvx_rconn_t *rc);
 void kvx_rconn_doom(kvx_rconn_t *rc, const char *why); /* over a bound: kvx_recv_work closes it */
+/* ... and the same, not counted as an overflow: a rendezvous receive that ended badly */
+void kvx_rconn_abort(kvx_rconn_t *rc, const char *why);
 /* The connection a message names, if its token matches; NULL (counted) otherwise. */
 kvx_rconn_t *kvx_rconn_of(kvx_transport_t *t, const kvx_msg_t *m);
 /* Queue a small message (at most KVX_WIRE_HELLO_ACK_LEN): 0, or -ENOBUFS (it is doomed). */

@@ -561,6 +561,41 @@ static int kvx_tag_cmp(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* How long a fence waits for the rendezvous receives of fenced writes in flight to end (the stall
+ * limit when shorter), before it closes their connections. */
+#define KVX_FENCE_RX_WAIT_NS (1000ull * 1000000ull)
+
+/*
+ * A fence returns with no rendezvous receive of a write it covers in flight (its payload lands
+ * in the region while it is): those in flight are waited for, with the lock released, up to
+ * KVX_FENCE_RX_WAIT_NS (they land: a fence drops what arrives after it, and these arrived
+ * before), then their connections close, which ends them (their transfers fail). Lock held.
+ */
+static void kvx_fence_rxs(kvx_transport_t *t, const char *writer)
+{
+    uint64_t wait =
+        t->stall_ns != 0 && t->stall_ns < KVX_FENCE_RX_WAIT_NS ? t->stall_ns : KVX_FENCE_RX_WAIT_NS;
+    uint64_t until = kvx_now_ns() + wait;
+
+    if (kvx_recv_fence_rxs(t, writer, false) == 0)
+        return;
+    t->busy++;
+    while (!t->closed && kvx_recv_fence_rxs(t, writer, false) > 0 && kvx_now_ns() < until)
+        kvx_progress_wait_event(t, until);
+    t->busy--;
+    if (t->closed) {
+        pthread_cond_broadcast(&t->cond); /* close waits for busy calls to leave */
+        return;
+    }
+    if (kvx_recv_fence_rxs(t, writer, true) > 0) {
+        kvx_warn(t,
+                 "fence of %s: rendezvous receives still in flight after %llu ms: their "
+                 "connections close",
+                 writer ? writer : "every writer", (unsigned long long)(wait / 1000000));
+        kvx_recv_work(t); /* the closes, now: they end the receives */
+    }
+}
+
 int kvx_fence_ex(kvx_transport_t *t, const char *writer, const uint64_t *tags, size_t ntags,
                  unsigned flags)
 {
@@ -597,6 +632,7 @@ int kvx_fence_ex(kvx_transport_t *t, const char *writer, const uint64_t *tags, s
     rc = kvx_recv_fence(t, writer, sorted, n);
     kvx_info(t, "fence of %s%s%s: %d connection(s)", writer ? writer : "every writer",
              n ? " (some tags)" : "", (flags & KVX_FENCE_RETIRE) ? ", capability retired" : "", rc);
+    kvx_fence_rxs(t, writer);
     kvx_unlock(t);
     return rc;
 }

@@ -120,12 +120,15 @@ static ucs_status_t kvx_ucx_am_cb(void *arg, const void *header, size_t header_l
          * either receives the payload where it chooses (kvx_ucx_recv) or returns without it,
          * which UCX reports to the sender as done (returning UCS_OK in both cases). */
         m.rndv = true;
+        t->ucx->rx_reply_ep =
+            (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? param->reply_ep : NULL;
         if (m.type == KVX_MSG_WRITE)
             t->ucx->ops->on_request(t, &m, header, header_length, data, length);
         else if (m.type == KVX_MSG_READ_DATA)
             t->ucx->ops->on_reply(t, &m, data, length);
         else
             t->ucx->ops->on_drop(t, KVX_DROP_RNDV);
+        t->ucx->rx_reply_ep = NULL;
         return UCS_OK;
     }
     switch (m.type) {

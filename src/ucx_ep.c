@@ -426,7 +426,9 @@ int kvx_ucx_send(kvx_send_t *s, size_t hdr_len, size_t iovcnt, unsigned *refs)
         /* one contiguous piece, from the registered region: UCX's rendezvous takes it from
          * there (its handle spares a registration per message) */
         ucp_mem_h mh = kvx_ucx_memh(e->t->ucx, s->iov[0].base, s->iov[0].len);
-        p.flags = UCP_AM_SEND_FLAG_RNDV;
+        /* the receiver takes it only on the endpoint it would close to end it (REPLY: UCX
+         * names the endpoint it came on, kvx_ucx_recv) */
+        p.flags = UCP_AM_SEND_FLAG_RNDV | UCP_AM_SEND_FLAG_REPLY;
         p.datatype = ucp_dt_make_contig(1);
         buf = s->iov[0].base;
         count = s->iov[0].len;
@@ -503,6 +505,12 @@ int kvx_ucx_recv(kvx_ucx_ep_t *e, void *desc, void *dest, size_t len, void *cook
     ucp_mem_h mh = kvx_ucx_memh(e->t->ucx, dest, len);
     void *req;
 
+    /* only what came on e itself: closing e is what ends the receive (UCX cannot cancel it),
+     * and a sender could otherwise tie it to an endpoint nobody would close */
+    if (e->ep == NULL || e->t->ucx->rx_reply_ep != e->ep) {
+        free(rx);
+        return -EPERM;
+    }
     if (rx == NULL)
         return -ENOMEM;
     rx->ep = e;

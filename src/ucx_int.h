@@ -61,6 +61,9 @@ struct kvx_ucx {
     size_t rkey_len;
     ucp_listener_h listener; /* kvx_transport_listen */
     kvx_ucx_ep_t *pair_eps;  /* endpoints of UCX's connection manager (listen.c) */
+    /* the endpoint a rendezvous message being handled came on (its sender's REPLY), or NULL:
+     * its payload is received only for a connection whose endpoint that is (kvx_ucx_recv) */
+    ucp_ep_h rx_reply_ep;
 };
 
 struct kvx_ucx_ep {

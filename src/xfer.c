@@ -319,7 +319,7 @@ static void kvx_run_step(uint32_t *run, uint64_t *off, size_t piece, uint64_t ru
 }
 
 /* The largest piece of a run one rendezvous message carries. */
-#define KVX_RNDV_PIECE ((size_t)1 << 20)
+#define KVX_RNDV_PIECE ((size_t)4 << 20)
 
 /* One WRITE: as many of the stream's bytes as a message holds, from posted on. Returns the bytes
  * posted (0: none, out of message buffers), or a negative errno (the connection fails). */

@@ -7,8 +7,13 @@
  *  2. a HELLO with a wrong capability: dropped, unanswered;
  *  3. with the capability (it holds the metadata), a connection, then: writes outside the region
  *     and far beyond it, a wrong token, an unknown connection, truncated headers, runs that
- *     disagree with the payload, a bad checksum, reads outside the region, a rendezvous message,
- *     and random junk; one legitimate write and read, verified;
+ *     disagree with the payload, a bad checksum, reads outside the region, random junk, and the
+ *     same by rendezvous (outside the region, two runs, a length the run disagrees with, a wrong
+ *     token, a bad checksum, a message kind with no payload); one legitimate write and read,
+ *     eager and by rendezvous, verified;
+ *  5. a rendezvous write whose sender never sends the payload (it stops progressing: tcp), and
+ *     one whose sender vanishes (a child attacker killed after announcing it): the receive ends,
+ *     counted, its connection closes, and the target goes on;
  *  4. kvx itself with forged metadata (num_blocks doubled, base moved): writes and reads beyond
  *     the real region are refused.
  * Afterwards the target still serves a real kvx peer. argv[1]: shm, tcp, or netns (the target in
@@ -18,7 +23,9 @@
 #include "kvx_int.h"
 
 #include <errno.h>
+#include <signal.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <ucp/api/ucp.h>
 #include <unistd.h>
 
@@ -331,10 +338,52 @@ static void message_attacks(const kvx_md_t *md)
             h[0] = KVX_WIRE_VERSION; /* get past the first check now and then */
         send_raw(h, len, data, (size_t)(rng % 128), UCP_AM_SEND_FLAG_EAGER);
     }
-    /* a rendezvous message: kvx never sends one, the target drops it */
-    n = write_hdr(h, seen.rconn_id, seen.token, 0, 7 * BL, sizeof(data), 0);
+    /* by rendezvous: the header is checked before any of the payload moves */
+    n = write_hdr(h, seen.rconn_id, seen.token, 0, region - 100, BL, 0); /* straddles the end */
+    send_raw(h, n, data, BL, UCP_AM_SEND_FLAG_RNDV | UCP_AM_SEND_FLAG_REPLY);
+    n = write_hdr(h, seen.rconn_id, seen.token ^ 1, 0, 0, 64, 0); /* a wrong token */
+    send_raw(h, n, data, 64, UCP_AM_SEND_FLAG_RNDV | UCP_AM_SEND_FLAG_REPLY);
+    n = write_hdr(h, seen.rconn_id, seen.token, 0, 0, 64, 0); /* the run says 64, 128 come */
+    send_raw(h, n, data, 128, UCP_AM_SEND_FLAG_RNDV | UCP_AM_SEND_FLAG_REPLY);
+    {
+        /* two runs in one rendezvous message: a rendezvous payload is one run */
+        kvx_wire_run_t r2 = {BL, 64, 0};
+        n = write_hdr(h, seen.rconn_id, seen.token, 0, 0, 64, 0);
+        kvx_put32(h + 40, 2);
+        kvx_wire_run_put(h + KVX_WIRE_WRITE_LEN, 1, &r2);
+        send_raw(h, n + KVX_WIRE_RUN_LEN, data, 128,
+                 UCP_AM_SEND_FLAG_RNDV | UCP_AM_SEND_FLAG_REPLY);
+    }
+    n = read_hdr(h, 0, 64); /* a read request carries no payload: malformed */
+    send_raw(h, n, data, 64, UCP_AM_SEND_FLAG_RNDV | UCP_AM_SEND_FLAG_REPLY);
+    progress_for(200);
+    KT_EQ(seen.acks, 7); /* the straddling write and the one with two runs are answered */
+    KT_ERR(seen.last_ack_status, -EINVAL);
+    /* a bad checksum: checked once the payload has landed (inside the region), refused */
+    n = write_hdr(h, seen.rconn_id, seen.token, KVX_MSGF_CRC, 8 * BL, BL, 0xdeadbeef);
+    send_raw(h, n, data, BL, UCP_AM_SEND_FLAG_RNDV | UCP_AM_SEND_FLAG_REPLY);
+    progress_for(200);
+    KT_EQ(seen.acks, 8);
+    KT_ERR(seen.last_ack_status, -EBADMSG);
+    /* a legitimate one that names no endpoint (no REPLY): refused, its payload never moves */
+    n = write_hdr(h, seen.rconn_id, seen.token, 0, 16 * BL, sizeof(data), 0);
     send_raw(h, n, data, sizeof(data), UCP_AM_SEND_FLAG_RNDV);
+    progress_for(200);
+    KT_EQ(seen.acks, 9);
+    KT_ERR(seen.last_ack_status, -EPROTO);
+    /* a legitimate one: 16 blocks from block 16 land, read back whole */
+    n = write_hdr(h, seen.rconn_id, seen.token, 0, 16 * BL, sizeof(data), 0);
+    send_raw(h, n, data, sizeof(data), UCP_AM_SEND_FLAG_RNDV | UCP_AM_SEND_FLAG_REPLY);
     progress_for(300);
+    KT_EQ(seen.acks, 10);
+    KT_EQ(seen.last_ack_status, 0);
+    for (uint32_t b = 0; b < sizeof(data) / BL; b++) {
+        n = read_hdr(h, (16 + b) * BL, BL);
+        send_raw(h, n, NULL, 0, UCP_AM_SEND_FLAG_EAGER);
+        progress_for(50);
+        KT_EQ(seen.last_read_status, 0);
+        KT_CHECK(memcmp(seen.read_buf, data + b * BL, BL) == 0);
+    }
     kt_target_counters(&tg, &c1);
     kt_log("target counters: capability %llu, unknown %llu, malformed %llu, range %llu, crc "
            "%llu, other %llu; landed %llu bytes",
@@ -346,12 +395,112 @@ static void message_attacks(const kvx_md_t *md)
            (unsigned long long)(c1.drop_other - c0.drop_other),
            (unsigned long long)(c1.bytes_landed - c0.bytes_landed));
     KT_CHECK(c1.drop_capability - c0.drop_capability >= 1);
-    KT_CHECK(c1.drop_unknown - c0.drop_unknown >= 2);
-    KT_CHECK(c1.drop_malformed - c0.drop_malformed >= 4 + 600);
-    KT_EQ(c1.drop_range - c0.drop_range, 4);
-    KT_EQ(c1.drop_crc - c0.drop_crc, 1);
-    KT_CHECK(c1.drop_other - c0.drop_other >= 1); /* the rendezvous message */
-    KT_EQ(c1.bytes_landed - c0.bytes_landed, BL);
+    KT_CHECK(c1.drop_unknown - c0.drop_unknown >= 2 + 2); /* wrong token, no endpoint named */
+    /* 2 by rendezvous (the disagreeing length, a read request with a payload) */
+    KT_CHECK(c1.drop_malformed - c0.drop_malformed >= 4 + 600 + 2);
+    KT_EQ(c1.drop_range - c0.drop_range, 4 + 1);
+    KT_EQ(c1.drop_crc - c0.drop_crc, 2);
+    KT_EQ(c1.bytes_landed - c0.bytes_landed, BL + sizeof(data));
+    KT_EQ(c1.rndv_landed - c0.rndv_landed, 1);
+    KT_EQ(c1.rndv_failed - c0.rndv_failed, 0);
+}
+
+/* ---- 5: rendezvous writes whose payload never comes ---------------------------------------- */
+
+/* The attacker announces a 256 KiB rendezvous write and stops progressing, so that it never
+ * sends the payload (over tcp: the receiver asks for it, the sender must answer; over shared
+ * memory too, with peer error handling UCX moves it in messages): within the stall limit the
+ * target closes the connection, which ends the receive, counted. */
+static void rndv_stall(const kvx_md_t *md, bool tcp)
+{
+    static uint8_t big[256 * 1024];
+    uint8_t h[4096];
+    kvx_recv_counters_t c0, c1;
+    size_t n;
+
+    ucp_ep_params_t ep_params = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
+                                               UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
+                                 .address = (const ucp_address_t *)md->worker_addr,
+                                 .err_mode = UCP_ERR_HANDLING_MODE_PEER};
+    ucp_ep_h first = ep;
+
+    kt_target_counters(&tg, &c0);
+    memset(big, 0x5c, sizeof(big));
+    /* a connection of its own endpoint, the attacker's second towards the target (which pairs
+     * with the target's second towards it: the HELLO says so) */
+    KT_CHECK(ucp_ep_create(worker, &ep_params, &ep) == UCS_OK);
+    seen.hello_acks = 0;
+    n = hello(h, md, md->capability);
+    kvx_put32(h + 36, 1);
+    send_raw(h, n, NULL, 0, UCP_AM_SEND_FLAG_EAGER);
+    for (int i = 0; i < 200 && seen.hello_acks == 0; i++)
+        progress_for(10);
+    KT_EQ(seen.hello_acks, 1);
+    n = write_hdr(h, seen.rconn_id, seen.token, 0, 0, sizeof(big), 0);
+    send_raw(h, n, big, sizeof(big), UCP_AM_SEND_FLAG_RNDV | UCP_AM_SEND_FLAG_REPLY);
+    usleep(3500 * 1000);           /* the target's stall limit is 2 s; no progress here meanwhile */
+    for (int i = 0; i < 100; i++) { /* its close ends the receive (counted when it ends) */
+        kt_target_counters(&tg, &c1);
+        if (c1.rndv_failed + c1.rndv_landed > c0.rndv_failed + c0.rndv_landed)
+            break;
+        usleep(100 * 1000);
+    }
+    kt_log("a rendezvous write whose sender stopped: %llu failed, %llu landed, %llu overflowed",
+           (unsigned long long)(c1.rndv_failed - c0.rndv_failed),
+           (unsigned long long)(c1.rndv_landed - c0.rndv_landed),
+           (unsigned long long)(c1.conns_overflow - c0.conns_overflow));
+    (void)tcp; /* over both, the sender must answer: its receive ends with the connection */
+    KT_EQ(c1.rndv_failed - c0.rndv_failed, 1);
+    KT_EQ(c1.rndv_landed - c0.rndv_landed, 0);
+    progress_for(200);
+    {
+        ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                                 .flags = UCP_EP_CLOSE_FLAG_FORCE};
+        keep_req(ucp_ep_close_nbx(ep, &p));
+        ep = first;
+    }
+}
+
+/* A child attacker announces a 256 KiB rendezvous write (the whole region) and is killed before
+ * it progresses again: the receive the target started ends (it sees the connection fail), and
+ * nothing of the target's outside the region moves. */
+static void rndv_vanish(const kvx_md_t *md)
+{
+    kvx_recv_counters_t c0, c1;
+    uint64_t end;
+    pid_t pid;
+    int st;
+
+    kt_target_counters(&tg, &c0);
+    pid = fork();
+    KT_CHECK(pid >= 0);
+    if (pid == 0) {
+        static uint8_t big[256 * 1024];
+        uint8_t h[4096];
+        size_t n;
+        attacker_start(md);
+        seen.hello_acks = 0;
+        n = hello(h, md, md->capability);
+        send_raw(h, n, NULL, 0, UCP_AM_SEND_FLAG_EAGER);
+        for (int i = 0; i < 200 && seen.hello_acks == 0; i++)
+            progress_for(10);
+        n = write_hdr(h, seen.rconn_id, seen.token, 0, 0, sizeof(big), 0);
+        send_raw(h, n, big, sizeof(big),
+                 UCP_AM_SEND_FLAG_RNDV | UCP_AM_SEND_FLAG_REPLY); /* announced, then gone */
+        raise(SIGKILL);
+    }
+    KT_CHECK(waitpid(pid, &st, 0) == pid);
+    end = kt_now_ns() + 15000000000ull; /* a busy host: UCX sees a shm peer gone in ~1-2 s */
+    do {
+        usleep(100 * 1000);
+        kt_target_counters(&tg, &c1);
+    } while (c1.rndv_failed + c1.rndv_landed == c0.rndv_failed + c0.rndv_landed &&
+             c1.writes_landed == c0.writes_landed && kt_now_ns() < end);
+    kt_log("a rendezvous write whose sender was killed: %llu failed, %llu landed",
+           (unsigned long long)(c1.rndv_failed - c0.rndv_failed),
+           (unsigned long long)(c1.rndv_landed - c0.rndv_landed));
+    /* the receive started and ended, one way or the other */
+    KT_EQ(c1.rndv_failed - c0.rndv_failed + c1.rndv_landed - c0.rndv_landed, 1);
 }
 
 /* ---- 4: kvx with forged metadata ----------------------------------------------------------- */
@@ -399,7 +548,11 @@ static int attack(void)
     KT_EQ(kt_target_canaries(&tg), 0);
     message_attacks(&md);
     KT_EQ(kt_target_canaries(&tg), 0);
+    rndv_stall(&md, getenv("UCX_TLS") != NULL && strcmp(getenv("UCX_TLS"), "tcp") == 0);
+    KT_EQ(kt_target_canaries(&tg), 0);
     attacker_stop();
+    rndv_vanish(&md);
+    KT_EQ(kt_target_canaries(&tg), 0);
 
     /* a real peer is still served, every byte verified */
     kt_fill_all(&r, 0x71, 3);

@@ -22,6 +22,8 @@ PARAM_NET_DEVICES = 1 << 10
 PARAM_INTEGRITY = 1 << 11
 PARAM_NOTICES = 1 << 12
 PARAM_OWN_REGION = 1 << 13
+PARAM_RNDV = 1 << 14
+RNDV_MODES = {"auto": 0, "eager": 1, "always": 2}  # kvx_rndv_mode
 MS_MAX = 10**12
 PEER_REMOVE_PURGE = 1 << 0
 PEER_PARAM_EXPECT_REGION = 1 << 0
@@ -85,6 +87,8 @@ class Params(ctypes.Structure):
         ("net_devices", ctypes.c_char_p),
         ("integrity", ctypes.c_int),
         ("notice_queue", ctypes.c_size_t),
+        ("rndv_mode", ctypes.c_int),
+        ("rndv_thresh", ctypes.c_uint64),
     ]
 
 

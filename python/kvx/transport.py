@@ -244,6 +244,9 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
     net_devices: the network devices UCX may use ("lo", "eth0"). integrity: CRC-32C of every
     piece of data this transport sends as an initiator, checked by the side that receives it.
     notice_queue: how many arrival notices may wait (1024).
+    rndv: how data travels, "auto" (runs of at least each lane's threshold by rendezvous: the
+    receiver checks the header, then UCX moves the run into the region), "eager" or "always";
+    rndv_thresh: the smallest run in bytes that goes by rendezvous (None: the lane's).
 
     Unavailable (UCX could not start, or libkvx is missing; available is False): the
     constructor warns (RuntimeWarning) with the cause, which unavailable_reason holds;
@@ -265,6 +268,8 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
         net_devices: Optional[str] = None,
         integrity: bool = False,
         notice_queue: Optional[int] = None,
+        rndv: Optional[str] = None,
+        rndv_thresh: Optional[int] = None,
     ) -> None:
         owned = getattr(self, "_owned", None)  # set by KvxTransport.owned()
         self._owned_region = owned is not None
@@ -310,7 +315,7 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
             except Exception:  # the base's own bookkeeping is optional to kvx
                 pass
         self._init(deadline_ms, stall_ms, keepalive_ms, secret, net_devices, integrity,
-                   notice_queue)
+                   notice_queue, rndv, rndv_thresh)
         if self._handle is None:
             warnings.warn(f"KvxTransport {agent_name!r} is unavailable: {self.unavailable_reason}",
                           RuntimeWarning, stacklevel=3 if owned is not None else 2)
@@ -381,7 +386,8 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
         return mv
 
     def _init(self, deadline_ms: Optional[int], stall_ms: Optional[int],
-              keepalive_ms: Optional[int], secret, net_devices, integrity, notice_queue) -> None:
+              keepalive_ms: Optional[int], secret, net_devices, integrity, notice_queue,
+              rndv=None, rndv_thresh=None) -> None:
         lib = _lib.load()
         if lib is None:
             # available stays False, as the NIXL transport does when NIXL is missing
@@ -429,6 +435,17 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
         if notice_queue is not None:
             p.field_mask |= _lib.PARAM_NOTICES
             p.notice_queue = int(notice_queue)
+        if rndv is not None or rndv_thresh is not None:
+            mode = "auto" if rndv is None else str(rndv)
+            if mode not in _lib.RNDV_MODES:
+                raise ValueError(f"KvxTransport: rndv must be one of {sorted(_lib.RNDV_MODES)}, "
+                                 f"not {rndv!r}")
+            thresh = 0 if rndv_thresh is None else int(rndv_thresh)
+            if not 0 <= thresh <= 0xFFFFFFFF:
+                raise ValueError(f"KvxTransport: rndv_thresh must be 0..2^32-1, not {rndv_thresh}")
+            p.field_mask |= _lib.PARAM_RNDV
+            p.rndv_mode = _lib.RNDV_MODES[mode]
+            p.rndv_thresh = thresh
         h = ctypes.c_void_p()
         rc = lib.kvx_transport_create(ctypes.byref(p), ctypes.byref(h))
         if rc == -errno.EINVAL:
