@@ -438,7 +438,7 @@ static void rndv_stall(const kvx_md_t *md, bool tcp)
     KT_EQ(seen.hello_acks, 1);
     n = write_hdr(h, seen.rconn_id, seen.token, 0, 0, sizeof(big), 0);
     send_raw(h, n, big, sizeof(big), UCP_AM_SEND_FLAG_RNDV | UCP_AM_SEND_FLAG_REPLY);
-    usleep(3500 * 1000);           /* the target's stall limit is 2 s; no progress here meanwhile */
+    usleep(3500 * 1000); /* the target's stall limit is 2 s; no progress here meanwhile */
     for (int i = 0; i < 100; i++) { /* its close ends the receive (counted when it ends) */
         kt_target_counters(&tg, &c1);
         if (c1.rndv_failed + c1.rndv_landed > c0.rndv_failed + c0.rndv_landed)
