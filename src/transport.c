@@ -564,6 +564,9 @@ static int kvx_tag_cmp(const void *a, const void *b)
 /* How long a fence waits for the rendezvous receives of fenced writes in flight to end (the stall
  * limit when shorter), before it closes their connections. */
 #define KVX_FENCE_RX_WAIT_NS (1000ull * 1000000ull)
+/* ... and how long for UCX to end them once their connections closed (it does in its next
+ * progress: measured at once on UCX 1.13.1 and 1.19.1). */
+#define KVX_FENCE_RX_END_NS (100ull * 1000000ull)
 
 /*
  * A fence returns with no rendezvous receive of a write it covers in flight (its payload lands
@@ -571,28 +574,39 @@ static int kvx_tag_cmp(const void *a, const void *b)
  * KVX_FENCE_RX_WAIT_NS (they land: a fence drops what arrives after it, and these arrived
  * before), then their connections close, which ends them (their transfers fail). Lock held.
  */
+/* Wait (lock released) while rendezvous receives a fence covers are in flight, until until_ns.
+ * Returns false when the transport closes meanwhile. */
+static bool kvx_fence_rxs_wait(kvx_transport_t *t, const char *writer, uint64_t until_ns)
+{
+    t->busy++;
+    while (!t->closed && kvx_recv_fence_rxs(t, writer, false) > 0 && kvx_now_ns() < until_ns) {
+        uint64_t next = kvx_now_ns() + 1000000ull;
+        /* this call steps progress itself: a receive that ended (or the close that ends it)
+         * must not wait for the progress thread's next wake-up */
+        kvx_progress_step(t);
+        kvx_progress_wait_event(t, next < until_ns ? next : until_ns);
+    }
+    t->busy--;
+    if (t->closed)
+        pthread_cond_broadcast(&t->cond); /* close waits for busy calls to leave */
+    return !t->closed;
+}
+
 static void kvx_fence_rxs(kvx_transport_t *t, const char *writer)
 {
     uint64_t wait =
         t->stall_ns != 0 && t->stall_ns < KVX_FENCE_RX_WAIT_NS ? t->stall_ns : KVX_FENCE_RX_WAIT_NS;
-    uint64_t until = kvx_now_ns() + wait;
 
-    if (kvx_recv_fence_rxs(t, writer, false) == 0)
+    if (kvx_recv_fence_rxs(t, writer, false) == 0 ||
+        !kvx_fence_rxs_wait(t, writer, kvx_now_ns() + wait))
         return;
-    t->busy++;
-    while (!t->closed && kvx_recv_fence_rxs(t, writer, false) > 0 && kvx_now_ns() < until)
-        kvx_progress_wait_event(t, until);
-    t->busy--;
-    if (t->closed) {
-        pthread_cond_broadcast(&t->cond); /* close waits for busy calls to leave */
-        return;
-    }
     if (kvx_recv_fence_rxs(t, writer, true) > 0) {
         kvx_warn(t,
                  "fence of %s: rendezvous receives still in flight after %llu ms: their "
                  "connections close",
                  writer ? writer : "every writer", (unsigned long long)(wait / 1000000));
-        kvx_recv_work(t); /* the closes, now: they end the receives */
+        kvx_recv_work(t); /* the closes, now: UCX ends the receives in its next progress */
+        kvx_fence_rxs_wait(t, writer, kvx_now_ns() + KVX_FENCE_RX_END_NS);
     }
 }
 

@@ -11,9 +11,10 @@
  *     same by rendezvous (outside the region, two runs, a length the run disagrees with, a wrong
  *     token, a bad checksum, a message kind with no payload); one legitimate write and read,
  *     eager and by rendezvous, verified;
- *  5. a rendezvous write whose sender never sends the payload (it stops progressing: tcp), and
- *     one whose sender vanishes (a child attacker killed after announcing it): the receive ends,
- *     counted, its connection closes, and the target goes on;
+ *  5. a rendezvous write whose sender never sends the payload (it stops progressing), one the
+ *     target fences while it is in flight, and one whose sender vanishes (a child attacker killed
+ *     after announcing it): the receive ends, counted, its connection closes (the fence returns
+ *     with it ended), and the target goes on;
  *  4. kvx itself with forged metadata (num_blocks doubled, base moved): writes and reads beyond
  *     the real region are refused.
  * Afterwards the target still serves a real kvx peer. argv[1]: shm, tcp, or netns (the target in
@@ -44,7 +45,7 @@ static ucp_ep_h ep;
 static struct {
     int hello_acks, acks, read_data;
     uint32_t rconn_id;
-    uint64_t token;
+    uint64_t token, epoch; /* the last HELLO_ACK's: a fence of this writer bumps the epoch */
     int32_t last_ack_status, last_read_status;
     uint32_t last_read_len;
     uint8_t read_buf[BL];
@@ -62,6 +63,7 @@ static ucs_status_t on_reply(void *arg, const void *hdr, size_t hdr_len, void *d
         seen.hello_acks++;
         seen.rconn_id = m.u.hello_ack.rconn_id;
         seen.token = m.u.hello_ack.token;
+        seen.epoch = m.u.hello_ack.epoch;
     } else if (m.type == KVX_MSG_ACK) {
         uint64_t id;
         uint32_t bytes;
@@ -235,7 +237,7 @@ static size_t write_hdr(uint8_t *h, uint32_t conn, uint64_t token, unsigned flag
     kvx_wire_put_hdr(h, KVX_MSG_WRITE, flags, conn, token);
     kvx_put64(h + 16, xfer_id++);
     kvx_put64(h + 24, 0);
-    kvx_put64(h + 32, 0);
+    kvx_put64(h + 32, seen.epoch);
     kvx_put32(h + 40, 1);
     kvx_put32(h + 44, 0);
     kvx_wire_run_put(h + KVX_WIRE_WRITE_LEN, 0, &run);
@@ -410,8 +412,9 @@ static void message_attacks(const kvx_md_t *md)
 /* The attacker announces a 256 KiB rendezvous write and stops progressing, so that it never
  * sends the payload (over tcp: the receiver asks for it, the sender must answer; over shared
  * memory too, with peer error handling UCX moves it in messages): within the stall limit the
- * target closes the connection, which ends the receive, counted. */
-static void rndv_stall(const kvx_md_t *md, bool tcp)
+ * target closes the connection, which ends the receive, counted; with fence, the target fences
+ * the writer meanwhile instead. sn: the attacker's endpoint's place among those it opened. */
+static void rndv_stall(const kvx_md_t *md, uint32_t sn, bool fence)
 {
     static uint8_t big[256 * 1024];
     uint8_t h[4096];
@@ -431,27 +434,39 @@ static void rndv_stall(const kvx_md_t *md, bool tcp)
     KT_CHECK(ucp_ep_create(worker, &ep_params, &ep) == UCS_OK);
     seen.hello_acks = 0;
     n = hello(h, md, md->capability);
-    kvx_put32(h + 36, 1);
+    kvx_put32(h + 36, sn);
     send_raw(h, n, NULL, 0, UCP_AM_SEND_FLAG_EAGER);
     for (int i = 0; i < 200 && seen.hello_acks == 0; i++)
         progress_for(10);
     KT_EQ(seen.hello_acks, 1);
     n = write_hdr(h, seen.rconn_id, seen.token, 0, 0, sizeof(big), 0);
     send_raw(h, n, big, sizeof(big), UCP_AM_SEND_FLAG_RNDV | UCP_AM_SEND_FLAG_REPLY);
-    usleep(3500 * 1000); /* the target's stall limit is 2 s; no progress here meanwhile */
-    for (int i = 0; i < 100; i++) { /* its close ends the receive (counted when it ends) */
+    if (fence) {
+        /* the target fences the writer while the receive is in flight: the fence waits for
+         * it (up to 1 s), then closes the connection; when it returns, the receive has ended */
+        uint64_t t0 = kt_now_ns();
+        KT_CHECK(kt_target_fence(&tg, "attacker", NULL, 0) >= 0);
         kt_target_counters(&tg, &c1);
-        if (c1.rndv_failed + c1.rndv_landed > c0.rndv_failed + c0.rndv_landed)
-            break;
-        usleep(100 * 1000);
+        kt_log("a fence while a rendezvous receive of the writer's was in flight: returned after "
+               "%.0f ms, %llu failed",
+               (double)(kt_now_ns() - t0) / 1e6,
+               (unsigned long long)(c1.rndv_failed - c0.rndv_failed));
+        KT_EQ(c1.rndv_failed - c0.rndv_failed, 1);
+    } else {
+        usleep(3500 * 1000); /* the target's stall limit is 2 s; no progress here meanwhile */
+        for (int i = 0; i < 100; i++) { /* its close ends the receive (counted when it ends) */
+            kt_target_counters(&tg, &c1);
+            if (c1.rndv_failed + c1.rndv_landed > c0.rndv_failed + c0.rndv_landed)
+                break;
+            usleep(100 * 1000);
+        }
+        kt_log("a rendezvous write whose sender stopped: %llu failed, %llu landed, %llu overflowed",
+               (unsigned long long)(c1.rndv_failed - c0.rndv_failed),
+               (unsigned long long)(c1.rndv_landed - c0.rndv_landed),
+               (unsigned long long)(c1.conns_overflow - c0.conns_overflow));
+        KT_EQ(c1.rndv_failed - c0.rndv_failed, 1);
+        KT_EQ(c1.rndv_landed - c0.rndv_landed, 0);
     }
-    kt_log("a rendezvous write whose sender stopped: %llu failed, %llu landed, %llu overflowed",
-           (unsigned long long)(c1.rndv_failed - c0.rndv_failed),
-           (unsigned long long)(c1.rndv_landed - c0.rndv_landed),
-           (unsigned long long)(c1.conns_overflow - c0.conns_overflow));
-    (void)tcp; /* over both, the sender must answer: its receive ends with the connection */
-    KT_EQ(c1.rndv_failed - c0.rndv_failed, 1);
-    KT_EQ(c1.rndv_landed - c0.rndv_landed, 0);
     progress_for(200);
     {
         ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
@@ -548,7 +563,9 @@ static int attack(void)
     KT_EQ(kt_target_canaries(&tg), 0);
     message_attacks(&md);
     KT_EQ(kt_target_canaries(&tg), 0);
-    rndv_stall(&md, getenv("UCX_TLS") != NULL && strcmp(getenv("UCX_TLS"), "tcp") == 0);
+    rndv_stall(&md, 1, false); /* the attacker's second endpoint: its stall limit */
+    KT_EQ(kt_target_canaries(&tg), 0);
+    rndv_stall(&md, 2, true); /* its third: a fence */
     KT_EQ(kt_target_canaries(&tg), 0);
     attacker_stop();
     rndv_vanish(&md);
