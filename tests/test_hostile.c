@@ -93,11 +93,14 @@ static void progress_for(uint64_t ms)
 static void *reqs[4096];
 static int nreqs;
 
+static bool no_progress; /* posting does not progress either (a sender that stopped) */
+
 static void keep_req(void *req)
 {
     if (UCS_PTR_IS_PTR(req) && nreqs < (int)(sizeof(reqs) / sizeof(reqs[0])))
         reqs[nreqs++] = req;
-    ucp_worker_progress(worker);
+    if (!no_progress)
+        ucp_worker_progress(worker);
 }
 
 /* UCX needs the header only until the send is posted when it copies it (short and bcopy eager
@@ -440,18 +443,25 @@ static void rndv_stall(const kvx_md_t *md, uint32_t sn, bool fence)
         progress_for(10);
     KT_EQ(seen.hello_acks, 1);
     n = write_hdr(h, seen.rconn_id, seen.token, 0, 0, sizeof(big), 0);
+    no_progress = true; /* from here on this sender never progresses: its payload never goes */
     send_raw(h, n, big, sizeof(big), UCP_AM_SEND_FLAG_RNDV | UCP_AM_SEND_FLAG_REPLY);
     if (fence) {
         /* the target fences the writer while the receive is in flight: the fence waits for
-         * it (up to 1 s), then closes the connection; when it returns, the receive has ended */
-        uint64_t t0 = kt_now_ns();
+         * it (up to 1 s), then closes the connection; when it returns, the receive has ended
+         * (or, had the announcement reached the target only after the fence, it was refused
+         * as fenced) */
+        uint64_t t0;
+        usleep(300 * 1000); /* the announcement reaches the target, which starts the receive */
+        t0 = kt_now_ns();
         KT_CHECK(kt_target_fence(&tg, "attacker", NULL, 0) >= 0);
         kt_target_counters(&tg, &c1);
         kt_log("a fence while a rendezvous receive of the writer's was in flight: returned after "
-               "%.0f ms, %llu failed",
+               "%.0f ms, %llu failed, %llu fenced",
                (double)(kt_now_ns() - t0) / 1e6,
-               (unsigned long long)(c1.rndv_failed - c0.rndv_failed));
-        KT_EQ(c1.rndv_failed - c0.rndv_failed, 1);
+               (unsigned long long)(c1.rndv_failed - c0.rndv_failed),
+               (unsigned long long)(c1.drop_fenced - c0.drop_fenced));
+        KT_EQ(c1.rndv_failed - c0.rndv_failed + c1.drop_fenced - c0.drop_fenced, 1);
+        KT_EQ(c1.rndv_landed - c0.rndv_landed, 0);
     } else {
         usleep(3500 * 1000); /* the target's stall limit is 2 s; no progress here meanwhile */
         for (int i = 0; i < 100; i++) { /* its close ends the receive (counted when it ends) */
@@ -467,6 +477,7 @@ static void rndv_stall(const kvx_md_t *md, uint32_t sn, bool fence)
         KT_EQ(c1.rndv_failed - c0.rndv_failed, 1);
         KT_EQ(c1.rndv_landed - c0.rndv_landed, 0);
     }
+    no_progress = false;
     progress_for(200);
     {
         ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
