@@ -364,15 +364,13 @@ static int kvx_conn_hello(kvx_conn_t *c)
 
 /*
  * The smallest run that goes by rendezvous on a lane (README, "Rendezvous"): with KVX_RNDV_AUTO
- * and no threshold set, tcp's from measurement here (UCX 1.13.1 and 1.19.1, two processes,
- * 256 MiB scattered: rendezvous was level with eager over tcp at 256 KiB-1 MiB and ahead at
- * 4 MiB, eager ahead below), RDMA lanes' from UCX's design (their rendezvous is zero-copy, its
- * own threshold is a few KiB). Shared memory stays eager in auto: rendezvous was faster there
- * at 1-4 MiB (19-21 GB/s against 13-16), but a stopped receiver left its sends in UCX's hands
- * after the connection's close, so that a removed peer's transfers were not let go of at once;
- * KVX_RNDV_ALWAYS or a threshold still forces it. Other lanes: eager.
+ * and no threshold set, RDMA lanes' from UCX's design (their rendezvous is zero-copy; UCX's own
+ * threshold there is a few KiB), and none elsewhere. Over tcp and shared memory here UCX's
+ * rendezvous copies on the receiving CPU all the same (with peer error handling it uses no cma),
+ * and kvx-bench measured no steady gain from it (UCX 1.13.1: tcp 4 MiB writes 2.4-3.5 GB/s by
+ * rendezvous against 4.7-4.9 eager, 1 MiB level; shared memory level within the noise; 1.19.1
+ * alike): so they stay eager, and KVX_RNDV_ALWAYS or a threshold forces it.
  */
-#define KVX_RNDV_TCP_MIN ((uint64_t)1 << 20)
 #define KVX_RNDV_RDMA_MIN ((uint64_t)16 << 10)
 
 uint64_t kvx_conn_rndv_min(const kvx_transport_t *t, const char *lane)
@@ -383,8 +381,6 @@ uint64_t kvx_conn_rndv_min(const kvx_transport_t *t, const char *lane)
         return UINT64_MAX;
     if (t->rndv_mode == KVX_RNDV_ALWAYS || t->rndv_thresh != 0)
         return t->rndv_thresh;
-    if (strncmp(lane, "tcp", 3) == 0)
-        return KVX_RNDV_TCP_MIN;
     for (size_t i = 0; i < sizeof(rdma) / sizeof(rdma[0]); i++)
         if (strncmp(lane, rdma[i], strlen(rdma[i])) == 0)
             return KVX_RNDV_RDMA_MIN;
