@@ -326,6 +326,10 @@ typedef struct kvx_recv_counters {
     /** Rendezvous receives that did not end well: their sender vanished, stopped past the
      *  stall limit, or their connection closed meanwhile (each closes the connection). */
     uint64_t rndv_failed;
+    /** READ_DATA messages this side sent whose payload UCX moved by rendezvous (a read's run of
+     *  at least the lane's threshold, one contiguous piece each, checked by the reader against
+     *  its request before it receives it into its blocks). */
+    uint64_t rndv_served;
 } kvx_recv_counters_t;
 
 /** Bits of kvx_transport_attr_t.field_mask. */

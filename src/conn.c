@@ -93,7 +93,9 @@ void kvx_conn_fail(kvx_conn_t *c, int err)
     kvx_list_del(&c->work_link);
     kvx_idtab_release(&c->t->conn_ids, c->id);
     kvx_info(c->t, "connection to %s closing: %s", c->agent_name, kvx_strerror(err));
-    linger = !c->t->closed && c->reqs > 0 && strncmp(c->transport, "tcp", 3) == 0;
+    /* with rendezvous receives in flight it does not linger: only the endpoint's close ends
+     * them, and their reads are reported once they ended */
+    linger = !c->t->closed && c->reqs > 0 && c->nrrxs == 0 && strncmp(c->transport, "tcp", 3) == 0;
     c->lingering = linger;
     c->ops->on_failed(c, err); /* its transfers fail (or wait for a reconnection) */
     kvx_conn_unmap(c);         /* no copy runs outside the lock: nothing uses the mapping now */
@@ -264,7 +266,7 @@ void kvx_conn_handle_work(kvx_conn_t *c)
 bool kvx_conn_busy(const kvx_conn_t *c)
 {
     return c->state == KVX_CONN_OPEN &&
-           (!c->wired || c->unacked > 0 || c->notices > 0 || c->reqs > 0);
+           (!c->wired || c->unacked > 0 || c->notices > 0 || c->reqs > 0 || c->nrrxs > 0);
 }
 
 /*
@@ -287,6 +289,14 @@ void kvx_conn_housekeeping(kvx_transport_t *t, uint64_t now)
                    now - c->last_progress_ns > t->stall_ns) {
             kvx_warn(t, "connection to %s made no progress for %llu ms: failing it", c->agent_name,
                      (unsigned long long)((now - c->last_progress_ns) / 1000000ull));
+            kvx_conn_fail(c, -ETIMEDOUT);
+        } else if (t->stall_ns != 0 && c->nrrxs > 0 &&
+                   now - kvx_list_first(&c->rrxs, kvx_rrx_t, link)->since_ns > t->stall_ns) {
+            /* other messages may come meanwhile: a receive's own clock bounds it */
+            kvx_warn(t,
+                     "connection to %s: a rendezvous receive of read data made no progress "
+                     "for the stall limit: failing it",
+                     c->agent_name);
             kvx_conn_fail(c, -ETIMEDOUT);
         }
     }
@@ -317,6 +327,7 @@ static kvx_conn_t *kvx_conn_new(kvx_transport_t *t, const kvx_md_t *md)
     kvx_list_init(&c->work_link);
     kvx_list_init(&c->all_link);
     kvx_list_init(&c->fail_link);
+    kvx_list_init(&c->rrxs);
     return c;
 }
 
@@ -395,11 +406,43 @@ static void kvx_conn_ep_sent(void *c, uint64_t xfer_id, int status)
 static void kvx_conn_ep_error(void *c, int status) { kvx_on_conn_error(c, status); }
 static void kvx_conn_ep_closed(void *c) { kvx_on_conn_closed(c); }
 
+static void kvx_conn_ep_received(void *arg, void *cookie, int status)
+{
+    kvx_conn_t *c = arg;
+    kvx_rrx_t *rx = cookie;
+
+    c->ucx_refs--;
+    kvx_list_del(&rx->link);
+    c->nrrxs--;
+    c->ops->on_received(c, rx, status);
+    kvx_conn_maybe_free(c);
+}
+
+int kvx_conn_recv(kvx_conn_t *c, kvx_rrx_t *rx, void *desc)
+{
+    int r;
+
+    if (c->state != KVX_CONN_OPEN)
+        return -ENOTCONN;
+    if (c->nrrxs >= KVX_RRXS_PER_CONN)
+        return -EBUSY;
+    rx->since_ns = kvx_now_ns();
+    kvx_list_add_tail(&c->rrxs, &rx->link);
+    c->nrrxs++;
+    r = kvx_ucx_recv(c->ucx, desc, rx->dest, rx->len, rx, &c->ucx_refs);
+    if (r != 1) { /* landed at once, or not at all: the caller finishes */
+        kvx_list_del(&rx->link);
+        c->nrrxs--;
+    }
+    return r;
+}
+
 /* What a connection's endpoint reports (kvx_ucx_ep_open): sends to its owner, the rest here. */
 static const kvx_ep_ops_t kvx_conn_ep_ops = {
     .on_sent = kvx_conn_ep_sent,
     .on_error = kvx_conn_ep_error,
     .on_closed = kvx_conn_ep_closed,
+    .on_received = kvx_conn_ep_received,
 };
 
 int kvx_conn_open(kvx_transport_t *t, const char *peer_id, const kvx_md_t *md,

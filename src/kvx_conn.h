@@ -27,6 +27,23 @@ typedef struct kvx_rreq {
  * and not yet sent, and read requests not yet answered. */
 #define KVX_MAX_REQS 16
 
+/* A READ_DATA whose payload comes by rendezvous, being received straight into a read's local
+ * blocks (xfer.c starts it, after checking it against the read's request; the connection's
+ * endpoint reports its end through on_received). Listed on its connection until UCX ends it,
+ * which closing the connection's endpoint forces. */
+typedef struct kvx_rrx {
+    kvx_list_t link; /* c->rrxs, oldest first */
+    uint64_t since_ns;
+    uint64_t xfer_id;
+    uint8_t *dest; /* where in the read's local blocks */
+    uint32_t len;
+    uint32_t crc;
+    bool check_crc;
+} kvx_rrx_t;
+/* The most rendezvous receives in flight on one connection (a kvx target keeps at most 16 of its
+ * messages in UCX's hands): past it the connection fails. */
+#define KVX_RRXS_PER_CONN 32
+
 /*
  * The initiator's side of a peer: one UCX endpoint to the peer's worker. It is OPEN from
  * kvx_peer_add on; the handshake (HELLO, answered with HELLO_ACK: the receiver's id and token
@@ -75,6 +92,8 @@ struct kvx_conn {
     uint64_t unacked;      /* bytes posted and not yet acknowledged or arrived */
     unsigned notices;      /* notices sent and not yet answered */
     kvx_rreq_t rreqs[KVX_MAX_REQS];
+    kvx_list_t rrxs; /* rendezvous receives of read data in flight (kvx_rrx_t), oldest first */
+    unsigned nrrxs;
     unsigned ucx_refs;    /* UCX callbacks still to come that name this connection */
     kvx_list_t work_link; /* t->work: has queued runs to post or an error to handle */
     kvx_list_t all_link;  /* t->conns */
@@ -91,6 +110,9 @@ struct kvx_conn_ops {
     void (*on_work)(kvx_conn_t *c);
     /* it fails (once, in kvx_conn_fail, before its endpoint closes): its transfers go */
     void (*on_failed)(kvx_conn_t *c, int err);
+    /* a rendezvous receive of read data ended (inside UCX progress; rx is off c->rrxs and the
+     * owner's to free): status 0, its bytes are in place; else they may be partly there */
+    void (*on_received)(kvx_conn_t *c, kvx_rrx_t *rx, int status);
 };
 
 /* A new connection from md: its process watched when on this host, its endpoint, its mapping of
@@ -100,6 +122,12 @@ int kvx_conn_open(kvx_transport_t *t, const char *peer_id, const kvx_md_t *md,
                   const kvx_conn_ops_t *ops, kvx_conn_t **c_p);
 /* The smallest run that goes by rendezvous on a lane of that name (UINT64_MAX: none). */
 uint64_t kvx_conn_rndv_min(const kvx_transport_t *t, const char *lane);
+/* Start a rendezvous receive of rx->len bytes into rx->dest (checked by the caller) for a
+ * message of c whose payload descriptor is desc, from inside its handler: 0 (landed at once: rx
+ * is the caller's again), 1 (in flight, listed on c: the owner's on_received follows, and may
+ * have run before this returns), or a negative errno (nothing received; -EBUSY: over
+ * KVX_RRXS_PER_CONN). */
+int kvx_conn_recv(kvx_conn_t *c, kvx_rrx_t *rx, void *desc);
 /* Fault a mapped region's pages in (lock released meanwhile; c pinned by the caller). */
 void kvx_conn_prefault(kvx_conn_t *c);
 void kvx_conn_fail(kvx_conn_t *c, int err);
@@ -199,6 +227,8 @@ struct kvx_rconn {
     kvx_ucx_ep_t *ucx;
     kvx_list_t rxs; /* rendezvous receives in flight (kvx_rx_t), oldest first */
     unsigned nrxs;
+    bool rndv_known;   /* rndv_min is its lane's (learnt at its first read served) */
+    uint64_t rndv_min; /* read runs of at least this many bytes are answered by rendezvous */
 
     /* made only to refuse a HELLO of a retired capability (linked by w_link in t->refusing) */
     bool refusing;

@@ -22,10 +22,24 @@ void kvx_xfer_unpark(kvx_peer_t *p, kvx_conn_t *c, int err);
 /* A peer's connection failed before its handshake: its transfers (none posted yet) wait again. */
 void kvx_xfer_repark(kvx_conn_t *c, kvx_peer_t *p);
 void kvx_xfer_check_deadlines(kvx_transport_t *t, uint64_t now);
+/* Finish a transfer, or end it while UCX still holds its messages or receives into its blocks
+ * (x->sending: reported once they are done). The first status wins. */
+void kvx_xfer_finish(kvx_xfer_t *x, int status);
+/* All of a write's bytes were acknowledged: done, or first the receiver's notice. */
+void kvx_xfer_write_landed(kvx_conn_t *c, kvx_xfer_t *x);
+/* The local address of the stream's byte at run i, offset off in it. */
+uint8_t *kvx_xfer_local(const kvx_transport_t *t, const kvx_xfer_t *x, uint32_t i, uint64_t off);
+/* Move a stream cursor (run, offset in it) piece bytes on; a finished run moves it to the next. */
+void kvx_run_step(uint32_t *run, uint64_t *off, size_t piece, uint64_t run_len);
+
+/* ---- replies (xfer_reply.c) ----------------------------------------------------------------- */
+
 /* A message of the initiator's side arrived (ACK, READ_DATA, HELLO_ACK, FENCE, NOTICE_ACK). */
 void kvx_xfer_on_message(kvx_transport_t *t, const kvx_msg_t *m, const uint8_t *data,
                          size_t data_len);
 /* UCX is done with a message of a connection's (status: how it went). */
 void kvx_xfer_on_sent(kvx_conn_t *c, uint64_t xfer_id, int status);
+/* A rendezvous receive of read data on c ended (status 0: its bytes are in place). */
+void kvx_xfer_on_received(kvx_conn_t *c, kvx_rrx_t *rx, int status);
 
 #endif /* KVX_XFER_H */

@@ -23,6 +23,11 @@ static void kvx_peer_conn_sent(kvx_conn_t *c, uint64_t xfer_id, int status)
 
 static void kvx_peer_conn_work(kvx_conn_t *c) { kvx_xfer_post(c, SIZE_MAX); }
 
+static void kvx_peer_conn_received(kvx_conn_t *c, kvx_rrx_t *rx, int status)
+{
+    kvx_xfer_on_received(c, rx, status);
+}
+
 /* A peer paired by address pairs again (listen.c); its transfers in flight fail all the same,
  * but those of a connection that never finished its handshake sent nothing: they wait for the
  * next one. */
@@ -39,6 +44,7 @@ const kvx_conn_ops_t kvx_peer_conn_ops = {
     .on_sent = kvx_peer_conn_sent,
     .on_work = kvx_peer_conn_work,
     .on_failed = kvx_peer_conn_failed,
+    .on_received = kvx_peer_conn_received,
 };
 
 /* ---- compatibility rules -------------------------------------------------------------------- */

@@ -312,9 +312,30 @@ void kvx_recv_on_message(kvx_transport_t *t, const kvx_msg_t *m, const void *hdr
 
 /* ---- after UCX progress: replies ----------------------------------------------------------- */
 
-/* Answer read requests: each READ_DATA carries as much of the stream as a message holds. */
+/* The smallest run of a read answered by rendezvous on rc's lane (learnt once). */
+static uint64_t kvx_recv_rndv_min(kvx_transport_t *t, kvx_rconn_t *rc)
+{
+    if (!rc->rndv_known) {
+        char tl[KVX_TRANSPORT_NAME_MAX];
+        int rma_hw;
+        size_t seg;
+        kvx_ucx_ep_describe(rc->ucx, tl, sizeof(tl), &rma_hw, &seg);
+        rc->rndv_min = kvx_conn_rndv_min(t, tl);
+        rc->rndv_known = true;
+    }
+    return rc->rndv_min;
+}
+
+/*
+ * Answer read requests: each READ_DATA carries as much of the stream as a message holds, or, for
+ * a run of at least the lane's rendezvous threshold, one contiguous piece of the region alone,
+ * whose payload UCX moves by rendezvous (the reader checks the header against its request, then
+ * receives it straight into its blocks). The header is the same as an eager one's for that
+ * piece.
+ */
 static unsigned kvx_recv_serve(kvx_transport_t *t, kvx_rconn_t *rc, size_t seg)
 {
+    uint64_t rndv_min = kvx_recv_rndv_min(t, rc);
     unsigned n = 0;
 
     while (!kvx_list_empty(&rc->serve) && rc->sending < KVX_SEND_WINDOW && rc->pending_err == 0) {
@@ -324,6 +345,7 @@ static unsigned kvx_recv_serve(kvx_transport_t *t, kvx_rconn_t *rc, size_t seg)
         size_t len = 0, niov = 0;
         uint64_t off = s->stream_off;
         uint32_t crc = 0;
+        bool rndv;
         int rc2;
 
         if (m == NULL)
@@ -331,6 +353,12 @@ static unsigned kvx_recv_serve(kvx_transport_t *t, kvx_rconn_t *rc, size_t seg)
         while (s->run < s->nruns && len < budget && niov < KVX_WIRE_MAX_RUNS) {
             kvx_wire_run_t *r = &s->runs[s->run];
             size_t piece = r->len - s->run_off < budget - len ? r->len - s->run_off : budget - len;
+            if (r->len - s->run_off >= rndv_min) { /* alone, the rest of the run */
+                if (niov > 0)
+                    break;
+                piece = r->len - s->run_off;
+                m->rndv = true;
+            }
             m->iov[niov].base = t->base + r->offset + s->run_off;
             m->iov[niov].len = piece;
             niov++;
@@ -340,6 +368,8 @@ static unsigned kvx_recv_serve(kvx_transport_t *t, kvx_rconn_t *rc, size_t seg)
                 s->run++;
                 s->run_off = 0;
             }
+            if (m->rndv)
+                break;
         }
         s->stream_off += len;
         if (s->crc)
@@ -352,11 +382,14 @@ static unsigned kvx_recv_serve(kvx_transport_t *t, kvx_rconn_t *rc, size_t seg)
         kvx_put32(m->hdr + 36, crc);
         kvx_put32(m->hdr + 40, 0);
         kvx_put32(m->hdr + 44, 0);
+        rndv = m->rndv; /* m is UCX's or free again once sent */
         rc2 = kvx_ucx_send(m, KVX_WIRE_READ_DATA_LEN, niov, &rc->ucx_refs);
         if (rc2 == 1)
             rc->sending++;
         t->rcounters.bytes_served += len;
         rc->w->counters.bytes_served += len;
+        if (rndv && rc2 >= 0)
+            kvx_count(t, rc->w, KVX_CNT(rndv_served));
         n++;
         if (s->run == s->nruns || rc2 < 0) {
             kvx_list_del(&s->link);

@@ -1,8 +1,8 @@
 /*
  * Where a transfer is born and travels on the initiator's side: index checks, coalescing into
  * runs, cutting its byte stream into kvx's messages (WRITE carries the blocks, READ_REQ asks for
- * them) with back-pressure, what the receiver answers (ACK, READ_DATA, NOTICE_ACK, and
- * HELLO_ACK and FENCE for the connection), and deadlines. The receiving side is recv.c.
+ * them) with back-pressure, how it ends, and deadlines. What the receiver answers is
+ * xfer_reply.c; the receiving side is recv.c.
  */
 #include "kvx_xfer.h"
 
@@ -19,9 +19,6 @@
 /* Bytes one progress step copies into (or out of) a mapped region before other work and API
  * calls get their turn: about 0.2-1 ms at memcpy speed. */
 #define KVX_MAP_STEP ((size_t)4 * 1024 * 1024)
-
-static void kvx_xfer_write_landed(kvx_conn_t *c, kvx_xfer_t *x);
-static const uint8_t kvx_zero_nonce[KVX_WIRE_NONCE_LEN];
 
 /* Check every index and fold runs consecutive on both sides. O(count), no allocation once the
  * transfer slot has seen a transfer this large. */
@@ -63,8 +60,7 @@ static int kvx_xfer_build_runs(kvx_transport_t *t, kvx_xfer_t *x, uint64_t remot
 }
 
 /* The local address of the stream's byte at run i, offset off in it. */
-static uint8_t *kvx_xfer_local(const kvx_transport_t *t, const kvx_xfer_t *x, uint32_t i,
-                               uint64_t off)
+uint8_t *kvx_xfer_local(const kvx_transport_t *t, const kvx_xfer_t *x, uint32_t i, uint64_t off)
 {
     return t->base + (uint64_t)x->runs[i].local * t->block_len + off;
 }
@@ -211,16 +207,19 @@ static uint64_t kvx_end_grace(const kvx_transport_t *t)
 }
 
 /* Finish a transfer (kvx_xfer_complete queues it for poll), or, for a write whose messages UCX
- * still holds (they read its local blocks), end it: it leaves its connection's accounting now
- * and is reported once the last of them has left (kvx_xfer_on_sent). The first status wins. */
-static void kvx_xfer_finish(kvx_xfer_t *x, int status)
+ * still holds (they read its local blocks) or a read with rendezvous receives in flight (UCX
+ * writes its local blocks), end it: it leaves its connection's accounting now and is reported
+ * once the last of them is done (kvx_xfer_on_sent, kvx_xfer_on_received). The first status
+ * wins. A read waits even on a lingering connection (which has no receive in flight when it
+ * starts to linger: see kvx_conn_fail), since its blocks must not change once it is reported. */
+void kvx_xfer_finish(kvx_xfer_t *x, int status)
 {
     kvx_transport_t *t = x->t;
 
     if (x->state == KVX_XS_ENDING)
         return;
     kvx_xfer_detach(x);
-    if (x->op == KVX_OP_WRITE && x->sending > 0 && !(x->conn != NULL && x->conn->lingering)) {
+    if (x->sending > 0 && (x->op == KVX_OP_READ || !(x->conn != NULL && x->conn->lingering))) {
         x->state = KVX_XS_ENDING;
         x->end_status = status;
         x->deadline_ns = kvx_now_ns() + kvx_end_grace(t);
@@ -300,7 +299,8 @@ void kvx_xfer_fail_conn(kvx_conn_t *c, int err)
         for (kvx_list_t *n = c->t->active.next, *next; n != &c->t->active; n = next) {
             kvx_xfer_t *x = kvx_container_of(n, kvx_xfer_t, active_link);
             next = n->next;
-            if (x->state == KVX_XS_ENDING && x->conn == c)
+            if (x->state == KVX_XS_ENDING && x->conn == c &&
+                (x->op == KVX_OP_WRITE || x->sending == 0))
                 kvx_xfer_complete(x, x->end_status);
         }
 }
@@ -309,7 +309,7 @@ void kvx_xfer_fail_conn(kvx_conn_t *c, int err)
  */
 
 /* Move a stream cursor (run, offset in it) piece bytes on; a finished run moves it to the next. */
-static void kvx_run_step(uint32_t *run, uint64_t *off, size_t piece, uint64_t run_len)
+void kvx_run_step(uint32_t *run, uint64_t *off, size_t piece, uint64_t run_len)
 {
     *off += piece;
     if (*off == run_len) {
@@ -516,11 +516,8 @@ void kvx_xfer_post(kvx_conn_t *c, size_t budget)
     }
 }
 
-/* ---- replies -----------------------------------------------------------------------------------
- */
-
 /* All of a write's bytes were acknowledged: done, or first the receiver's notice. */
-static void kvx_xfer_write_landed(kvx_conn_t *c, kvx_xfer_t *x)
+void kvx_xfer_write_landed(kvx_conn_t *c, kvx_xfer_t *x)
 {
     uint8_t hdr[56];
     uint64_t blocks = x->bytes / c->t->block_len;
@@ -545,198 +542,6 @@ static void kvx_xfer_write_landed(kvx_conn_t *c, kvx_xfer_t *x)
         c->reqs++;
     x->noticed = true;
     c->notices++;
-}
-
-static void kvx_xfer_on_ack(kvx_conn_t *c, const kvx_msg_t *m)
-{
-    kvx_transport_t *t = c->t;
-
-    for (uint32_t i = 0; i < m->u.ack.n; i++) {
-        uint64_t id;
-        uint32_t bytes;
-        int32_t status;
-        kvx_xfer_t *x;
-
-        kvx_wire_ack_get(m->u.ack.entries, i, &id, &bytes, &status);
-        x = kvx_xfer_lookup(t, id);
-        /* a reply for a transfer that is gone (failed, canceled) or not this connection's */
-        if (x == NULL || x->conn != c || x->op != KVX_OP_WRITE || x->state == KVX_XS_DONE ||
-            x->state == KVX_XS_ENDING || bytes > x->posted - x->done || status > 0)
-            continue;
-        if (status < 0) {
-            status = kvx_remote_status(status);
-            kvx_debug(t, "transfer %llu: refused by %s: %s", (unsigned long long)id, c->agent_name,
-                      kvx_strerror(status));
-            kvx_xfer_finish(x, status);
-            continue;
-        }
-        x->done += bytes;
-        c->unacked -= bytes;
-        if (x->done == x->bytes && !x->noticed)
-            kvx_xfer_write_landed(c, x);
-    }
-}
-
-static void kvx_xfer_on_read_data(kvx_conn_t *c, const kvx_msg_t *m, const uint8_t *data,
-                                  size_t len)
-{
-    kvx_transport_t *t = c->t;
-    kvx_rreq_t *q = NULL;
-    kvx_xfer_t *x;
-
-    for (unsigned i = 0; i < KVX_MAX_REQS && q == NULL; i++)
-        if (c->rreqs[i].xfer_id == m->u.read_data.xfer_id &&
-            c->rreqs[i].stream_off <= m->u.read_data.stream_off &&
-            m->u.read_data.stream_off < c->rreqs[i].stream_off + c->rreqs[i].len)
-            q = &c->rreqs[i];
-    x = q != NULL ? kvx_xfer_lookup(t, q->xfer_id) : NULL;
-    /* a reply for a read that failed or was canceled: dropped, so that a read reported failed
-     * never has a byte land in its local blocks afterwards */
-    if (x == NULL || x->conn != c || x->state == KVX_XS_DONE)
-        return;
-    if (q->stream_off + q->got != m->u.read_data.stream_off) {
-        kvx_xfer_finish(x, -EPROTO); /* out of order: the read cannot be put together */
-        return;
-    }
-    if (m->u.read_data.status < 0) {
-        kvx_xfer_finish(x, kvx_remote_status(m->u.read_data.status));
-        return;
-    }
-    if (len > q->len - q->got) {
-        kvx_xfer_finish(x, -EPROTO);
-        return;
-    }
-    if ((m->flags & KVX_MSGF_CRC) != c->crc * KVX_MSGF_CRC ||
-        (c->crc && kvx_crc32c(data, len) != m->u.read_data.crc)) {
-        t->rcounters.drop_crc++;
-        kvx_xfer_finish(x, -EBADMSG);
-        return;
-    }
-    for (size_t off = 0; off < len;) {
-        uint64_t run_len = (uint64_t)x->runs[q->run].count * t->block_len;
-        size_t piece =
-            run_len - q->run_off < len - off ? (size_t)(run_len - q->run_off) : len - off;
-        memcpy(kvx_xfer_local(t, x, q->run, q->run_off), data + off, piece);
-        off += piece;
-        kvx_run_step(&q->run, &q->run_off, piece, run_len);
-    }
-    q->got += len;
-    x->done += len;
-    c->unacked -= len;
-    if (q->got == q->len) {
-        q->xfer_id = 0; /* the slot is free: more can be asked */
-        if (!kvx_list_empty(&c->queue) && !kvx_list_linked(&c->work_link))
-            kvx_list_add_tail(&t->work, &c->work_link);
-    }
-    if (x->done == x->bytes && x->posted == x->bytes)
-        kvx_xfer_finish(x, 0);
-}
-
-void kvx_xfer_on_message(kvx_transport_t *t, const kvx_msg_t *m, const uint8_t *data,
-                         size_t data_len)
-{
-    kvx_conn_t *c = kvx_idtab_get(&t->conn_ids, m->conn_id);
-    uint8_t a[8], b[8];
-
-    if (c != NULL) {
-        kvx_put64(a, c->token);
-        kvx_put64(b, m->token);
-    }
-    if (c == NULL || c->state != KVX_CONN_OPEN || !kvx_equal_ct(a, b, 8)) {
-        kvx_count_drop(t, KVX_DROP_UNKNOWN);
-        return;
-    }
-    c->last_progress_ns = kvx_now_ns();
-    switch (m->type) {
-    case KVX_MSG_HELLO_ACK:
-        if (c->wired)
-            break;
-        if (m->u.hello_ack.status < 0) {
-            int st = kvx_remote_status(m->u.hello_ack.status);
-            kvx_warn(t, "peer %s refused the handshake: %s", c->agent_name, kvx_strerror(st));
-            kvx_on_conn_error(c, st);
-            break;
-        }
-        /* before anything is posted: no byte is copied into a mapping the token did not prove */
-        kvx_conn_map_prove(c, m->u.hello_ack.seg_token);
-        c->rconn_id = m->u.hello_ack.rconn_id;
-        c->rconn_token = m->u.hello_ack.token;
-        c->epoch = m->u.hello_ack.epoch;
-        if (t->secret != NULL &&
-            !kvx_equal_ct(m->u.hello_ack.nonce, kvx_zero_nonce, KVX_WIRE_NONCE_LEN)) {
-            /* the receiver asks for a proof over its fresh nonce first (a recorded HELLO has
-             * none): it goes before anything else on this endpoint */
-            uint8_t pr[KVX_WIRE_PROOF_LEN];
-            int rc;
-            kvx_wire_put_hdr(pr, KVX_MSG_PROOF, 0, c->rconn_id, c->rconn_token);
-            kvx_wire_proof_mac(t->secret, t->secret_len, m->u.hello_ack.nonce, c->rconn_id,
-                               c->rconn_token, pr + KVX_WIRE_HDR_LEN);
-            rc = kvx_ucx_send_ctl(c->ucx, pr, sizeof(pr), &c->ucx_refs);
-            if (rc < 0) {
-                kvx_on_conn_error(c, rc);
-                break;
-            }
-            if (rc == 1)
-                c->reqs++;
-        }
-        c->wired = true;
-        t->conn_event = true;
-        for (kvx_list_t *n = c->queue.next; n != &c->queue; n = n->next) {
-            kvx_xfer_t *x = kvx_container_of(n, kvx_xfer_t, conn_link);
-            if (x->epoch == UINT64_MAX)
-                x->epoch = c->epoch;
-        }
-        if (!kvx_list_empty(&c->queue) && !kvx_list_linked(&c->work_link))
-            kvx_list_add_tail(&t->work, &c->work_link);
-        break;
-    case KVX_MSG_FENCE:
-        /* later writes carry the new epoch; those submitted before are judged by the receiver */
-        if (m->u.fence.epoch > c->epoch)
-            c->epoch = m->u.fence.epoch;
-        break;
-    case KVX_MSG_ACK:
-        kvx_xfer_on_ack(c, m);
-        break;
-    case KVX_MSG_READ_DATA:
-        kvx_xfer_on_read_data(c, m, data, data_len);
-        break;
-    case KVX_MSG_NOTICE_ACK: {
-        kvx_xfer_t *x = kvx_xfer_lookup(t, m->u.notice_ack.xfer_id);
-        if (x != NULL && x->conn == c && x->noticed)
-            kvx_xfer_finish(x, kvx_remote_status(m->u.notice_ack.status));
-        break;
-    }
-    default:
-        break;
-    }
-}
-
-void kvx_xfer_on_sent(kvx_conn_t *c, uint64_t xfer_id, int status)
-{
-    if (--c->reqs == 0 && c->lingering) { /* all it held left: its endpoint may close */
-        c->linger_over = true;
-        if (!kvx_list_linked(&c->work_link))
-            kvx_list_add_tail(&c->t->work, &c->work_link);
-    }
-    c->ucx_refs--;
-    c->last_progress_ns = kvx_now_ns();
-    if (xfer_id != 0) {
-        kvx_xfer_t *x = kvx_xfer_lookup(c->t, xfer_id);
-        if (x != NULL && x->conn == c && x->sending > 0 && --x->sending == 0) {
-            /* its last message left: it touches no memory any more */
-            if (x->state == KVX_XS_ENDING)
-                kvx_xfer_complete(x, x->end_status);
-            else if (x->canceled && x->state != KVX_XS_DONE)
-                kvx_xfer_finish(x, -ECANCELED);
-        }
-    }
-    if (c->state == KVX_CONN_OPEN) {
-        if (status != 0)
-            kvx_on_conn_error(c, status);
-        else if (!kvx_list_empty(&c->queue) && !kvx_list_linked(&c->work_link))
-            kvx_list_add_tail(&c->t->work, &c->work_link);
-    }
-    kvx_conn_maybe_free(c);
 }
 
 /* ---- deadlines ------------------------------------------------------------------------------ */

@@ -4,7 +4,8 @@
  * ("shm" or "tcp"): UCX_TLS is limited to it, and the peer must report that it travels on it.
  * kvx's settings for that transport must have been applied in the form this UCX accepts (kvx
  * logs each one at debug level, and warns when UCX reports one unused). argv[2] "rndv": every
- * run goes by rendezvous (KVX_RNDV_ALWAYS), and the target must count its writes landed so.
+ * run goes by rendezvous (KVX_RNDV_ALWAYS), and the target must count its writes landed so and
+ * its reads' answers (READ_DATA) sent so.
  */
 #include "harness.h"
 
@@ -13,7 +14,8 @@
 
 static char applied[4096];
 static bool ignored;
-static bool rndv; /* every run by rendezvous: the target counts them */
+static bool rndv;                       /* every run by rendezvous: the target counts them */
+#define KVX_READ_REQ_BYTES (256 * 1024) /* what one read request asks at most (kvx_wire.h) */
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static void capture(void *arg, int level, const char *msg)
@@ -83,14 +85,24 @@ static void run(uint64_t block_len, uint64_t num_blocks, const char *want_tl, ui
                         (unsigned long long)block_len);
     }
 
-    if (rndv) {
+    {
         kvx_recv_counters_t rc;
         kt_target_counters(&tg, &rc);
-        kt_log("block_len %llu: the target landed %llu writes, %llu by rendezvous, %llu failed",
+        kt_log("block_len %llu: the target landed %llu writes, %llu by rendezvous, %llu failed; "
+               "served %llu READ_DATA by rendezvous",
                (unsigned long long)block_len, (unsigned long long)rc.writes_landed,
-               (unsigned long long)rc.rndv_landed, (unsigned long long)rc.rndv_failed);
-        KT_CHECK(rc.rndv_landed > 0 && rc.rndv_landed == rc.writes_landed);
-        KT_EQ(rc.rndv_failed, 0);
+               (unsigned long long)rc.rndv_landed, (unsigned long long)rc.rndv_failed,
+               (unsigned long long)rc.rndv_served);
+        if (rndv) {
+            KT_CHECK(rc.rndv_landed > 0 && rc.rndv_landed == rc.writes_landed);
+            KT_EQ(rc.rndv_failed, 0);
+            /* every read's runs by rendezvous: one message at least per request of 256 KiB and
+             * per run (3 reads of n blocks: one run, n runs, n runs) */
+            KT_CHECK(rc.rndv_served >= 1 + 2 * (uint64_t)n);
+            KT_CHECK(rc.rndv_served >= bytes_r / KVX_READ_REQ_BYTES);
+        } else {
+            KT_EQ(rc.rndv_served, 0); /* auto: shm eager, tcp's threshold above a request */
+        }
     }
     KT_OK(kvx_peer_query(t, "target", &pa));
     KT_EQ(pa.state, KVX_PEER_CONNECTED);

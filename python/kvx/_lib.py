@@ -95,7 +95,8 @@ class Params(ctypes.Structure):
 RECV_COUNTERS = ("bytes_landed", "writes_landed", "bytes_served", "notices", "drop_malformed",
                  "drop_capability", "drop_unknown", "drop_range", "drop_fenced", "drop_crc",
                  "drop_other", "conns_overflow", "conns_evicted", "drop_unproven",
-                 "drop_hello_limit", "drop_replayed", "rndv_landed", "rndv_failed")
+                 "drop_hello_limit", "drop_replayed", "rndv_landed", "rndv_failed",
+                 "rndv_served")
 
 
 class RecvCounters(ctypes.Structure):
