@@ -220,7 +220,8 @@ int main(int argc, char **argv)
     if (tcp) /* over shared memory the reader may fetch the payload without the target */
         one_read(t, &r, false, -ETIMEDOUT, legit, true);
 
-    kvx_transport_close(t);
+    KT_OK(kvx_transport_close(t)); /* when it returns, nothing touches the region any more */
+    kvx_transport_destroy(t);
     for (int i = 0; i < nreqs; i++)
         if (ucp_request_check_status(reqs[i]) != UCS_INPROGRESS)
             ucp_request_free(reqs[i]);
