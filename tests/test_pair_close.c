@@ -261,8 +261,11 @@ int main(int argc, char **argv)
                kvx_strerror(rc), out[1],
                out[2] ? "; the answer came in the step that closed the endpoint" : "");
         same_steps += out[2];
-        /* the answer was whole, but its process is gone: the add says so, and makes no peer */
-        KT_EQ(rc, -EHOSTUNREACH);
+        /* the answer was whole, but its process is gone: the add says so, and makes no peer; or
+         * (seen once in 55 rounds with two other tests beside it) the reset of the pairing's
+         * endpoint was taken before the answer: the pairing failed, no peer either */
+        if (!(rc == -EHOSTUNREACH || (rc == -ECONNRESET && !out[2])))
+            KT_FAIL("round %d: kvx_peer_connect: %d (%s)", round, rc, kvx_strerror(rc));
         KT_EQ(out[1], 0);
     }
     /* the case this test is for did happen (it crashed every first round before the fix) */
