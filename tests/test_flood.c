@@ -21,6 +21,7 @@
 #include "harness.h"
 
 #include "kvx_int.h"
+#include "rawucx.h"
 #include <pthread.h>
 #include <stdatomic.h>
 
@@ -33,7 +34,7 @@
 
 #define BL 4096
 #define NB 64
-#define AM_ID 0x4b
+#define AM_ID KT_RAWUCX_AM_ID
 #define FLOOD 1000000
 #define RSS_MAX_KB (64 * 1024)
 
@@ -122,22 +123,6 @@ static ucs_status_t on_reply(void *arg, const void *hdr, size_t hdr_len, void *d
     return UCS_OK;
 }
 
-static ucp_worker_h worker_new(void)
-{
-    ucp_worker_h w;
-    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
-                              .thread_mode = UCS_THREAD_MODE_SINGLE};
-    ucp_am_handler_param_t hp = {.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
-                                               UCP_AM_HANDLER_PARAM_FIELD_CB |
-                                               UCP_AM_HANDLER_PARAM_FIELD_FLAGS,
-                                 .id = AM_ID,
-                                 .cb = on_reply,
-                                 .flags = UCP_AM_FLAG_WHOLE_MSG};
-    KT_CHECK(ucp_worker_create(ctx, &wp, &w) == UCS_OK);
-    KT_CHECK(ucp_worker_set_am_recv_handler(w, &hp) == UCS_OK);
-    return w;
-}
-
 static void progress_both(uint64_t ms)
 {
     uint64_t end = kt_now_ns() + ms * 1000000ull;
@@ -149,24 +134,15 @@ static void progress_both(uint64_t ms)
 
 static void attacker_start(const void *target_waddr)
 {
-    ucp_config_t *cfg;
-    ucp_params_t pp = {.field_mask = UCP_PARAM_FIELD_FEATURES, .features = UCP_FEATURE_AM};
     ucp_ep_params_t ep_params = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
                                                UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
                                  .address = (const ucp_address_t *)target_waddr,
                                  .err_mode = UCP_ERR_HANDLING_MODE_PEER};
 
     memset(&seen, 0, sizeof(seen));
-    KT_CHECK(ucp_config_read(NULL, NULL, &cfg) == UCS_OK);
-    if (getenv("UCX_TLS") == NULL) {
-        ucp_config_modify(cfg, "MM_ERROR_HANDLING", "y"); /* kvx's shared-memory geometry */
-        ucp_config_modify(cfg, "MM_SEG_SIZE", "32k");
-        ucp_config_modify(cfg, "MM_FIFO_SIZE", "128");
-    }
-    KT_CHECK(ucp_init(&pp, cfg, &ctx) == UCS_OK);
-    ucp_config_release(cfg);
-    wsend = worker_new();
-    wreply = worker_new();
+    ctx = kt_rawucx_context(UCP_FEATURE_AM);
+    wsend = kt_rawucx_worker(ctx, on_reply);
+    wreply = kt_rawucx_worker(ctx, on_reply);
     KT_CHECK(ucp_ep_create(wsend, &ep_params, &ep) == UCS_OK);
     progress_both(50);
 }
@@ -778,7 +754,7 @@ static int reap(void)
                                                    UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
                                      .address = (const ucp_address_t *)md.worker_addr,
                                      .err_mode = UCP_ERR_HANDLING_MODE_PEER};
-        w[k] = worker_new();
+        w[k] = kt_rawucx_worker(ctx, on_reply);
         KT_CHECK(ucp_ep_create(w[k], &ep_params, &e[k]) == UCS_OK);
     }
     kt_target_counters(&tg, &c0);

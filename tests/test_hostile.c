@@ -22,6 +22,7 @@
  */
 #include "harness.h"
 #include "kvx_int.h"
+#include "rawucx.h"
 
 #include <errno.h>
 #include <signal.h>
@@ -32,7 +33,7 @@
 
 #define BL 4096
 #define NB 64
-#define AM_ID 0x4b
+#define AM_ID KT_RAWUCX_AM_ID
 
 static kt_netns_t ns;
 static kt_target_t tg;
@@ -118,32 +119,13 @@ static void send_raw(const void *hdr, size_t hdr_len, const void *data, size_t l
 
 static void attacker_start(const kvx_md_t *md)
 {
-    ucp_config_t *cfg;
-    ucp_params_t pp = {.field_mask = UCP_PARAM_FIELD_FEATURES,
-                       .features = UCP_FEATURE_AM | UCP_FEATURE_RMA};
-    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
-                              .thread_mode = UCS_THREAD_MODE_SINGLE};
-    ucp_am_handler_param_t hp = {.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
-                                               UCP_AM_HANDLER_PARAM_FIELD_CB |
-                                               UCP_AM_HANDLER_PARAM_FIELD_FLAGS,
-                                 .id = AM_ID,
-                                 .cb = on_reply,
-                                 .flags = UCP_AM_FLAG_WHOLE_MSG};
     ucp_ep_params_t ep_params = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
                                                UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
                                  .address = (const ucp_address_t *)md->worker_addr,
                                  .err_mode = UCP_ERR_HANDLING_MODE_PEER};
 
-    KT_CHECK(ucp_config_read(NULL, NULL, &cfg) == UCS_OK);
-    /* the target's shared-memory geometry (kvx's defaults): a sender writes into the
-     * receiver's FIFO as it sees it */
-    ucp_config_modify(cfg, "MM_ERROR_HANDLING", "y");
-    ucp_config_modify(cfg, "MM_SEG_SIZE", "32k");
-    ucp_config_modify(cfg, "MM_FIFO_SIZE", "128");
-    KT_CHECK(ucp_init(&pp, cfg, &ctx) == UCS_OK);
-    ucp_config_release(cfg);
-    KT_CHECK(ucp_worker_create(ctx, &wp, &worker) == UCS_OK);
-    KT_CHECK(ucp_worker_set_am_recv_handler(worker, &hp) == UCS_OK);
+    ctx = kt_rawucx_context(UCP_FEATURE_AM | UCP_FEATURE_RMA);
+    worker = kt_rawucx_worker(ctx, on_reply);
     KT_CHECK(ucp_ep_create(worker, &ep_params, &ep) == UCS_OK);
     progress_for(50);
 }

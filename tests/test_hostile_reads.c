@@ -11,6 +11,7 @@
  */
 #include "harness.h"
 #include "kvx_int.h"
+#include "rawucx.h"
 
 #include <errno.h>
 #include <string.h>
@@ -19,7 +20,7 @@
 
 #define BL 4096
 #define NB 64
-#define AM_ID 0x4b
+#define AM_ID KT_RAWUCX_AM_ID
 
 static ucp_context_h ctx;
 static ucp_worker_h worker;
@@ -153,15 +154,6 @@ int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "shm";
     bool tcp = strcmp(mode, "tcp") == 0;
-    ucp_params_t pp = {.field_mask = UCP_PARAM_FIELD_FEATURES, .features = UCP_FEATURE_AM};
-    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
-                              .thread_mode = UCS_THREAD_MODE_SINGLE};
-    ucp_am_handler_param_t hp = {.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
-                                               UCP_AM_HANDLER_PARAM_FIELD_CB |
-                                               UCP_AM_HANDLER_PARAM_FIELD_FLAGS,
-                                 .id = AM_ID,
-                                 .cb = on_msg,
-                                 .flags = UCP_AM_FLAG_WHOLE_MSG};
     ucp_address_t *addr;
     size_t addr_len, md_len;
     kvx_md_t md = {0};
@@ -174,16 +166,8 @@ int main(int argc, char **argv)
     setenv("UCX_TLS", tcp ? "tcp" : "sm,self", 1);
     for (size_t i = 0; i < sizeof(payload); i++)
         payload[i] = (uint8_t)(i * 7 + 3);
-    ucp_config_t *cfg;
-    KT_CHECK(ucp_config_read(NULL, NULL, &cfg) == UCS_OK);
-    /* kvx's shared-memory settings (as test_hostile's attacker) */
-    ucp_config_modify(cfg, "MM_ERROR_HANDLING", "y");
-    ucp_config_modify(cfg, "MM_SEG_SIZE", "32k");
-    ucp_config_modify(cfg, "MM_FIFO_SIZE", "128");
-    KT_CHECK(ucp_init(&pp, cfg, &ctx) == UCS_OK);
-    ucp_config_release(cfg);
-    KT_CHECK(ucp_worker_create(ctx, &wp, &worker) == UCS_OK);
-    KT_CHECK(ucp_worker_set_am_recv_handler(worker, &hp) == UCS_OK);
+    ctx = kt_rawucx_context(UCP_FEATURE_AM);
+    worker = kt_rawucx_worker(ctx, on_msg);
     KT_CHECK(ucp_worker_get_address(worker, &addr, &addr_len) == UCS_OK);
 
     snprintf(md.agent_name, sizeof(md.agent_name), "fake-target");
