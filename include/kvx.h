@@ -133,8 +133,9 @@ enum kvx_params_field {
 
 /** How a transfer's data travels (kvx_params_t.rndv_mode). */
 enum kvx_rndv_mode {
-    /** Runs of at least the threshold go by rendezvous, smaller ones in eager messages: the
-     *  threshold is rndv_thresh when set, else the lane's (README, "Rendezvous"). */
+    /** With rndv_thresh set, runs of at least that many bytes go by rendezvous, smaller ones in
+     *  eager messages; without, every run is eager (README, "Rendezvous": no lane here gained
+     *  from it, and on RDMA lanes it hands peers a remote key for the region). */
     KVX_RNDV_AUTO = 0,
     /** Every byte in eager messages, copied out of UCX's buffers by the receiving side. */
     KVX_RNDV_EAGER = 1,
@@ -249,11 +250,15 @@ typedef struct kvx_params {
     size_t notice_queue;
 
     /** How data travels (KVX_PARAM_RNDV): rndv_mode is a kvx_rndv_mode, and rndv_thresh the
-     *  smallest run in bytes that goes by rendezvous (0: the lane's choice with
-     *  KVX_RNDV_AUTO, every run with KVX_RNDV_ALWAYS). By rendezvous, the receiving side
-     *  checks the message's header first, then UCX moves the run straight into the place it
-     *  names in the region (on RDMA lanes with no copy by either side). The region is
-     *  registered with UCX once, at creation, unless the mode is KVX_RNDV_EAGER. */
+     *  smallest run in bytes that goes by rendezvous (0: none with KVX_RNDV_AUTO, every run
+     *  with KVX_RNDV_ALWAYS). By rendezvous, the receiving side checks the message's header
+     *  first, then UCX moves the run straight into the place it names in the region (on RDMA
+     *  lanes with no copy by either side). A transport that chose rendezvous (ALWAYS, or a
+     *  threshold) registers its region with UCX once, at creation, and takes rendezvous
+     *  payloads from peers; one that did not refuses them (the transfer fails with -EPROTO,
+     *  counted in drop_other). On RDMA lanes UCX's rendezvous gives the peer a remote key for
+     *  the registered region: choose it only among peers trusted with the whole region
+     *  (docs/security.md). */
     int rndv_mode;
     uint64_t rndv_thresh;
 } kvx_params_t;
@@ -797,8 +802,13 @@ KVX_API int kvx_xfer_cancel(kvx_transport_t *transport, const uint64_t *ids, siz
  * KVX_FENCE_RETIRE covers them too.
  * Returns the number of the writer's connections fenced (0: none known, nothing to fence),
  * -EINVAL (ntags > KVX_FENCE_TAGS_MAX, tags NULL with ntags, a bad name), -ENOSPC, -ENOMEM or
- * -ESHUTDOWN; on error nothing is fenced. Never waits on the network. tags need only stay valid
- * during the call.
+ * -ESHUTDOWN; on error nothing is fenced. Never waits on the network, with one exception: on a
+ * transport that takes rendezvous payloads (KVX_PARAM_RNDV), writes it covers whose payload is
+ * still being received when it is called are waited for, up to 1 s (the stall limit when
+ * shorter; they land: they arrived before the fence), and then their connections close, which
+ * ends them: every transfer of the writer on those connections then fails (-ECONNRESET), other
+ * tags' included, and the call returns at most 100 ms later. tags need only stay valid during
+ * the call.
  */
 KVX_API int kvx_fence(kvx_transport_t *transport, const char *writer, const uint64_t *tags,
                       size_t ntags);

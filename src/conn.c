@@ -291,7 +291,8 @@ void kvx_conn_housekeeping(kvx_transport_t *t, uint64_t now)
                      (unsigned long long)((now - c->last_progress_ns) / 1000000ull));
             kvx_conn_fail(c, -ETIMEDOUT);
         } else if (t->stall_ns != 0 && c->nrrxs > 0 &&
-                   now - kvx_list_first(&c->rrxs, kvx_rrx_t, link)->since_ns > t->stall_ns) {
+                   kvx_stalled(kvx_list_first(&c->rrxs, kvx_rrx_t, link)->since_ns, c->rrx_done_ns,
+                               now, t->stall_ns)) {
             /* other messages may come meanwhile: a receive's own clock bounds it */
             kvx_warn(t,
                      "connection to %s: a rendezvous receive of read data made no progress "
@@ -374,27 +375,20 @@ static int kvx_conn_hello(kvx_conn_t *c)
 }
 
 /*
- * The smallest run that goes by rendezvous on a lane (README, "Rendezvous"): with KVX_RNDV_AUTO
- * and no threshold set, RDMA lanes' from UCX's design (their rendezvous is zero-copy; UCX's own
- * threshold there is a few KiB), and none elsewhere. Over tcp and shared memory here UCX's
- * rendezvous copies on the receiving CPU all the same (with peer error handling it uses no cma),
- * and kvx-bench measured no steady gain from it (UCX 1.13.1: tcp 4 MiB writes 2.4-3.5 GB/s by
- * rendezvous against 4.7-4.9 eager, 1 MiB level; shared memory level within the noise; 1.19.1
- * alike): so they stay eager, and KVX_RNDV_ALWAYS or a threshold forces it.
+ * The smallest run that goes by rendezvous on a lane (README, "Rendezvous"): only when the
+ * application asks (KVX_RNDV_ALWAYS, or a threshold); auto and eager never use it. Over tcp and
+ * shared memory here UCX's rendezvous copies on the receiving CPU all the same (with peer error
+ * handling it uses no cma), and kvx-bench measured no steady gain from it (UCX 1.13.1: tcp
+ * 4 MiB writes 2.4-3.5 GB/s by rendezvous against 4.7-4.9 eager, 1 MiB level; shared memory
+ * level within the noise; 1.19.1 alike). On RDMA lanes UCX's rendezvous packs a remote key of
+ * the registered region into its messages, which would give a peer RDMA access to the whole
+ * region, past kvx's checks (docs/security.md): not by default either.
  */
-#define KVX_RNDV_RDMA_MIN ((uint64_t)16 << 10)
-
 uint64_t kvx_conn_rndv_min(const kvx_transport_t *t, const char *lane)
 {
-    static const char *const rdma[] = {"rc", "dc", "ud", "gga", "srd"};
-
-    if (t->rndv_mode == KVX_RNDV_EAGER)
-        return UINT64_MAX;
-    if (t->rndv_mode == KVX_RNDV_ALWAYS || t->rndv_thresh != 0)
+    (void)lane;
+    if (t->rndv_mode == KVX_RNDV_ALWAYS || (t->rndv_mode == KVX_RNDV_AUTO && t->rndv_thresh != 0))
         return t->rndv_thresh;
-    for (size_t i = 0; i < sizeof(rdma) / sizeof(rdma[0]); i++)
-        if (strncmp(lane, rdma[i], strlen(rdma[i])) == 0)
-            return KVX_RNDV_RDMA_MIN;
     return UINT64_MAX;
 }
 
@@ -414,6 +408,7 @@ static void kvx_conn_ep_received(void *arg, void *cookie, int status)
     c->ucx_refs--;
     kvx_list_del(&rx->link);
     c->nrrxs--;
+    c->rrx_done_ns = kvx_now_ns();
     c->ops->on_received(c, rx, status);
     kvx_conn_maybe_free(c);
 }

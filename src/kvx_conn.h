@@ -40,6 +40,16 @@ typedef struct kvx_rrx {
     uint32_t crc;
     bool check_crc;
 } kvx_rrx_t;
+/* Rendezvous receives in flight stalled: the oldest began (since_ns) and none ended (done_ns)
+ * for longer than stall_ns. UCX says nothing of a receive until it ends, so a slow but moving
+ * sender shows as receives that end: only a piece that alone takes longer than the stall limit
+ * (4 MiB at under 2 MB/s with the default 2 s) trips it. */
+static inline bool kvx_stalled(uint64_t since_ns, uint64_t done_ns, uint64_t now, uint64_t stall_ns)
+{
+    uint64_t last = done_ns > since_ns ? done_ns : since_ns;
+    return now > last && now - last > stall_ns;
+}
+
 /* The most rendezvous receives in flight on one connection (a kvx target keeps at most 16 of its
  * messages in UCX's hands): past it the connection fails. */
 #define KVX_RRXS_PER_CONN 32
@@ -94,6 +104,7 @@ struct kvx_conn {
     kvx_rreq_t rreqs[KVX_MAX_REQS];
     kvx_list_t rrxs; /* rendezvous receives of read data in flight (kvx_rrx_t), oldest first */
     unsigned nrrxs;
+    uint64_t rrx_done_ns; /* when one of them last ended (their progress: kvx_stalled) */
     unsigned ucx_refs;    /* UCX callbacks still to come that name this connection */
     kvx_list_t work_link; /* t->work: has queued runs to post or an error to handle */
     kvx_list_t all_link;  /* t->conns */
@@ -227,8 +238,9 @@ struct kvx_rconn {
     kvx_ucx_ep_t *ucx;
     kvx_list_t rxs; /* rendezvous receives in flight (kvx_rx_t), oldest first */
     unsigned nrxs;
-    bool rndv_known;   /* rndv_min is its lane's (learnt at its first read served) */
-    uint64_t rndv_min; /* read runs of at least this many bytes are answered by rendezvous */
+    uint64_t rx_done_ns; /* when one of them last ended (their progress: kvx_stalled) */
+    bool rndv_known;     /* rndv_min is its lane's (learnt at its first read served) */
+    uint64_t rndv_min;   /* read runs of at least this many bytes are answered by rendezvous */
 
     /* made only to refuse a HELLO of a retired capability (linked by w_link in t->refusing) */
     bool refusing;

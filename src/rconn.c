@@ -267,6 +267,7 @@ static void kvx_rconn_ep_received(void *arg, void *cookie, int status)
     rc->ucx_refs--;
     kvx_list_del(&rx->link);
     rc->nrxs--;
+    rc->rx_done_ns = kvx_now_ns();
     kvx_rq_sub(rc, KVX_RX_COST);
     rx->done(rc, rx, status);
     kvx_rconn_maybe_free(rc);
@@ -310,9 +311,10 @@ const kvx_ep_ops_t kvx_rconn_ep_ops = {
 };
 
 /*
- * Periodic: a connection whose oldest rendezvous receive has been in flight for longer than the
- * stall limit (its sender stopped, or never sends the payload it announced) closes, which ends
- * its receives (their bytes may be partly in place: the writer's transfers on it fail).
+ * Periodic: a connection whose rendezvous receives stalled (none ended for longer than the stall
+ * limit while the oldest was in flight: its sender stopped, or never sends the payload it
+ * announced) closes, which ends its receives (their bytes may be partly in place: the writer's
+ * transfers on it fail).
  */
 void kvx_rconn_housekeeping(kvx_transport_t *t, uint64_t now)
 {
@@ -325,7 +327,7 @@ void kvx_rconn_housekeeping(kvx_transport_t *t, uint64_t now)
         if (rc->state != KVX_CONN_OPEN || rc->doomed || rc->nrxs == 0)
             continue;
         rx = kvx_list_first(&rc->rxs, kvx_rx_t, link);
-        if (now > rx->since_ns && now - rx->since_ns > t->stall_ns)
+        if (kvx_stalled(rx->since_ns, rc->rx_done_ns, now, t->stall_ns))
             kvx_rconn_abort(rc, "a rendezvous receive made no progress within the stall limit");
     }
 }

@@ -129,7 +129,8 @@ static void kvx_recv_write_rndv(kvx_rconn_t *rc, const kvx_msg_t *m, const uint8
             kvx_rconn_doom(rc, "its acknowledgements cannot leave");
     } else if (got < 0) {
         free(l);
-        kvx_count(rc->t, rc->w, KVX_CNT(rndv_failed));
+        if (got != -EBUSY) /* over the per-connection bound: counted as an overflow */
+            kvx_count(rc->t, rc->w, KVX_CNT(rndv_failed));
         if (rc->state == KVX_CONN_OPEN)
             kvx_rconn_abort(rc, "a rendezvous receive could not start");
     }
@@ -151,8 +152,13 @@ static void kvx_recv_write(kvx_transport_t *t, const kvx_msg_t *m, const uint8_t
         kvx_count(t, w, KVX_CNT(drop_fenced));
         status = -KVX_EFENCED;
     }
-    /* a rendezvous payload is one run, received in one piece into the region */
-    if (m->rndv && status == 0 && m->u.write.nruns != 1) {
+    /* a rendezvous payload is one run, received in one piece into the region, and only by a
+     * transport that chose rendezvous (KVX_PARAM_RNDV): on RDMA lanes UCX would hand the
+     * sender a remote key for the region */
+    if (m->rndv && status == 0 && kvx_conn_rndv_min(t, "") == UINT64_MAX) {
+        kvx_count(t, w, KVX_CNT(drop_other));
+        status = -EPROTO;
+    } else if (m->rndv && status == 0 && m->u.write.nruns != 1) {
         kvx_count(t, w, KVX_CNT(drop_malformed));
         status = -EINVAL;
     }

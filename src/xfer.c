@@ -576,7 +576,7 @@ again:
                 due = x->deadline_ns + KVX_END_GRACE_NS;
                 if (now >= due) {
                     kvx_warn(t,
-                             "peer %s: UCX kept messages of failed write %llu after its "
+                             "peer %s: UCX kept messages of failed transfer %llu after its "
                              "connection's close: reporting it anyway",
                              x->peer->id, (unsigned long long)x->id);
                     kvx_xfer_complete(x, x->end_status);

@@ -121,6 +121,15 @@ static void kvx_xfer_read_rndv(kvx_conn_t *c, kvx_xfer_t *x, kvx_rreq_t *q, cons
     kvx_rrx_t *rx;
     int r;
 
+    if (kvx_conn_rndv_min(t, "") == UINT64_MAX) {
+        /* this transport did not choose rendezvous: no payload moves that way into its blocks
+         * (on RDMA lanes UCX would hand the target a remote key for them) */
+        kvx_debug(t, "transfer %llu: a rendezvous reply refused (this transport is eager)",
+                  (unsigned long long)x->id);
+        t->rcounters.drop_other++;
+        kvx_xfer_finish(x, -EPROTO);
+        return;
+    }
     if (len > run_len - q->run_off) {
         kvx_debug(t, "transfer %llu: a rendezvous reply of %zu bytes crosses a local run's end",
                   (unsigned long long)x->id, len);

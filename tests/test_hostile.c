@@ -585,6 +585,11 @@ int main(int argc, char **argv)
     kt_target_args_t a = {
         .num_blocks = NB, .block_len = BL, .salt = 8, .threads = 1, .name = "victim"};
 
+    /* the target takes rendezvous payloads (it chose rendezvous, with a threshold so high that
+     * its own read replies stay eager, which this attacker reads): a default one refuses them
+     * all (tests/test_xfer.c) */
+    setenv("KT_RNDV", "auto", 1);
+    setenv("KT_RNDV_THRESH", "1073741824", 1);
     if (strcmp(mode, "netns") == 0)
         return kt_two_hosts(&ns, &tg, &a, attack, 90);
     if (strcmp(mode, "tcp") == 0)

@@ -184,6 +184,8 @@ int main(int argc, char **argv)
     KT_OK(kvx_md_encode(&md, NULL, 0, blob, md_len));
 
     r = kt_region_alloc(NB, BL);
+    setenv("KT_RNDV", "always", 1); /* the reader takes rendezvous replies (a default one refuses
+                                     * them: tests/test_xfer.c) */
     t = kt_transport(&r, NULL, 1);
     KT_OK(kvx_peer_add(t, "fake", blob, md_len, NULL));
     end = (kt_now_ns() / 1000000) + 5000;

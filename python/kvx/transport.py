@@ -244,9 +244,11 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
     net_devices: the network devices UCX may use ("lo", "eth0"). integrity: CRC-32C of every
     piece of data this transport sends as an initiator, checked by the side that receives it.
     notice_queue: how many arrival notices may wait (1024).
-    rndv: how data travels, "auto" (runs of at least each lane's threshold by rendezvous: the
-    receiver checks the header, then UCX moves the run into the region), "eager" or "always";
-    rndv_thresh: the smallest run in bytes that goes by rendezvous (None: the lane's).
+    rndv: how data travels, "auto" (with rndv_thresh, runs of at least that many bytes by
+    rendezvous: the receiver checks the header, then UCX moves the run into the region; without,
+    eager), "eager" or "always" (every run). Only a transport that chose rendezvous takes it
+    from peers; on RDMA lanes it gives them a remote key for the region (docs/security.md).
+    rndv_thresh: the smallest run in bytes that goes by rendezvous.
 
     Unavailable (UCX could not start, or libkvx is missing; available is False): the
     constructor warns (RuntimeWarning) with the cause, which unavailable_reason holds;
