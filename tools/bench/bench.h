@@ -44,6 +44,12 @@ struct opts {
     int port;
     const char *bind;    /* the server's listening address */
     uint64_t max_region; /* the server's limit on the bytes of all its regions together */
+    bool hol;            /* --hol: head-of-line latency (hol.c) */
+    int hol_bulk;        /* bulk whole-region writes in flight */
+    int hol_op;          /* the urgent transfers: OP_WRITE or OP_READ */
+    int hol_blocks;      /* blocks per urgent transfer */
+    double hol_every_us; /* one urgent transfer submitted every ... */
+    double hol_seconds;  /* per phase */
 };
 extern struct opts o;
 
@@ -134,5 +140,7 @@ void run_load(int *ctl, uint64_t size, result_t *res_out, int *nres);
 void print_results(const result_t *res, int n);
 int collect_initiators(FILE **outs, int m, result_t *res, int cap);
 int client_run(void);
+/* --hol (hol.c): prints its own result; 1 when a byte was wrong */
+int run_hol(int *ctl);
 
 #endif

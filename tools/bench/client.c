@@ -504,6 +504,16 @@ int client_run(void)
 
     for (int i = 0; i < o.naddrs; i++)
         ctl[i] = connect_to(o.addrs[i]);
+    if (o.hol) {
+        bad = run_hol(ctl);
+        for (int i = 0; i < o.naddrs; i++) {
+            msg_send(ctl[i], MSG_BYE, NULL, 0);
+            close(ctl[i]);
+        }
+        if (bad)
+            fprintf(stderr, "kvx-bench: verification FAILED\n");
+        return bad;
+    }
     for (int s = 0; s < o.nsizes; s++) {
         if (o.load_s > 0)
             run_load(ctl, o.sizes[s], res, &nres);

@@ -33,6 +33,11 @@ struct opts o = {
     .verify = true,
     .port = 13337,
     .max_region = 4ull << 30,
+    .hol_bulk = 2,
+    .hol_op = OP_WRITE,
+    .hol_blocks = 1,
+    .hol_every_us = 1000,
+    .hol_seconds = 3,
 };
 
 void die(const char *fmt, ...)
@@ -120,6 +125,16 @@ static void usage(void)
            "      --wait-fd         sleep in poll(2) on kvx_transport_event_fd instead (an event\n"
            "                        loop's way); with --inflight 1 the rows' seen p50/p99 are\n"
            "                        submit-to-seen times, wake-up included\n"
+           "      --hol             head-of-line latency: urgent transfers of --hol-blocks blocks\n"
+           "                        (the first --sizes, default 64K) at a fixed rate while\n"
+           "                        --hol-bulk whole-region writes stream to the same peer; also\n"
+           "                        the urgent ones idle and the bulk alone (one peer, one\n"
+           "                        initiator)\n"
+           "      --hol-op OP       the urgent transfers: write (default) or read\n"
+           "      --hol-every-us US one urgent transfer every US microseconds (default 1000)\n"
+           "      --hol-seconds S   each phase's length (default 3)\n"
+           "      --hol-bulk N      bulk writes in flight (default 2)\n"
+           "      --hol-blocks N    blocks per urgent transfer (default 1)\n"
            "      --json            one JSON object per result line\n"
            "      --no-verify       skip checking the bytes that landed\n"
            "      --quiet           no progress display\n",
@@ -158,6 +173,12 @@ int main(int argc, char **argv)
                                        {"owned", 0, 0, 'O'},
                                        {"listen", 2, 0, 'l'},
                                        {"rndv", 1, 0, 'R'},
+                                       {"hol", 0, 0, 1001},
+                                       {"hol-op", 1, 0, 1002},
+                                       {"hol-every-us", 1, 0, 1003},
+                                       {"hol-seconds", 1, 0, 1004},
+                                       {"hol-bulk", 1, 0, 1005},
+                                       {"hol-blocks", 1, 0, 1006},
                                        {0, 0, 0, 0}};
     bool listen_mode = false;
     const char *listen_at = NULL;
@@ -275,6 +296,27 @@ int main(int argc, char **argv)
         case 'I':
             o.clients = atoi(optarg);
             break;
+        case 1001:
+            o.hol = true;
+            break;
+        case 1002:
+            o.hol_op = !strcmp(optarg, "write") ? OP_WRITE
+                       : !strcmp(optarg, "read")
+                           ? OP_READ
+                           : (die("--hol-op: write or read, not '%s'", optarg), 0);
+            break;
+        case 1003:
+            o.hol_every_us = atof(optarg);
+            break;
+        case 1004:
+            o.hol_seconds = atof(optarg);
+            break;
+        case 1005:
+            o.hol_bulk = atoi(optarg);
+            break;
+        case 1006:
+            o.hol_blocks = atoi(optarg);
+            break;
         case 'h':
             usage();
             return 0;
@@ -290,6 +332,11 @@ int main(int argc, char **argv)
     if (o.iters < 1 || o.warmup < 0 || o.inflight < 1 || o.peers < 1 || o.peers > MAX_PEERS ||
         o.clients < 1 || o.client_index < 0 || o.client_index >= o.clients)
         die("bad iteration, warm-up, in-flight, peer or client counts");
+    if (o.hol && (o.hol_bulk < 0 || o.hol_bulk > MAX_INITIATORS || o.hol_blocks < 1 ||
+                  o.hol_every_us < 1 || o.hol_seconds <= 0 || o.peers != 1 || o.clients != 1))
+        die("--hol: one peer, one initiator, --hol-bulk 0..%d, --hol-blocks >= 1, "
+            "--hol-every-us >= 1, --hol-seconds > 0",
+            MAX_INITIATORS);
     for (int i = optind; i < argc; i++) {
         if (o.naddrs == MAX_PEERS)
             die("too many addresses");
