@@ -28,6 +28,28 @@ static bool kvx_capability_retired(const kvx_transport_t *t, const uint8_t *cap)
     return hit;
 }
 
+/* A receiving connection of writer w for HELLO m, on no list yet (zeroed, its lists empty), or
+ * NULL: no memory. */
+static kvx_rconn_t *kvx_rconn_alloc(kvx_transport_t *t, kvx_writer_t *w, const kvx_msg_t *m)
+{
+    kvx_rconn_t *rc = calloc(1, sizeof(*rc));
+
+    if (rc == NULL)
+        return NULL;
+    rc->t = t;
+    rc->w = w;
+    rc->peer_conn_id = m->u.hello.conn_id;
+    rc->peer_token = m->u.hello.token;
+    kvx_list_init(&rc->serve);
+    kvx_list_init(&rc->rxs);
+    kvx_list_init(&rc->ctl);
+    kvx_list_init(&rc->work_link);
+    kvx_list_init(&rc->w_link);
+    kvx_list_init(&rc->all_link);
+    kvx_list_init(&rc->slot_link);
+    return rc;
+}
+
 /*
  * A HELLO with a retired capability (its proof of the secret checked, when one is set): the
  * writer is told at once, by a HELLO_ACK of status -EKEYREVOKED on a connection made only for
@@ -71,20 +93,11 @@ static void kvx_recv_refuse_hello(kvx_transport_t *t, const uint8_t *buf, size_t
         kvx_count(t, w, KVX_CNT(drop_hello_limit));
         return;
     }
-    if ((rc = calloc(1, sizeof(*rc))) == NULL)
+    if ((rc = kvx_rconn_alloc(t, w, &m)) == NULL)
         return;
-    rc->t = t;
-    rc->w = w;
     rc->refusing = true;
     rc->proven = true; /* it takes no message: nothing to prove */
-    rc->peer_conn_id = m.u.hello.conn_id;
-    rc->peer_token = m.u.hello.token;
-    kvx_list_init(&rc->serve);
-    kvx_list_init(&rc->rxs);
-    kvx_list_init(&rc->ctl);
-    kvx_list_init(&rc->work_link);
-    kvx_list_init(&rc->all_link);
-    kvx_list_init(&rc->slot_link); /* on no slot list: KVX_REFUSING_MAX bounds these */
+    /* on no slot list: KVX_REFUSING_MAX bounds these */
     /* a random token no message can name: the connection takes none */
     if (getrandom(&rc->token, sizeof(rc->token), 0) != sizeof(rc->token) ||
         kvx_idtab_alloc(&t->rconn_ids, rc, &rc->id) < 0) {
@@ -250,21 +263,10 @@ static int kvx_recv_hello(kvx_transport_t *t, const uint8_t *buf, size_t len, bo
         v = kvx_slot_victim(t, NULL, now);
     /* the victim gives way only once the new connection is made: a HELLO that makes none
      * (no memory, catch-up endpoints over budget, an address UCX refuses) closes nothing */
-    if ((t->nrconns >= KVX_RCONNS_MAX && v == NULL) || (rc = calloc(1, sizeof(*rc))) == NULL) {
+    if ((t->nrconns >= KVX_RCONNS_MAX && v == NULL) || (rc = kvx_rconn_alloc(t, w, &m)) == NULL) {
         kvx_count(t, w, KVX_CNT(drop_other));
         return 0;
     }
-    rc->t = t;
-    rc->w = w;
-    rc->peer_conn_id = m.u.hello.conn_id;
-    rc->peer_token = m.u.hello.token;
-    kvx_list_init(&rc->serve);
-    kvx_list_init(&rc->rxs);
-    kvx_list_init(&rc->ctl);
-    kvx_list_init(&rc->work_link);
-    kvx_list_init(&rc->w_link);
-    kvx_list_init(&rc->all_link);
-    kvx_list_init(&rc->slot_link);
     rc->proven = t->secret == NULL;
     if (getrandom(&rc->token, sizeof(rc->token), 0) != sizeof(rc->token) ||
         (!rc->proven && getrandom(rc->nonce, sizeof(rc->nonce), 0) != sizeof(rc->nonce)) ||

@@ -107,6 +107,11 @@ static void create_rejections(void)
     REJECT(p.field_mask |= KVX_PARAM_NET_DEVICES; p.net_devices = "lo eth0");
     REJECT(p.field_mask |= KVX_PARAM_NOTICES; p.notice_queue = 0);
     REJECT(p.field_mask |= KVX_PARAM_NOTICES; p.notice_queue = KVX_NOTICES_MAX + 1);
+    /* how data travels: a mode kvx does not know, a threshold past a run's 32-bit length */
+    REJECT(p.field_mask |= KVX_PARAM_RNDV; p.rndv_mode = -1);
+    REJECT(p.field_mask |= KVX_PARAM_RNDV; p.rndv_mode = KVX_RNDV_ALWAYS + 1);
+    REJECT(p.field_mask |= KVX_PARAM_RNDV; p.rndv_mode = KVX_RNDV_AUTO;
+           p.rndv_thresh = (uint64_t)UINT32_MAX + 1);
 #undef REJECT
     /* the largest durations accepted are kept exactly */
     {
