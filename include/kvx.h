@@ -646,8 +646,39 @@ enum kvx_xfer_params_field {
     /** a tag (default 0) the receiver sees in notices and may fence by */
     KVX_XFER_PARAM_TAG = 1u << 1,
     /** flags: KVX_XFER_NOTIFY */
-    KVX_XFER_PARAM_FLAGS = 1u << 2
+    KVX_XFER_PARAM_FLAGS = 1u << 2,
+    /** priority: one of enum kvx_priority (default KVX_PRIO_NORMAL) */
+    KVX_XFER_PARAM_PRIORITY = 1u << 3
 };
+
+/**
+ * kvx_xfer_params_t.priority. Transfers to one peer are posted highest level first; within a
+ * level, in submission order (as without priorities: every transfer is KVX_PRIO_NORMAL unless
+ * set). What a new transfer waits behind is bounded, whatever is queued at lower levels:
+ *  - The sender cuts every transfer into messages (a lane's segment, 32-60 KiB here; a read
+ *    request asks for 256 KiB) and chooses again at each message. Of what a connection posts
+ *    while several levels have transfers queued, each level gets a share of the bytes in
+ *    proportion to its weight, KVX_PRIO_LOW 1, NORMAL 4, HIGH 16 (deficit round robin, a round
+ *    being 64 KiB, 256 KiB and 1 MiB): no level starves, and a transfer that arrives waits for at
+ *    most one round's share of the levels below it (320 KiB) before its first message goes.
+ *  - KVX_PRIO_LOW transfers keep at most 1 MiB per connection posted and not yet acknowledged
+ *    (or arrived), and, while nothing higher is queued, at most 12 of the 16 messages or read
+ *    requests a connection hands to UCX at once: a higher transfer that comes finds room, and
+ *    little of the bulk ahead of it in the lane (a shared-memory FIFO here holds 8 MiB).
+ *  - No progress step posts more than 1 MiB per connection (API calls and the progress thread
+ *    take turns on the transport's lock between steps), and a submit posts at most 256 KiB
+ *    itself.
+ *  - A read request carries its priority, and the target answers waiting requests highest
+ *    first, passing a request over at most 8 times.
+ * Bytes already handed to UCX go first: UCX and the lane keep them in order (on shared memory a
+ * FIFO of the lane's segments, on tcp the socket's buffers). Deadlines, the stall limit, cancel,
+ * fences and a failing peer apply to every level alike. */
+enum kvx_priority {
+    KVX_PRIO_LOW = 0,    /**< background traffic: offloads nobody waits for */
+    KVX_PRIO_NORMAL = 1, /**< the default */
+    KVX_PRIO_HIGH = 2    /**< a request waits for it: fetches on the critical path */
+};
+#define KVX_PRIO_LEVELS 3
 
 /** kvx_xfer_params_t.flags */
 enum kvx_xfer_flags {
@@ -662,6 +693,7 @@ typedef struct kvx_xfer_params {
     uint64_t deadline_ms;
     uint64_t tag;
     uint32_t flags;
+    uint32_t priority; /**< enum kvx_priority */
 } kvx_xfer_params_t;
 
 /**

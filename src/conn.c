@@ -323,7 +323,8 @@ static kvx_conn_t *kvx_conn_new(kvx_transport_t *t, const kvx_md_t *md)
     c->host = md->host;
     memcpy(c->capability, md->capability, sizeof(c->capability));
     memcpy(c->agent_name, md->agent_name, sizeof(c->agent_name));
-    kvx_list_init(&c->queue);
+    for (int l = 0; l < KVX_PRIO_LEVELS; l++)
+        kvx_list_init(&c->queue[l]);
     kvx_list_init(&c->waiting);
     kvx_list_init(&c->work_link);
     kvx_list_init(&c->all_link);

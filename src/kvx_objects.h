@@ -35,8 +35,8 @@ typedef struct kvx_run {
 
 /*
  * Life of a transfer (the initiator's side):
- *   QUEUED   in conn->queue; its byte stream (its runs, in order) is handed to UCX in messages
- *            from posted = 0 up; a write's WRITE messages, a read's READ_REQ ones
+ *   QUEUED   in conn->queue[prio]; its byte stream (its runs, in order) is handed to UCX in
+ *            messages from posted = 0 up; a write's WRITE messages, a read's READ_REQ ones
  *   WAITING  every byte posted: in conn->waiting, until the receiver has acknowledged them all
  *            (a write; with KVX_XFER_PARAM_NOTIFY, then its notice) or they all arrived (a read)
  *   ENDING   a write that failed (or finished) while UCX still held messages of it, which read
@@ -57,6 +57,7 @@ struct kvx_xfer {
     uint64_t id;
     uint8_t state;
     uint8_t op;
+    uint8_t prio; /* enum kvx_priority: its queue on its connection */
     bool canceled;
     bool purged;          /* its peer was removed with KVX_PEER_REMOVE_PURGE: never reported */
     bool notify;          /* a write whose receiver is told when all of it landed */
@@ -64,7 +65,7 @@ struct kvx_xfer {
     uint32_t cancel_call; /* the kvx_xfer_cancel call that last reported it (dedupes ids) */
     kvx_peer_t *peer;
     kvx_conn_t *conn;
-    kvx_list_t conn_link;   /* conn->queue / waiting, or peer->cq when DONE */
+    kvx_list_t conn_link;   /* conn->queue[prio] / waiting, or peer->cq when DONE */
     kvx_list_t active_link; /* t->active: every transfer not yet DONE, for deadlines */
     kvx_run_t *runs;
     uint32_t nruns, next_run, runs_cap;
@@ -265,6 +266,14 @@ static inline void kvx_lock(kvx_transport_t *t)
     atomic_fetch_sub_explicit(&t->lock_waiters, 1, memory_order_relaxed);
 }
 static inline void kvx_unlock(kvx_transport_t *t) { pthread_mutex_unlock(&t->lock); }
+/* A call that applications make in a loop (kvx_transport_poll) first lets announced callers in:
+ * unlocking and relocking at once, a poller spinning on two cores kept an urgent submit waiting
+ * 25-30 ms for the lock (kvx-bench --hol). Bounded: a few microseconds when nobody else runs. */
+static inline void kvx_defer_to_waiters(kvx_transport_t *t)
+{
+    for (int i = 0; i < 64 && atomic_load_explicit(&t->lock_waiters, memory_order_relaxed) > 0; i++)
+        sched_yield();
+}
 /* An API call's entry: the lock taken (0), or -ESHUTDOWN when the transport closes (unlocked). */
 static inline int kvx_enter(kvx_transport_t *t)
 {

@@ -112,6 +112,16 @@ enum kvx_msg_type {
 #define KVX_WIRE_MAX_WADDR 4096
 #define KVX_PROOF_LEN 32
 #define KVX_READ_REQ_MAX ((uint64_t)256 * 1024) /* bytes one READ_REQ asks for */
+/* A READ_REQ's priority (its word at 36): 0 is KVX_PRIO_NORMAL, what readers before priorities
+ * sent there, 1 KVX_PRIO_LOW, 2 KVX_PRIO_HIGH; anything else is a bad message. */
+static inline uint32_t kvx_wire_prio_put(unsigned prio)
+{
+    return prio == KVX_PRIO_NORMAL ? 0u : prio == KVX_PRIO_LOW ? 1u : 2u;
+}
+static inline unsigned kvx_wire_prio_get(uint32_t v)
+{
+    return v == 0 ? KVX_PRIO_NORMAL : v == 1 ? KVX_PRIO_LOW : KVX_PRIO_HIGH;
+}
 #define KVX_WIRE_NONCE_LEN 16
 #define KVX_WIRE_MAX_MD (64u * 1024) /* the metadata one MD carries */
 #define KVX_WIRE_MD_REQ_LEN 64
@@ -163,6 +173,7 @@ typedef struct kvx_msg {
         struct {
             uint64_t xfer_id, stream_off, bytes;
             uint32_t nruns;
+            uint8_t prio; /* enum kvx_priority */
             const uint8_t *runs;
         } read_req;
         struct {

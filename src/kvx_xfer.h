@@ -10,6 +10,12 @@
 
 /* ---- transfers (xfer.c) --------------------------------------------------------------------- */
 
+/* Bytes one progress step posts (or copies into or out of a mapped region) per connection
+ * before other work and API calls get their turn on the lock: about 0.1 ms at memcpy speed.
+ * Before this bound a step posted for as long as a shared-memory lane took messages at once,
+ * and an urgent submit waited 50-60 ms for the lock behind a bulk write (kvx-bench --hol). */
+#define KVX_STEP_BUDGET ((size_t)1024 * 1024)
+
 int kvx_xfer_submit(kvx_transport_t *t, kvx_peer_t *p, int op, const uint32_t *local,
                     const uint32_t *remote, size_t count, const kvx_xfer_params_t *params,
                     uint64_t *id_p);

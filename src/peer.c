@@ -21,7 +21,7 @@ static void kvx_peer_conn_sent(kvx_conn_t *c, uint64_t xfer_id, int status)
     kvx_xfer_on_sent(c, xfer_id, status);
 }
 
-static void kvx_peer_conn_work(kvx_conn_t *c) { kvx_xfer_post(c, SIZE_MAX); }
+static void kvx_peer_conn_work(kvx_conn_t *c) { kvx_xfer_post(c, KVX_STEP_BUDGET); }
 
 static void kvx_peer_conn_received(kvx_conn_t *c, kvx_rrx_t *rx, int status)
 {

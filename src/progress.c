@@ -111,7 +111,7 @@ static bool kvx_progress_busy(kvx_transport_t *t)
         return true;
     for (kvx_list_t *n = t->conns.next; n != &t->conns; n = n->next) {
         kvx_conn_t *c = kvx_container_of(n, kvx_conn_t, all_link);
-        if (c->state != KVX_CONN_CLOSED && (c->reqs > 0 || !kvx_list_empty(&c->queue)))
+        if (c->state != KVX_CONN_CLOSED && (c->reqs > 0 || kvx_conn_queued(c)))
             return true;
     }
     return false;

@@ -215,6 +215,25 @@ static void kvx_recv_refuse_read(kvx_rconn_t *rc, const kvx_msg_t *m, int err)
     kvx_rconn_ctl(rc, hdr, sizeof(hdr)); /* no room: the connection closes (kvx_rconn_doom) */
 }
 
+/* Queue a read request to be answered: behind every request of its priority or higher, and
+ * ahead of lower ones that have been passed over fewer than KVX_SERVE_PASS_MAX times (each now
+ * once more). The first may be half answered: its READ_DATA carry their stream offsets, and a
+ * reader takes each request's in order, however requests interleave. */
+static void kvx_recv_serve_queue(kvx_rconn_t *rc, kvx_serve_t *s)
+{
+    kvx_list_t *at = rc->serve.prev; /* s goes after at */
+
+    while (at != &rc->serve) {
+        kvx_serve_t *o = kvx_container_of(at, kvx_serve_t, link);
+        if (o->prio >= s->prio || o->passed >= KVX_SERVE_PASS_MAX)
+            break;
+        at = at->prev;
+    }
+    for (kvx_list_t *n = at->next; n != &rc->serve; n = n->next)
+        kvx_container_of(n, kvx_serve_t, link)->passed++;
+    kvx_list_add_tail(at->next, &s->link); /* before at's next: after at */
+}
+
 static void kvx_recv_read_req(kvx_transport_t *t, const kvx_msg_t *m)
 {
     kvx_rconn_t *rc = kvx_rconn_of(t, m);
@@ -246,7 +265,9 @@ static void kvx_recv_read_req(kvx_transport_t *t, const kvx_msg_t *m)
             return;
         }
     }
-    kvx_list_add_tail(&rc->serve, &s->link);
+    s->prio = m->u.read_req.prio;
+    s->passed = 0;
+    kvx_recv_serve_queue(rc, s);
     rc->nserve++;
     kvx_rconn_want_work(rc);
     kvx_rconn_active(rc);

@@ -49,11 +49,16 @@ typedef struct kvx_ctl {
     uint8_t hdr[KVX_WIRE_HELLO_ACK_LEN]; /* the largest of them */
 } kvx_ctl_t;
 
-/* A read request being answered: its runs, and how far the answer got. */
+/* A read request being answered: its runs, and how far the answer got. rc->serve holds them
+ * highest priority first, in arrival order within a level, except that a request is passed over
+ * at most KVX_SERVE_PASS_MAX times (kvx_recv_read_req): none starves. */
+#define KVX_SERVE_PASS_MAX 8
 typedef struct kvx_serve {
     kvx_list_t link;
     uint64_t xfer_id, stream_off;
     bool crc;
+    uint8_t prio;        /* the request's (enum kvx_priority) */
+    uint8_t passed;      /* requests answered ahead of it though they came later */
     uint32_t nruns, run; /* the next byte to send: runs[run], at run_off */
     uint64_t run_off;
     kvx_wire_run_t runs[];

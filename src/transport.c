@@ -664,6 +664,7 @@ int kvx_transport_poll(kvx_transport_t *t, const char *peer_id, kvx_completion_t
         return -EINVAL;
     if (max > INT32_MAX)
         max = INT32_MAX;
+    kvx_defer_to_waiters(t);
     if (kvx_enter(t) < 0)
         return -ESHUTDOWN;
     kvx_progress_step(t);
@@ -705,6 +706,7 @@ static int kvx_submit(kvx_transport_t *t, int op, const char *peer_id, const uin
     if (t == NULL || peer_id == NULL || id_p == NULL || (count != 0 && (!local || !remote)) ||
         count > UINT32_MAX || count > UINT64_MAX / t->block_len ||
         ((fm & KVX_XFER_PARAM_DEADLINE) && params->deadline_ms > KVX_MS_MAX) ||
+        ((fm & KVX_XFER_PARAM_PRIORITY) && params->priority >= KVX_PRIO_LEVELS) ||
         (flags & ~(uint32_t)KVX_XFER_NOTIFY) || ((flags & KVX_XFER_NOTIFY) && op != KVX_OP_WRITE))
         return -EINVAL;
     kvx_lock(t);

@@ -221,7 +221,8 @@ int kvx_wire_decode(const void *hdr, size_t hdr_len, size_t data_len, kvx_msg_t 
         m->u.read_req.stream_off = kvx_get64(p + 24);
         m->u.read_req.nruns = kvx_get32(p + 32);
         m->u.read_req.runs = p + fixed;
-        if (kvx_get32(p + 36) != 0 ||
+        m->u.read_req.prio = (uint8_t)kvx_wire_prio_get(kvx_get32(p + 36));
+        if (kvx_get32(p + 36) > 2 ||
             kvx_wire_runs(p + fixed, m->u.read_req.nruns, hdr_len - fixed, &total) < 0 ||
             total > KVX_READ_REQ_MAX)
             return -EBADMSG;

@@ -16,9 +16,9 @@
 #define KVX_INLINE_BUDGET ((size_t)256 * 1024)
 /* Room a message leaves for UCX's own headers on its lane. */
 #define KVX_MSG_SLACK 128
-/* Bytes one progress step copies into (or out of) a mapped region before other work and API
- * calls get their turn: about 0.2-1 ms at memcpy speed. */
-#define KVX_MAP_STEP ((size_t)4 * 1024 * 1024)
+/* Deficit round robin over the priority levels (kvx.h, enum kvx_priority): the bytes a level
+ * with queued transfers may post in a round, LOW, NORMAL, HIGH (weights 1, 4, 16). */
+static const int64_t kvx_prio_quantum[KVX_PRIO_LEVELS] = {64 << 10, 256 << 10, 1 << 20};
 
 /* Check every index and fold runs consecutive on both sides. O(count), no allocation once the
  * transfer slot has seen a transfer this large. */
@@ -96,6 +96,7 @@ int kvx_xfer_submit(kvx_transport_t *t, kvx_peer_t *p, int op, const uint32_t *l
 {
     uint64_t deadline_ms, now, due, fm = params != NULL ? params->field_mask : 0;
     uint32_t flags = (fm & KVX_XFER_PARAM_FLAGS) ? params->flags : 0;
+    uint8_t prio = (fm & KVX_XFER_PARAM_PRIORITY) ? (uint8_t)params->priority : KVX_PRIO_NORMAL;
     kvx_conn_t *c;
     kvx_xfer_t *x;
     bool was_idle;
@@ -122,6 +123,7 @@ int kvx_xfer_submit(kvx_transport_t *t, kvx_peer_t *p, int op, const uint32_t *l
     }
     now = kvx_now_ns();
     x->op = (uint8_t)op;
+    x->prio = prio;
     x->peer = p;
     x->conn = p->reconnecting ? NULL : c;
     x->bytes = (uint64_t)count * t->block_len;
@@ -157,12 +159,13 @@ int kvx_xfer_submit(kvx_transport_t *t, kvx_peer_t *p, int op, const uint32_t *l
         rc = 0;
         goto out;
     }
-    was_idle = kvx_list_empty(&c->queue);
-    kvx_list_add_tail(&c->queue, &x->conn_link);
+    /* the first of its level posts at once (what goes first is kvx_xfer_pick's choice); later
+     * ones are posted as the earlier leave room */
+    was_idle = kvx_list_empty(&c->queue[prio]);
+    kvx_list_add_tail(&c->queue[prio], &x->conn_link);
     if (was_idle)
         kvx_xfer_post(c, KVX_INLINE_BUDGET);
-    if (c->state == KVX_CONN_OPEN && c->wired && !kvx_list_empty(&c->queue) &&
-        c->reqs < KVX_MAX_REQS) {
+    if (c->state == KVX_CONN_OPEN && c->wired && kvx_conn_queued(c) && c->reqs < KVX_MAX_REQS) {
         if (!kvx_list_linked(&c->work_link))
             kvx_list_add_tail(&t->work, &c->work_link);
         kvx_kick(t, 0);
@@ -184,7 +187,7 @@ static void kvx_xfer_detach(kvx_xfer_t *x)
         kvx_list_del(&x->conn_link);
         return;
     }
-    c->unacked -= x->posted - x->done;
+    kvx_conn_unacked_sub(c, x, x->posted - x->done);
     x->done = x->posted;
     if (x->noticed) {
         c->notices--;
@@ -195,7 +198,7 @@ static void kvx_xfer_detach(kvx_xfer_t *x)
             if (c->rreqs[i].xfer_id == x->id)
                 c->rreqs[i].xfer_id = 0;
     kvx_list_del(&x->conn_link);
-    if (c->state == KVX_CONN_OPEN && !kvx_list_empty(&c->queue) && !kvx_list_linked(&c->work_link))
+    if (c->state == KVX_CONN_OPEN && kvx_conn_queued(c) && !kvx_list_linked(&c->work_link))
         kvx_list_add_tail(&c->t->work, &c->work_link);
 }
 
@@ -249,13 +252,15 @@ void kvx_xfer_repark(kvx_conn_t *c, kvx_peer_t *p)
      * connection was submitted before it heard of the fence, and fails with it */
     if (c->err == -EKEYREVOKED)
         return;
-    /* before the handshake nothing of them was posted (kvx_xfer_post waits for it) */
-    while (!c->wired && !kvx_list_empty(&c->queue)) {
-        kvx_xfer_t *x = kvx_list_first(&c->queue, kvx_xfer_t, conn_link);
-        kvx_xfer_detach(x);
-        x->conn = NULL;
-        kvx_list_add_tail(&p->parked, &x->conn_link);
-    }
+    /* before the handshake nothing of them was posted (kvx_xfer_post waits for it); they wait
+     * highest level first (each level in submission order) and go back to their levels */
+    for (int l = KVX_PRIO_LEVELS - 1; l >= 0 && !c->wired; l--)
+        while (!kvx_list_empty(&c->queue[l])) {
+            kvx_xfer_t *x = kvx_list_first(&c->queue[l], kvx_xfer_t, conn_link);
+            kvx_xfer_detach(x);
+            x->conn = NULL;
+            kvx_list_add_tail(&p->parked, &x->conn_link);
+        }
 }
 
 void kvx_xfer_unpark(kvx_peer_t *p, kvx_conn_t *c, int err)
@@ -275,7 +280,7 @@ void kvx_xfer_unpark(kvx_peer_t *p, kvx_conn_t *c, int err)
         kvx_list_del(&x->conn_link);
         x->conn = c;
         x->epoch = c->wired ? c->epoch : UINT64_MAX;
-        kvx_list_add_tail(&c->queue, &x->conn_link);
+        kvx_list_add_tail(&c->queue[x->prio], &x->conn_link);
         any = true;
     }
     if (any && c->state == KVX_CONN_OPEN && c->wired && !kvx_list_linked(&c->work_link)) {
@@ -289,9 +294,11 @@ void kvx_xfer_unpark(kvx_peer_t *p, kvx_conn_t *c, int err)
  * close purges them). */
 void kvx_xfer_fail_conn(kvx_conn_t *c, int err)
 {
-    kvx_list_t *lists[] = {&c->queue, &c->waiting};
+    kvx_list_t *lists[] = {&c->queue[KVX_PRIO_HIGH], &c->queue[KVX_PRIO_NORMAL],
+                           &c->queue[KVX_PRIO_LOW], &c->waiting};
+    _Static_assert(KVX_PRIO_LEVELS == 3, "every level's queue is failed");
 
-    for (size_t i = 0; i < 2; i++)
+    for (size_t i = 0; i < sizeof(lists) / sizeof(lists[0]); i++)
         while (!kvx_list_empty(lists[i]))
             kvx_xfer_finish(kvx_list_first(lists[i], kvx_xfer_t, conn_link), err);
     memset(c->rreqs, 0, sizeof(c->rreqs));
@@ -383,7 +390,7 @@ static ssize_t kvx_xfer_post_write(kvx_conn_t *c, kvx_xfer_t *x)
         c->last_progress_ns = kvx_now_ns();
     }
     x->posted += len;
-    c->unacked += len;
+    kvx_conn_unacked_add(c, x, len);
     return (ssize_t)len;
 }
 
@@ -447,7 +454,7 @@ static ssize_t kvx_xfer_post_read(kvx_conn_t *c, kvx_xfer_t *x)
     kvx_put64(hdr + 16, x->id);
     kvx_put64(hdr + 24, q->stream_off);
     kvx_put32(hdr + 32, n);
-    kvx_put32(hdr + 36, 0);
+    kvx_put32(hdr + 36, kvx_wire_prio_put(x->prio)); /* the target answers by it */
     rc = kvx_ucx_send_ctl(c->ucx, hdr, KVX_WIRE_READ_REQ_LEN + (size_t)n * KVX_WIRE_RUN_LEN,
                           &c->ucx_refs);
     if (rc < 0)
@@ -458,27 +465,77 @@ static ssize_t kvx_xfer_post_read(kvx_conn_t *c, kvx_xfer_t *x)
     q->len = len;
     q->got = 0;
     x->posted += len;
-    c->unacked += len;
+    kvx_conn_unacked_add(c, x, len);
     return (ssize_t)len;
 }
 
+/* Read request slots in use on c. */
+static unsigned kvx_rreqs_used(const kvx_conn_t *c)
+{
+    unsigned n = 0;
+
+    for (unsigned i = 0; i < KVX_MAX_REQS; i++)
+        n += c->rreqs[i].xfer_id != 0;
+    return n;
+}
+
 /*
- * Hand queued transfers' messages to UCX, oldest transfer first, until the queue is empty, UCX
- * holds KVX_MAX_REQS messages or every read request slot is taken (replies resume posting), or
- * budget bytes went out. A transfer whose stream is all posted waits for its replies.
+ * The transfer whose next message goes now (kvx.h, enum kvx_priority): the oldest of the highest
+ * level that has queued transfers and bytes left of its round; when no level with transfers has
+ * any, a new round adds each its quantum (a message may take more than a round's bytes: a read
+ * request 256 KiB against LOW's 64 KiB; its level then sits out rounds until the debt is paid).
+ * A level's credit never exceeds one quantum, so an idle level saves nothing up. A LOW transfer
+ * waits while KVX_LOW_WINDOW bytes of LOW transfers are posted and not acknowledged, and, while
+ * no higher level has transfers queued, while UCX holds KVX_LOW_REQS messages or read requests
+ * of the connection: what a higher transfer finds ahead of it stays small. NULL: nothing may go.
+ */
+static kvx_xfer_t *kvx_xfer_pick(kvx_conn_t *c)
+{
+    for (;;) { /* ends: each new round raises every level with transfers toward its quantum */
+        bool any = false;
+
+        for (int l = KVX_PRIO_LEVELS - 1; l >= 0; l--) {
+            kvx_xfer_t *x;
+
+            if (kvx_list_empty(&c->queue[l]))
+                continue;
+            x = kvx_list_first(&c->queue[l], kvx_xfer_t, conn_link);
+            /* a LOW transfer keeps to its window, and, while nothing higher is queued, leaves
+             * room for what may come (when something is, the rounds share the room) */
+            if (l == KVX_PRIO_LOW && c->mapped == NULL && x->posted < x->bytes && !x->canceled &&
+                (c->unacked_low >= KVX_LOW_WINDOW ||
+                 (!any && (c->reqs >= KVX_LOW_REQS ||
+                           (x->op == KVX_OP_READ && kvx_rreqs_used(c) >= KVX_LOW_REQS)))))
+                continue;
+            any = true;
+            if (c->credit[l] > 0)
+                return x;
+        }
+        if (!any)
+            return NULL;
+        for (int l = 0; l < KVX_PRIO_LEVELS; l++)
+            if (!kvx_list_empty(&c->queue[l]))
+                c->credit[l] = c->credit[l] + kvx_prio_quantum[l] < kvx_prio_quantum[l]
+                                   ? c->credit[l] + kvx_prio_quantum[l]
+                                   : kvx_prio_quantum[l];
+    }
+}
+
+/*
+ * Hand queued transfers' messages to UCX, one message at a time, each of the transfer
+ * kvx_xfer_pick chooses, until nothing is queued, UCX holds KVX_MAX_REQS messages or every read
+ * request slot is taken (replies resume posting), or budget bytes went out (the connection asks
+ * for the next progress step). A transfer whose stream is all posted waits for its replies.
  */
 void kvx_xfer_post(kvx_conn_t *c, size_t budget)
 {
-    if (c->mapped != NULL && budget > KVX_MAP_STEP)
-        budget = KVX_MAP_STEP;
-    while (c->state == KVX_CONN_OPEN && c->wired && !kvx_list_empty(&c->queue)) {
-        kvx_xfer_t *x = kvx_list_first(&c->queue, kvx_xfer_t, conn_link);
+    kvx_xfer_t *x;
 
-        while (x->posted < x->bytes && !x->canceled) {
+    while (c->state == KVX_CONN_OPEN && c->wired && (x = kvx_xfer_pick(c)) != NULL) {
+        if (x->posted < x->bytes && !x->canceled) {
             ssize_t n;
-            if (budget == 0) {
-                /* a mapped region's copies go on in the next progress step */
-                if (c->mapped != NULL && !kvx_list_linked(&c->work_link))
+            if (budget == 0) { /* the rest goes on in the next progress step */
+                if (!kvx_list_linked(&c->work_link))
                     kvx_list_add_tail(&c->t->work, &c->work_link);
                 return;
             }
@@ -486,8 +543,10 @@ void kvx_xfer_post(kvx_conn_t *c, size_t budget)
                 return;            /* a reply or send resumes */
             if (!kvx_conn_busy(c)) /* the stall clock starts with the first outstanding op */
                 c->last_progress_ns = kvx_now_ns();
-            if (c->mapped != NULL)
-                n = kvx_xfer_copy(c, x, budget);
+            if (c->mapped != NULL) /* a copy keeps to its level's round too */
+                n = kvx_xfer_copy(c, x,
+                                  (uint64_t)c->credit[x->prio] < budget ? (size_t)c->credit[x->prio]
+                                                                        : budget);
             else if (x->op == KVX_OP_WRITE)
                 n = kvx_xfer_post_write(c, x);
             else
@@ -500,6 +559,9 @@ void kvx_xfer_post(kvx_conn_t *c, size_t budget)
             if (n == 0)
                 return; /* no message buffer or read slot: a reply or send resumes */
             budget = (size_t)n < budget ? budget - (size_t)n : 0;
+            c->credit[x->prio] -= n;
+            if (x->posted < x->bytes && !x->canceled)
+                continue;
         }
         kvx_list_del(&x->conn_link);
         x->state = KVX_XS_WAITING;

@@ -36,10 +36,13 @@ static void kvx_xfer_on_ack(kvx_conn_t *c, const kvx_msg_t *m)
             continue;
         }
         x->done += bytes;
-        c->unacked -= bytes;
+        kvx_conn_unacked_sub(c, x, bytes);
         if (x->done == x->bytes && !x->noticed)
             kvx_xfer_write_landed(c, x);
     }
+    /* low-priority writes wait for room in their window (kvx_xfer_pick) */
+    if (c->state == KVX_CONN_OPEN && kvx_conn_queued(c) && !kvx_list_linked(&c->work_link))
+        kvx_list_add_tail(&t->work, &c->work_link);
 }
 
 /* The slot of a read request all of whose bytes arrived or are being received is free: more
@@ -49,7 +52,7 @@ static void kvx_rreq_check_done(kvx_conn_t *c, kvx_rreq_t *q)
     if (q->got != q->len)
         return;
     q->xfer_id = 0;
-    if (!kvx_list_empty(&c->queue) && !kvx_list_linked(&c->work_link))
+    if (kvx_conn_queued(c) && !kvx_list_linked(&c->work_link))
         kvx_list_add_tail(&c->t->work, &c->work_link);
 }
 
@@ -95,7 +98,7 @@ static void kvx_xfer_rrx_end(kvx_conn_t *c, kvx_rrx_t *rx, int status)
         return;
     }
     x->done += len;
-    c->unacked -= len;
+    kvx_conn_unacked_sub(c, x, len);
     if (x->done == x->bytes && x->posted == x->bytes)
         kvx_xfer_finish(x, 0);
 }
@@ -217,7 +220,7 @@ static void kvx_xfer_on_read_data(kvx_conn_t *c, const kvx_msg_t *m, const uint8
     }
     q->got += len;
     x->done += len;
-    c->unacked -= len;
+    kvx_conn_unacked_sub(c, x, len);
     kvx_rreq_check_done(c, q);
     if (x->done == x->bytes && x->posted == x->bytes)
         kvx_xfer_finish(x, 0);
@@ -272,12 +275,13 @@ void kvx_xfer_on_message(kvx_transport_t *t, const kvx_msg_t *m, const uint8_t *
         }
         c->wired = true;
         t->conn_event = true;
-        for (kvx_list_t *n = c->queue.next; n != &c->queue; n = n->next) {
-            kvx_xfer_t *x = kvx_container_of(n, kvx_xfer_t, conn_link);
-            if (x->epoch == UINT64_MAX)
-                x->epoch = c->epoch;
-        }
-        if (!kvx_list_empty(&c->queue) && !kvx_list_linked(&c->work_link))
+        for (int l = 0; l < KVX_PRIO_LEVELS; l++)
+            for (kvx_list_t *n = c->queue[l].next; n != &c->queue[l]; n = n->next) {
+                kvx_xfer_t *x = kvx_container_of(n, kvx_xfer_t, conn_link);
+                if (x->epoch == UINT64_MAX)
+                    x->epoch = c->epoch;
+            }
+        if (kvx_conn_queued(c) && !kvx_list_linked(&c->work_link))
             kvx_list_add_tail(&t->work, &c->work_link);
         break;
     case KVX_MSG_FENCE:
@@ -324,7 +328,7 @@ void kvx_xfer_on_sent(kvx_conn_t *c, uint64_t xfer_id, int status)
     if (c->state == KVX_CONN_OPEN) {
         if (status != 0)
             kvx_on_conn_error(c, status);
-        else if (!kvx_list_empty(&c->queue) && !kvx_list_linked(&c->work_link))
+        else if (kvx_conn_queued(c) && !kvx_list_linked(&c->work_link))
             kvx_list_add_tail(&c->t->work, &c->work_link);
     }
     kvx_conn_maybe_free(c);
