@@ -11,13 +11,14 @@ The transport names are imported on first use, so that importing kvx.vllm_plugin
 plugin loader does in every vLLM process) imports nothing of vLLM.
 """
 
-from ._lib import EFENCED, EINCOMPAT
+from ._lib import EFENCED, EINCOMPAT, PRIO_HIGH, PRIO_LOW, PRIO_NORMAL
 from ._lib import load as _load
 
 _TRANSPORT_NAMES = ("KvxTransport", "PollResult", "Notice", "Failure", "KvxError",
                     "PeerUnreachableError", "config_fingerprint", "FAILURES_KEPT")
 
-__all__ = list(_TRANSPORT_NAMES) + ["version", "EFENCED", "EINCOMPAT"]
+__all__ = list(_TRANSPORT_NAMES) + ["version", "EFENCED", "EINCOMPAT", "PRIO_LOW", "PRIO_NORMAL",
+                                    "PRIO_HIGH"]
 
 
 def __getattr__(name):

@@ -44,6 +44,12 @@ ADDR_MAX = 96
 XFER_PARAM_DEADLINE = 1 << 0
 XFER_PARAM_TAG = 1 << 1
 XFER_PARAM_FLAGS = 1 << 2
+XFER_PARAM_PRIORITY = 1 << 3
+# enum kvx_priority
+PRIO_LOW = 0
+PRIO_NORMAL = 1
+PRIO_HIGH = 2
+PRIO_NAMES = {"low": PRIO_LOW, "normal": PRIO_NORMAL, "high": PRIO_HIGH}
 XFER_NOTIFY = 1 << 0
 EFENCED = 1000 + 2
 FENCE_TAGS_MAX = 16
@@ -176,7 +182,8 @@ class PeerAttr(ctypes.Structure):
 
 class XferParams(ctypes.Structure):
     _fields_ = [("field_mask", ctypes.c_uint64), ("deadline_ms", ctypes.c_uint64),
-                ("tag", ctypes.c_uint64), ("flags", ctypes.c_uint32)]
+                ("tag", ctypes.c_uint64), ("flags", ctypes.c_uint32),
+                ("priority", ctypes.c_uint32)]
 
 
 class Completion(ctypes.Structure):

@@ -16,6 +16,7 @@ import ctypes
 import errno
 import hashlib
 import json
+import operator
 import os
 import threading
 import warnings
@@ -728,7 +729,7 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
     # ---- transfers -------------------------------------------------------------------------
 
     def _submit(self, write, peer_id, local_idxs, remote_idxs, deadline_ms, tag=None,
-                notify=False) -> Optional[int]:
+                notify=False, priority=None) -> Optional[int]:
         h = self._handle
         if h is None or self._closed:
             return None  # unavailable, or closed (as the NIXL-based transport after close())
@@ -737,9 +738,17 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
         if loc is None or rem is None or loc[1] != rem[1]:
             return None
         params = None
-        if deadline_ms is not None or tag is not None or notify:
+        if deadline_ms is not None or tag is not None or notify or priority is not None:
             xp = _lib.XferParams()
             try:
+                if priority is not None:
+                    level = _lib.PRIO_NAMES.get(priority) if isinstance(priority, str) \
+                        else operator.index(priority)
+                    if level is None or isinstance(priority, bool) or \
+                            not 0 <= level <= _lib.PRIO_HIGH:
+                        return None
+                    xp.field_mask |= _lib.XFER_PARAM_PRIORITY
+                    xp.priority = level
                 if deadline_ms is not None:
                     xp.field_mask |= _lib.XFER_PARAM_DEADLINE
                     xp.deadline_ms = int(deadline_ms)
@@ -764,20 +773,25 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
 
     def write_blocks(self, peer_id: str, local_idxs, remote_idxs,
                      deadline_ms: Optional[int] = None, tag: Optional[int] = None,
-                     notify: bool = False) -> Optional[int]:
+                     notify: bool = False, priority=None) -> Optional[int]:
         """Submit a write of local_idxs[i] into the peer's remote_idxs[i]. Returns a transfer id
         that poll() reports once, or None when the peer is unknown or failed, the lists differ
         in length, an index is out of range, deadline_ms is out of 0..10**12, submission fails,
         or the transport is unavailable or closed. Never blocks, never raises for a dead peer.
         tag (0..2**64-1): seen by the receiver in notices, and what it may fence by. notify: the
         receiver gets an arrival notice (poll_notices) once all of the blocks landed, and only
-        then does the write complete here."""
-        return self._submit(True, peer_id, local_idxs, remote_idxs, deadline_ms, tag, notify)
+        then does the write complete here. priority: "low", "normal" (the default), "high", or
+        kvx.PRIO_LOW/PRIO_NORMAL/PRIO_HIGH; transfers to a peer go highest first, a low one
+        still gets its share (kvx.h, enum kvx_priority); anything else returns None."""
+        return self._submit(True, peer_id, local_idxs, remote_idxs, deadline_ms, tag, notify,
+                            priority)
 
     def read_blocks(self, peer_id: str, local_idxs, remote_idxs,
-                    deadline_ms: Optional[int] = None) -> Optional[int]:
-        """Submit a read of the peer's remote_idxs[i] into local_idxs[i]; as write_blocks."""
-        return self._submit(False, peer_id, local_idxs, remote_idxs, deadline_ms)
+                    deadline_ms: Optional[int] = None, priority=None) -> Optional[int]:
+        """Submit a read of the peer's remote_idxs[i] into local_idxs[i]; as write_blocks (the
+        target answers waiting reads by their priority too)."""
+        return self._submit(False, peer_id, local_idxs, remote_idxs, deadline_ms,
+                            priority=priority)
 
     def poll(self, peer_id: Optional[str] = None) -> PollResult:
         """Drive progress; return the ids that finished since the last poll, each once, as

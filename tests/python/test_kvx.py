@@ -385,6 +385,30 @@ class TestWithPeers(unittest.TestCase):
         self.assertEqual(self.t.peer_info("A")["bytes_written"], (8 + 32 + 16) * BL)
         self.assertIsNone(self.t.peer_info("nobody"))
 
+    def test_priority(self):
+        """An urgent write submitted after four low-priority bulk writes completes first; every
+        byte lands; bad levels are refused."""
+        bulk = list(range(0, 120))
+        for i in range(NB):
+            self.loc.region[i * BL:(i + 1) * BL] = block_pattern(BL, SALT, i, 7)
+        lows = [self.t.write_blocks("A", bulk, bulk, priority="low") for _ in range(4)]
+        urgent = self.t.write_blocks("A", [120], [120], priority=kvx.PRIO_HIGH)
+        self.assertNotIn(None, lows + [urgent])
+        done, failed = poll_until(self.t, 5, "A")
+        self.assertEqual(failed, [])
+        self.assertEqual(done[0], urgent, f"completion order {done}, urgent {urgent}")
+        self.assertEqual(sorted(done[1:]), sorted(lows))
+        self.assertEqual(self.a.verify(bulk + [120], bulk + [120], SALT, 7), [])
+        # reads say their priority too
+        self.b.refill(0)
+        tid = self.t.read_blocks("B", [121], [5], priority="high")
+        self.assertEqual(poll_until(self.t, 1, "B"), ([tid], []))
+        self.assertEqual(self.loc.block(121), block_pattern(BL, 2, 5, 0))
+        for bad in ("urgent", 3, -1, True, 1.5, object()):
+            self.assertIsNone(self.t.write_blocks("A", [0], [0], priority=bad), repr(bad))
+            self.assertIsNone(self.t.read_blocks("A", [0], [0], priority=bad), repr(bad))
+        self.assertIs(self.t.poll(), self.t.poll())  # nothing was submitted
+
     def test_index_types(self):
         kinds = [[3, 4, 5], array("i", [3, 4, 5]), array("I", [3, 4, 5]),
                  memoryview(array("i", [3, 4, 5])), (3, 4, 5), range(3, 6),
