@@ -122,10 +122,11 @@ static void *hol_submitter(void *arg)
             next = now + 50000;
             continue;
         }
-        /* Urgent transfers' parameters: where their priority will be set, the one thing that
-         * tells them from the bulk (which passes none). Until kvx has priorities they are plain
-         * transfers, and this measures the queue they wait behind. */
-        kvx_xfer_params_t up = {.field_mask = 0};
+        /* Urgent transfers' parameters: their priority (--hol-prio on, the default) is the one
+         * thing that tells them from the bulk; with --hol-prio off they are plain transfers,
+         * and this measures the queue they wait behind. */
+        kvx_xfer_params_t up = {.field_mask = o.hol_prio ? KVX_XFER_PARAM_PRIORITY : 0,
+                                .priority = KVX_PRIO_HIGH};
         for (uint64_t k = 0; k < h->ublocks; k++)
             ul[k] = ur[k] = (uint32_t)(first + k);
         if (o.hol_op == OP_READ)
@@ -183,9 +184,12 @@ static void hol_run_phase(hol_t *h, bool urgent, bool bulk, double seconds, hol_
         for (int b = 0; bulk && running && b < o.hol_bulk; b++) {
             if (h->bulk_id[b] != 0)
                 continue;
-            /* the bulk: the default priority (none is set), whole region, resubmitted at once */
+            /* the bulk: KVX_PRIO_LOW (--hol-prio off: the default priority), whole region,
+             * resubmitted at once */
+            kvx_xfer_params_t bp = {.field_mask = o.hol_prio ? KVX_XFER_PARAM_PRIORITY : 0,
+                                    .priority = KVX_PRIO_LOW};
             CHECK_KVX(
-                kvx_xfer_write(h->cl.t, h->cl.peer[0], h->L, h->R, h->nbulk, NULL, &h->bulk_id[b]));
+                kvx_xfer_write(h->cl.t, h->cl.peer[0], h->L, h->R, h->nbulk, &bp, &h->bulk_id[b]));
             bulk_busy++;
         }
         if (!running && !joined) {
@@ -311,7 +315,7 @@ int run_hol(int *ctl)
                "\"bulk_gbps\":%.4f,\"bulk_xfers\":%llu,\"idle_urgent\":%llu,"
                "\"idle_p50_us\":%.2f,\"idle_p99_us\":%.2f,\"idle_max_us\":%.2f,"
                "\"bulk_alone_gbps\":%.4f,\"bulk_alone_xfers\":%llu,\"submit_max_us\":%.2f,"
-               "\"poll_max_us\":%.2f,\"transport\":\"%s\","
+               "\"poll_max_us\":%.2f,\"transport\":\"%s\",\"priorities\":%s,"
                "\"verified\":%s,\"bad_blocks\":%llu}\n",
                op, (unsigned long long)h.size, (unsigned long long)h.ublocks,
                (unsigned long long)h.nbulk, o.hol_bulk, o.hol_every_us, o.hol_seconds,
@@ -322,15 +326,16 @@ int run_hol(int *ctl)
                both.p99_us, both.max_us, both.bulk_gbps, (unsigned long long)both.bulk_xfers,
                (unsigned long long)idle.urgent, idle.p50_us, idle.p99_us, idle.max_us,
                alone.bulk_gbps, (unsigned long long)alone.bulk_xfers, both.submit_max_us,
-               both.poll_max_us, pa.transport, ver, (unsigned long long)bad);
+               both.poll_max_us, pa.transport, o.hol_prio ? "true" : "false", ver,
+               (unsigned long long)bad);
     } else {
         printf("kvx-bench %s --hol: %s urgent %s(s) of %llu block(s) every %.0f us, while %d "
                "whole-region writes (%llu blocks, %s) stream to the same peer; %.1f s per phase, "
-               "transport %s\n",
+               "transport %s, priorities %s\n",
                kvx_version(), fmt_size(h.size, sz, sizeof(sz)), op, (unsigned long long)h.ublocks,
                o.hol_every_us, o.hol_bulk, (unsigned long long)h.nbulk,
                o.pattern == PAT_SCATTER ? "scattered" : "other pattern", o.hol_seconds,
-               pa.transport);
+               pa.transport, o.hol_prio ? "urgent high, bulk low" : "off");
         printf("%-22s %9s %10s %10s %10s %9s %10s\n", "phase", "urgent", "p50 us", "p99 us",
                "max us", "late", "bulk GB/s");
         printf("%-22s %9llu %10.1f %10.1f %10.1f %9llu %10s\n", "urgent, idle",

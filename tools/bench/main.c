@@ -38,6 +38,7 @@ struct opts o = {
     .hol_blocks = 1,
     .hol_every_us = 1000,
     .hol_seconds = 3,
+    .hol_prio = true,
 };
 
 void die(const char *fmt, ...)
@@ -135,6 +136,9 @@ static void usage(void)
            "      --hol-seconds S   each phase's length (default 3)\n"
            "      --hol-bulk N      bulk writes in flight (default 2)\n"
            "      --hol-blocks N    blocks per urgent transfer (default 1)\n"
+           "      --hol-prio on|off urgent transfers KVX_PRIO_HIGH, bulk KVX_PRIO_LOW (on,\n"
+           "                        default), or both the default priority (off: as before\n"
+           "                        kvx had priorities)\n"
            "      --json            one JSON object per result line\n"
            "      --no-verify       skip checking the bytes that landed\n"
            "      --quiet           no progress display\n",
@@ -179,6 +183,7 @@ int main(int argc, char **argv)
                                        {"hol-seconds", 1, 0, 1004},
                                        {"hol-bulk", 1, 0, 1005},
                                        {"hol-blocks", 1, 0, 1006},
+                                       {"hol-prio", 1, 0, 1007},
                                        {0, 0, 0, 0}};
     bool listen_mode = false;
     const char *listen_at = NULL;
@@ -316,6 +321,12 @@ int main(int argc, char **argv)
             break;
         case 1006:
             o.hol_blocks = atoi(optarg);
+            break;
+        case 1007:
+            o.hol_prio = !strcmp(optarg, "on") ? true
+                         : !strcmp(optarg, "off")
+                             ? false
+                             : (die("--hol-prio: on or off, not '%s'", optarg), 0);
             break;
         case 'h':
             usage();
