@@ -32,8 +32,11 @@ typedef struct kvx_rreq {
  * UCX and the lane hold ahead of a higher transfer (a shared-memory FIFO takes 8 MiB of 32 KiB
  * segments here, and drains in order). Measured with kvx-bench --hol: 1 MiB left the bulk's rate
  * unchanged over shm and tcp here, and an urgent write's p50 behind it went from 0.84 ms to
- * 0.17-0.2 ms on shm. */
+ * 0.17-0.2 ms on shm. KVX_PRIO_NORMAL transfers keep to the same window for KVX_HIGH_RECENT_NS
+ * after a KVX_PRIO_HIGH one was queued on the connection: a user who marks only the urgent
+ * transfers gets the same bound, one who never uses HIGH sees no window. */
 #define KVX_LOW_WINDOW ((uint64_t)1024 * 1024)
+#define KVX_HIGH_RECENT_NS (100ull * 1000000ull)
 
 /* A READ_DATA whose payload comes by rendezvous, being received straight into a read's local
  * blocks (xfer.c starts it, after checking it against the read's request; the connection's
@@ -107,10 +110,11 @@ struct kvx_conn {
     kvx_list_t queue[KVX_PRIO_LEVELS]; /* QUEUED transfers per priority, in submission order */
     int64_t credit[KVX_PRIO_LEVELS];   /* bytes each level may still post this round (xfer.c) */
     kvx_list_t waiting;                /* WAITING transfers */
-    unsigned reqs;        /* messages UCX holds and read requests unanswered (back-pressure) */
-    uint64_t unacked;     /* bytes posted and not yet acknowledged or arrived */
-    uint64_t unacked_low; /* ... of them, KVX_PRIO_LOW transfers' (KVX_LOW_WINDOW) */
-    unsigned notices;     /* notices sent and not yet answered */
+    unsigned reqs;    /* messages UCX holds and read requests unanswered (back-pressure) */
+    uint64_t unacked; /* bytes posted and not yet acknowledged or arrived */
+    uint64_t unacked_lvl[KVX_PRIO_LEVELS]; /* ... of them, per level (KVX_LOW_WINDOW) */
+    uint64_t high_ns; /* when a KVX_PRIO_HIGH transfer was last queued here (0: never) */
+    unsigned notices; /* notices sent and not yet answered */
     kvx_rreq_t rreqs[KVX_MAX_REQS];
     kvx_list_t rrxs; /* rendezvous receives of read data in flight (kvx_rrx_t), oldest first */
     unsigned nrrxs;
@@ -165,14 +169,12 @@ bool kvx_conn_busy(const kvx_conn_t *c);
 static inline void kvx_conn_unacked_add(kvx_conn_t *c, const kvx_xfer_t *x, uint64_t n)
 {
     c->unacked += n;
-    if (x->prio == KVX_PRIO_LOW)
-        c->unacked_low += n;
+    c->unacked_lvl[x->prio] += n;
 }
 static inline void kvx_conn_unacked_sub(kvx_conn_t *c, const kvx_xfer_t *x, uint64_t n)
 {
     c->unacked -= n;
-    if (x->prio == KVX_PRIO_LOW)
-        c->unacked_low -= n;
+    c->unacked_lvl[x->prio] -= n;
 }
 /* Whether any transfer is QUEUED on c (at any priority). */
 static inline bool kvx_conn_queued(const kvx_conn_t *c)
@@ -249,7 +251,7 @@ struct kvx_rconn {
     bool crc_reads;           /* the reader asked for checksums */
     uint32_t nacks, acks_cap; /* acknowledgements to send: {transfer id, bytes, status} */
     uint8_t *acks;
-    kvx_list_t serve; /* read requests to answer, oldest first */
+    kvx_list_t serve; /* read requests to answer: by priority (kvx_recv_serve_queue) */
     unsigned nserve;
     kvx_list_t ctl; /* small messages to send (HELLO_ACK, FENCE, NOTICE_ACK) */
     unsigned nctl;

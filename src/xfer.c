@@ -163,6 +163,8 @@ int kvx_xfer_submit(kvx_transport_t *t, kvx_peer_t *p, int op, const uint32_t *l
      * ones are posted as the earlier leave room */
     was_idle = kvx_list_empty(&c->queue[prio]);
     kvx_list_add_tail(&c->queue[prio], &x->conn_link);
+    if (prio == KVX_PRIO_HIGH)
+        c->high_ns = now;
     if (was_idle)
         kvx_xfer_post(c, KVX_INLINE_BUDGET);
     if (c->state == KVX_CONN_OPEN && c->wired && kvx_conn_queued(c) && c->reqs < KVX_MAX_REQS) {
@@ -198,6 +200,8 @@ static void kvx_xfer_detach(kvx_xfer_t *x)
             if (c->rreqs[i].xfer_id == x->id)
                 c->rreqs[i].xfer_id = 0;
     kvx_list_del(&x->conn_link);
+    if (x->state == KVX_XS_QUEUED && kvx_list_empty(&c->queue[x->prio]))
+        c->credit[x->prio] = 0;
     if (c->state == KVX_CONN_OPEN && kvx_conn_queued(c) && !kvx_list_linked(&c->work_link))
         kvx_list_add_tail(&c->t->work, &c->work_link);
 }
@@ -281,6 +285,8 @@ void kvx_xfer_unpark(kvx_peer_t *p, kvx_conn_t *c, int err)
         x->conn = c;
         x->epoch = c->wired ? c->epoch : UINT64_MAX;
         kvx_list_add_tail(&c->queue[x->prio], &x->conn_link);
+        if (x->prio == KVX_PRIO_HIGH)
+            c->high_ns = kvx_now_ns();
         any = true;
     }
     if (any && c->state == KVX_CONN_OPEN && c->wired && !kvx_list_linked(&c->work_link)) {
@@ -479,18 +485,34 @@ static unsigned kvx_rreqs_used(const kvx_conn_t *c)
     return n;
 }
 
+/* Whether level l (below HIGH) keeps to KVX_LOW_WINDOW now: LOW always, NORMAL for
+ * KVX_HIGH_RECENT_NS after a HIGH transfer was queued on c. */
+static bool kvx_windowed(const kvx_conn_t *c, int l)
+{
+    return l == KVX_PRIO_LOW || (l == KVX_PRIO_NORMAL && c->high_ns != 0 &&
+                                 kvx_now_ns() - c->high_ns < KVX_HIGH_RECENT_NS);
+}
+
 /*
  * The transfer whose next message goes now (kvx.h, enum kvx_priority): the oldest of the highest
  * level that has queued transfers and bytes left of its round; when no level with transfers has
  * any, a new round adds each its quantum (a message may take more than a round's bytes: a read
  * request 256 KiB against LOW's 64 KiB; its level then sits out rounds until the debt is paid).
- * A level's credit never exceeds one quantum, so an idle level saves nothing up. A LOW transfer
- * waits while KVX_LOW_WINDOW bytes of LOW transfers are posted and not acknowledged, and, while
- * no higher level has transfers queued, while UCX holds KVX_LOW_REQS messages or read requests
- * of the connection: what a higher transfer finds ahead of it stays small. NULL: nothing may go.
+ * A level's credit never exceeds one quantum and is cleared when its queue empties (kvx_xfer_post),
+ * so an idle level saves nothing up and owes nothing when it comes back.
+ * A level waits, as if it had nothing queued:
+ *  - LOW (and NORMAL while HIGH is in use: kvx_windowed) while KVX_LOW_WINDOW bytes of its own are
+ *    posted and not acknowledged;
+ *  - LOW, while no higher level has transfers queued, while UCX holds KVX_LOW_REQS messages or
+ *    read requests of the connection: what a higher transfer finds ahead of it stays small;
+ *  - any level whose oldest transfer is a read, while every read request slot is taken (a write
+ *    of another level may go meanwhile).
+ * NULL: nothing may go.
  */
 static kvx_xfer_t *kvx_xfer_pick(kvx_conn_t *c)
 {
+    unsigned rreqs = kvx_rreqs_used(c);
+
     for (;;) { /* ends: each new round raises every level with transfers toward its quantum */
         bool any = false;
 
@@ -500,13 +522,15 @@ static kvx_xfer_t *kvx_xfer_pick(kvx_conn_t *c)
             if (kvx_list_empty(&c->queue[l]))
                 continue;
             x = kvx_list_first(&c->queue[l], kvx_xfer_t, conn_link);
-            /* a LOW transfer keeps to its window, and, while nothing higher is queued, leaves
-             * room for what may come (when something is, the rounds share the room) */
-            if (l == KVX_PRIO_LOW && c->mapped == NULL && x->posted < x->bytes && !x->canceled &&
-                (c->unacked_low >= KVX_LOW_WINDOW ||
-                 (!any && (c->reqs >= KVX_LOW_REQS ||
-                           (x->op == KVX_OP_READ && kvx_rreqs_used(c) >= KVX_LOW_REQS)))))
-                continue;
+            if (c->mapped == NULL && x->posted < x->bytes && !x->canceled) {
+                if (x->op == KVX_OP_READ && rreqs >= KVX_MAX_REQS)
+                    continue;
+                if (l < KVX_PRIO_HIGH && c->unacked_lvl[l] >= KVX_LOW_WINDOW && kvx_windowed(c, l))
+                    continue;
+                if (l == KVX_PRIO_LOW && !any &&
+                    (c->reqs >= KVX_LOW_REQS || (x->op == KVX_OP_READ && rreqs >= KVX_LOW_REQS)))
+                    continue;
+            }
             any = true;
             if (c->credit[l] > 0)
                 return x;
@@ -564,6 +588,8 @@ void kvx_xfer_post(kvx_conn_t *c, size_t budget)
                 continue;
         }
         kvx_list_del(&x->conn_link);
+        if (kvx_list_empty(&c->queue[x->prio]))
+            c->credit[x->prio] = 0; /* idle: it saves nothing up and owes nothing */
         x->state = KVX_XS_WAITING;
         kvx_list_add_tail(&c->waiting, &x->conn_link);
         if (x->canceled && x->sending == 0) { /* canceled: nothing more of it will move */

@@ -40,7 +40,7 @@ static void kvx_xfer_on_ack(kvx_conn_t *c, const kvx_msg_t *m)
         if (x->done == x->bytes && !x->noticed)
             kvx_xfer_write_landed(c, x);
     }
-    /* low-priority writes wait for room in their window (kvx_xfer_pick) */
+    /* writes of a windowed level wait for room in their window (kvx_xfer_pick) */
     if (c->state == KVX_CONN_OPEN && kvx_conn_queued(c) && !kvx_list_linked(&c->work_link))
         kvx_list_add_tail(&t->work, &c->work_link);
 }
@@ -99,6 +99,9 @@ static void kvx_xfer_rrx_end(kvx_conn_t *c, kvx_rrx_t *rx, int status)
     }
     x->done += len;
     kvx_conn_unacked_sub(c, x, len);
+    /* a read of a windowed level may wait for these bytes (kvx_xfer_pick) */
+    if (c->state == KVX_CONN_OPEN && kvx_conn_queued(c) && !kvx_list_linked(&c->work_link))
+        kvx_list_add_tail(&t->work, &c->work_link);
     if (x->done == x->bytes && x->posted == x->bytes)
         kvx_xfer_finish(x, 0);
 }
