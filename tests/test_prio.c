@@ -1,6 +1,8 @@
 /*
  * Transfer priorities (kvx_xfer_params_t.priority) between two processes over real UCX, every
- * byte checked. argv[1] names the transport ("shm" or "tcp").
+ * byte checked. argv[1] names the transport ("shm" or "tcp"); argv[2] "rndv": every run goes by
+ * rendezvous (KT_RNDV=always, both sides), where a read's bytes count as arrived only once its
+ * receives end.
  *  - order: an urgent (KVX_PRIO_HIGH) write or read submitted after four large KVX_PRIO_LOW ones
  *    to the same peer completes before every one of them; the same transfers without
  *    priorities complete in submission order (so the check can tell the two apart);
@@ -163,6 +165,10 @@ static void test_no_starvation(kvx_transport_t *t, kt_target_t *tg, kt_region_t 
     /* it shared the lane: the stream kept going while it moved (a low transfer served only once
      * the stream stopped would see every high one of the run before it) */
     KT_CHECK(highs_before >= 1);
+    /* and got its share: 1/17 of the bytes while both levels were queued, so about 32 high ones
+     * of 8 MiB (256 MiB) for its 16 MiB; a low transfer served only in the stream's gaps would
+     * need far more */
+    KT_CHECK(highs_before <= 96);
     if (read) {
         check_read(r, 0, 3 * BULK, 0);
     } else {
@@ -211,6 +217,30 @@ static void test_cancel_deadline(kvx_transport_t *t, kt_target_t *tg)
     kt_log("cancel: the low write behind two high ones %s",
            np ? "was reported -ECANCELED" : "was forgotten at once");
 
+    /* cancel in mid-stream: a low write alone, canceled once some of it went; what it had in
+     * flight leaves the low level's window, and later low writes of 16 MiB land in full */
+    seq(idx, 0, BULK);
+    KT_OK(kvx_xfer_write(t, "target", idx, idx, BULK, &lo, &lid));
+    {
+        uint64_t until = kt_now_ns() + 2000000ull;
+        while (kt_now_ns() < until)
+            KT_CHECK(kvx_transport_poll(t, "target", c, 0) >= 0);
+    }
+    np = kvx_xfer_cancel(t, &lid, 1, KVX_CANCEL_WAIT, pending);
+    KT_CHECK(np == 0 || np == 1);
+    if (np == 1) {
+        KT_EQ(kt_poll_n(t, "target", c, 1, 30000), 1);
+        KT_EQ(c[0].id, lid);
+        KT_CHECK(c[0].status == -ECANCELED || c[0].status == 0);
+    }
+    for (int k = 0; k < 3; k++) {
+        seq(idx, (uint32_t)(k % 2) * BULK, BULK);
+        KT_OK(kvx_xfer_write(t, "target", idx, idx, BULK, &lo, &lid));
+        KT_EQ(kt_poll_n(t, "target", c, 1, 30000), 1);
+        KT_EQ(c[0].status, 0);
+        KT_EQ(kt_target_verify(tg, idx, idx, BULK, SALT, 0), 0);
+    }
+
     /* deadline: a low write of 16 MiB with a 1 ms deadline behind two high ones of 16 MiB fails
      * with -ETIMEDOUT; the high ones land */
     for (uint32_t s = 0; s < 2; s++) {
@@ -237,6 +267,32 @@ static void test_fence(kvx_transport_t *t, kt_target_t *tg)
     kvx_xfer_params_t lo = prio(KVX_PRIO_LOW), hi = prio(KVX_PRIO_HIGH);
     kvx_completion_t c[2];
 
+    kt_target_refill(tg, 1);
+    {
+        uint64_t ids[3];
+        int fenced = 0;
+        for (uint32_t s = 0; s < 3; s++) {
+            seq(idx, s * BULK, BULK);
+            KT_OK(kvx_xfer_write(t, "target", idx, idx, BULK, s < 2 ? &hi : &lo, &ids[s]));
+        }
+        KT_OK(kt_target_fence(tg, NULL, NULL, 0));
+        KT_EQ(kt_poll_n(t, "target", c, 2, 30000), 2);
+        {
+            kvx_completion_t c3;
+            KT_EQ(kt_poll_n(t, "target", &c3, 1, 30000), 1);
+            for (int i = 0; i < 3; i++) {
+                const kvx_completion_t *ci = i < 2 ? &c[i] : &c3;
+                uint32_t s = ci->id == ids[0] ? 0 : ci->id == ids[1] ? 1 : 2;
+                KT_CHECK(ci->status == 0 || ci->status == -KVX_EFENCED);
+                fenced += ci->status != 0;
+                if (ci->status == 0) { /* landed: every byte */
+                    seq(idx, s * BULK, BULK);
+                    KT_EQ(kt_target_verify(tg, idx, idx, BULK, SALT, 0), 0);
+                }
+            }
+        }
+        kt_log("fence: %d of the three writes in flight (two high, one low) were fenced", fenced);
+    }
     kt_target_refill(tg, 1);
     KT_OK(kt_target_fence(tg, NULL, NULL, 0));
     /* the fence's news reaches this side with the target's next message: let it come */
@@ -298,6 +354,8 @@ int main(int argc, char **argv)
     uint32_t one = 0;
     uint64_t id = 0;
 
+    if (argc > 2 && strcmp(argv[2], "rndv") == 0)
+        setenv("KT_RNDV", "always", 1); /* the target's transport too (the harness) */
     setenv("UCX_TLS", !strcmp(tl, "tcp") ? "tcp" : "sm", 1);
     want_tl = !strcmp(tl, "tcp") ? "tcp" : "sysv";
     tg = kt_target_start(&ta);

@@ -404,10 +404,17 @@ class TestWithPeers(unittest.TestCase):
         tid = self.t.read_blocks("B", [121], [5], priority="high")
         self.assertEqual(poll_until(self.t, 1, "B"), ([tid], []))
         self.assertEqual(self.loc.block(121), block_pattern(BL, 2, 5, 0))
+        before = (self.t.peer_info("A"), self.t.peer_info("B"))
         for bad in ("urgent", 3, -1, True, 1.5, object()):
             self.assertIsNone(self.t.write_blocks("A", [0], [0], priority=bad), repr(bad))
-            self.assertIsNone(self.t.read_blocks("A", [0], [0], priority=bad), repr(bad))
-        self.assertIs(self.t.poll(), self.t.poll())  # nothing was submitted
+            self.assertIsNone(self.t.read_blocks("B", [0], [0], priority=bad), repr(bad))
+        time.sleep(0.05)
+        self.assertIs(self.t.poll(), self.t.poll())  # nothing came out...
+        after = (self.t.peer_info("A"), self.t.peer_info("B"))
+        for b, a in zip(before, after):                # ...and nothing was submitted
+            for k in ("bytes_written", "bytes_read", "xfers_done", "xfers_failed",
+                      "xfers_inflight"):
+                self.assertEqual(a[k], b[k], k)
 
     def test_index_types(self):
         kinds = [[3, 4, 5], array("i", [3, 4, 5]), array("I", [3, 4, 5]),
