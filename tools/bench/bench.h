@@ -48,7 +48,8 @@ struct opts {
     int hol_bulk;        /* bulk whole-region writes in flight */
     int hol_op;          /* the urgent transfers: OP_WRITE or OP_READ */
     int hol_blocks;      /* blocks per urgent transfer */
-    bool hol_prio;       /* urgent KVX_PRIO_HIGH, bulk KVX_PRIO_LOW (else both the default) */
+    int hol_prio;        /* 1: urgent KVX_PRIO_HIGH, bulk KVX_PRIO_LOW; 2: urgent high, bulk the
+                          * default; 0: both the default */
     double hol_every_us; /* one urgent transfer submitted every ... */
     double hol_seconds;  /* per phase */
 };

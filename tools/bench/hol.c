@@ -125,7 +125,7 @@ static void *hol_submitter(void *arg)
         /* Urgent transfers' parameters: their priority (--hol-prio on, the default) is the one
          * thing that tells them from the bulk; with --hol-prio off they are plain transfers,
          * and this measures the queue they wait behind. */
-        kvx_xfer_params_t up = {.field_mask = o.hol_prio ? KVX_XFER_PARAM_PRIORITY : 0,
+        kvx_xfer_params_t up = {.field_mask = o.hol_prio != 0 ? KVX_XFER_PARAM_PRIORITY : 0,
                                 .priority = KVX_PRIO_HIGH};
         for (uint64_t k = 0; k < h->ublocks; k++)
             ul[k] = ur[k] = (uint32_t)(first + k);
@@ -184,9 +184,9 @@ static void hol_run_phase(hol_t *h, bool urgent, bool bulk, double seconds, hol_
         for (int b = 0; bulk && running && b < o.hol_bulk; b++) {
             if (h->bulk_id[b] != 0)
                 continue;
-            /* the bulk: KVX_PRIO_LOW (--hol-prio off: the default priority), whole region,
-             * resubmitted at once */
-            kvx_xfer_params_t bp = {.field_mask = o.hol_prio ? KVX_XFER_PARAM_PRIORITY : 0,
+            /* the bulk: KVX_PRIO_LOW (--hol-prio high or off: the default priority), whole
+             * region, resubmitted at once */
+            kvx_xfer_params_t bp = {.field_mask = o.hol_prio == 1 ? KVX_XFER_PARAM_PRIORITY : 0,
                                     .priority = KVX_PRIO_LOW};
             CHECK_KVX(
                 kvx_xfer_write(h->cl.t, h->cl.peer[0], h->L, h->R, h->nbulk, &bp, &h->bulk_id[b]));
@@ -326,8 +326,11 @@ int run_hol(int *ctl)
                both.p99_us, both.max_us, both.bulk_gbps, (unsigned long long)both.bulk_xfers,
                (unsigned long long)idle.urgent, idle.p50_us, idle.p99_us, idle.max_us,
                alone.bulk_gbps, (unsigned long long)alone.bulk_xfers, both.submit_max_us,
-               both.poll_max_us, pa.transport, o.hol_prio ? "true" : "false", ver,
-               (unsigned long long)bad);
+               both.poll_max_us, pa.transport,
+               o.hol_prio == 1   ? "\"on\""
+               : o.hol_prio == 2 ? "\"high\""
+                                 : "\"off\"",
+               ver, (unsigned long long)bad);
     } else {
         printf("kvx-bench %s --hol: %s urgent %s(s) of %llu block(s) every %.0f us, while %d "
                "whole-region writes (%llu blocks, %s) stream to the same peer; %.1f s per phase, "
@@ -335,7 +338,10 @@ int run_hol(int *ctl)
                kvx_version(), fmt_size(h.size, sz, sizeof(sz)), op, (unsigned long long)h.ublocks,
                o.hol_every_us, o.hol_bulk, (unsigned long long)h.nbulk,
                o.pattern == PAT_SCATTER ? "scattered" : "other pattern", o.hol_seconds,
-               pa.transport, o.hol_prio ? "urgent high, bulk low" : "off");
+               pa.transport,
+               o.hol_prio == 1   ? "urgent high, bulk low"
+               : o.hol_prio == 2 ? "urgent high, bulk default"
+                                 : "off");
         printf("%-22s %9s %10s %10s %10s %9s %10s\n", "phase", "urgent", "p50 us", "p99 us",
                "max us", "late", "bulk GB/s");
         printf("%-22s %9llu %10.1f %10.1f %10.1f %9llu %10s\n", "urgent, idle",

@@ -38,7 +38,7 @@ struct opts o = {
     .hol_blocks = 1,
     .hol_every_us = 1000,
     .hol_seconds = 3,
-    .hol_prio = true,
+    .hol_prio = 1,
 };
 
 void die(const char *fmt, ...)
@@ -136,9 +136,9 @@ static void usage(void)
            "      --hol-seconds S   each phase's length (default 3)\n"
            "      --hol-bulk N      bulk writes in flight (default 2)\n"
            "      --hol-blocks N    blocks per urgent transfer (default 1)\n"
-           "      --hol-prio on|off urgent transfers KVX_PRIO_HIGH, bulk KVX_PRIO_LOW (on,\n"
-           "                        default), or both the default priority (off: as before\n"
-           "                        kvx had priorities)\n"
+           "      --hol-prio P      on (default): urgent transfers KVX_PRIO_HIGH, bulk\n"
+           "                        KVX_PRIO_LOW; high: urgent high, bulk the default; off:\n"
+           "                        both the default (as before kvx had priorities)\n"
            "      --json            one JSON object per result line\n"
            "      --no-verify       skip checking the bytes that landed\n"
            "      --quiet           no progress display\n",
@@ -323,10 +323,11 @@ int main(int argc, char **argv)
             o.hol_blocks = atoi(optarg);
             break;
         case 1007:
-            o.hol_prio = !strcmp(optarg, "on") ? true
+            o.hol_prio = !strcmp(optarg, "on")     ? 1
+                         : !strcmp(optarg, "high") ? 2
                          : !strcmp(optarg, "off")
-                             ? false
-                             : (die("--hol-prio: on or off, not '%s'", optarg), 0);
+                             ? 0
+                             : (die("--hol-prio: on, high or off, not '%s'", optarg), 0);
             break;
         case 'h':
             usage();
