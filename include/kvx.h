@@ -656,23 +656,28 @@ enum kvx_xfer_params_field {
  * level, in submission order (as without priorities: every transfer is KVX_PRIO_NORMAL unless
  * set). What a new transfer waits behind is bounded, whatever is queued at lower levels:
  *  - The sender cuts every transfer into messages (a lane's segment, 32-60 KiB here; a read
- *    request asks for 256 KiB) and chooses again at each message. Of what a connection posts
- *    while several levels have transfers queued, each level gets a share of the bytes in
+ *    request asks for 256 KiB; a rendezvous piece is up to 4 MiB) and chooses again at each
+ *    message. While several levels have transfers queued, each gets a share of the bytes in
  *    proportion to its weight, KVX_PRIO_LOW 1, NORMAL 4, HIGH 16 (deficit round robin, a round
- *    being 64 KiB, 256 KiB and 1 MiB): no level starves, and a transfer that arrives waits for at
- *    most one round's share of the levels below it (320 KiB) before its first message goes.
+ *    being 64 KiB, 256 KiB and 1 MiB; a level that empties starts again from nothing): no level
+ *    starves, and a transfer that arrives waits for at most one round's share of the levels
+ *    below it, each plus one message, before its first message goes.
  *  - KVX_PRIO_LOW transfers keep at most 1 MiB per connection posted and not yet acknowledged
- *    (or arrived), and, while nothing higher is queued, at most 12 of the 16 messages or read
- *    requests a connection hands to UCX at once: a higher transfer that comes finds room, and
- *    little of the bulk ahead of it in the lane (a shared-memory FIFO here holds 8 MiB).
- *  - No progress step posts more than 1 MiB per connection (API calls and the progress thread
- *    take turns on the transport's lock between steps), and a submit posts at most 256 KiB
- *    itself.
+ *    (or arrived), plus one message; so do KVX_PRIO_NORMAL ones for 100 ms after a HIGH transfer
+ *    was queued on the connection (never, for a user who does not use HIGH). While nothing
+ *    higher is queued, LOW transfers also leave 4 of the 16 messages or read requests a
+ *    connection hands to UCX free: a higher transfer that comes finds room, and little of the
+ *    bulk ahead of it in the lane (a shared-memory FIFO here holds 8 MiB).
+ *  - No progress step posts more than 1 MiB per connection plus one message (API calls and the
+ *    progress thread take turns on the transport's lock between steps), and a submit posts at
+ *    most 256 KiB itself.
  *  - A read request carries its priority, and the target answers waiting requests highest
  *    first, passing a request over at most 8 times.
  * Bytes already handed to UCX go first: UCX and the lane keep them in order (on shared memory a
  * FIFO of the lane's segments, on tcp the socket's buffers). Deadlines, the stall limit, cancel,
- * fences and a failing peer apply to every level alike. */
+ * fences and a failing peer apply to every level alike. A LOW or HIGH read sent to a receiver
+ * older than priorities is dropped there as malformed (the read fails by its deadline or the
+ * stall limit): use NORMAL reads until every peer has priorities. */
 enum kvx_priority {
     KVX_PRIO_LOW = 0,    /**< background traffic: offloads nobody waits for */
     KVX_PRIO_NORMAL = 1, /**< the default */
