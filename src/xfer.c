@@ -7,6 +7,7 @@
 #include "kvx_xfer.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,6 +89,27 @@ static uint64_t kvx_xfer_due(const kvx_transport_t *t, const kvx_xfer_t *x)
     return due == 0 || stall < due ? stall : due;
 }
 
+/* Queue x on c at its level (now: the time); returns whether that level had nothing queued. A
+ * HIGH one makes NORMAL transfers keep to the low window for a while (kvx_windowed). */
+static bool kvx_xfer_enqueue(kvx_conn_t *c, kvx_xfer_t *x, uint64_t now)
+{
+    bool was_idle = kvx_list_empty(&c->queue[x->prio]);
+
+    kvx_list_add_tail(&c->queue[x->prio], &x->conn_link);
+    if (x->prio == KVX_PRIO_HIGH)
+        c->high_ns = now;
+    return was_idle;
+}
+
+/* x leaves c's queue of its level; a level left with nothing queued starts its next round from
+ * nothing (kvx_xfer_pick): it saves nothing up and owes nothing. */
+static void kvx_xfer_unqueue(kvx_conn_t *c, kvx_xfer_t *x)
+{
+    kvx_list_del(&x->conn_link);
+    if (kvx_list_empty(&c->queue[x->prio]))
+        c->credit[x->prio] = 0;
+}
+
 /* A new transfer to peer p (the API checked the arguments and found p, lock held): where a
  * transfer is born. Returns 0 with *id_p, or a negative errno with nothing changed. */
 int kvx_xfer_submit(kvx_transport_t *t, kvx_peer_t *p, int op, const uint32_t *local,
@@ -161,10 +183,7 @@ int kvx_xfer_submit(kvx_transport_t *t, kvx_peer_t *p, int op, const uint32_t *l
     }
     /* the first of its level posts at once (what goes first is kvx_xfer_pick's choice); later
      * ones are posted as the earlier leave room */
-    was_idle = kvx_list_empty(&c->queue[prio]);
-    kvx_list_add_tail(&c->queue[prio], &x->conn_link);
-    if (prio == KVX_PRIO_HIGH)
-        c->high_ns = now;
+    was_idle = kvx_xfer_enqueue(c, x, now);
     if (was_idle)
         kvx_xfer_post(c, KVX_INLINE_BUDGET);
     if (c->state == KVX_CONN_OPEN && c->wired && kvx_conn_queued(c) && c->reqs < KVX_MAX_REQS) {
@@ -199,9 +218,10 @@ static void kvx_xfer_detach(kvx_xfer_t *x)
         for (unsigned i = 0; i < KVX_MAX_REQS; i++)
             if (c->rreqs[i].xfer_id == x->id)
                 c->rreqs[i].xfer_id = 0;
-    kvx_list_del(&x->conn_link);
-    if (x->state == KVX_XS_QUEUED && kvx_list_empty(&c->queue[x->prio]))
-        c->credit[x->prio] = 0;
+    if (x->state == KVX_XS_QUEUED)
+        kvx_xfer_unqueue(c, x);
+    else
+        kvx_list_del(&x->conn_link);
     if (c->state == KVX_CONN_OPEN && kvx_conn_queued(c) && !kvx_list_linked(&c->work_link))
         kvx_list_add_tail(&c->t->work, &c->work_link);
 }
@@ -269,6 +289,7 @@ void kvx_xfer_repark(kvx_conn_t *c, kvx_peer_t *p)
 
 void kvx_xfer_unpark(kvx_peer_t *p, kvx_conn_t *c, int err)
 {
+    uint64_t now = kvx_now_ns();
     bool any = false;
 
     while (!kvx_list_empty(&p->parked)) {
@@ -284,9 +305,7 @@ void kvx_xfer_unpark(kvx_peer_t *p, kvx_conn_t *c, int err)
         kvx_list_del(&x->conn_link);
         x->conn = c;
         x->epoch = c->wired ? c->epoch : UINT64_MAX;
-        kvx_list_add_tail(&c->queue[x->prio], &x->conn_link);
-        if (x->prio == KVX_PRIO_HIGH)
-            c->high_ns = kvx_now_ns();
+        kvx_xfer_enqueue(c, x, now);
         any = true;
     }
     if (any && c->state == KVX_CONN_OPEN && c->wired && !kvx_list_linked(&c->work_link)) {
@@ -498,9 +517,9 @@ static bool kvx_windowed(const kvx_conn_t *c, int l)
  * level that has queued transfers and bytes left of its round; when no level with transfers has
  * any, a new round adds each its quantum (a message may take more than a round's bytes: a read
  * request 256 KiB against LOW's 64 KiB; its level then sits out rounds until the debt is paid).
- * A level's credit never exceeds one quantum and is cleared when its queue empties (kvx_xfer_post),
- * so an idle level saves nothing up and owes nothing when it comes back.
- * A level waits, as if it had nothing queued:
+ * A level's credit never exceeds one quantum and is cleared when its queue empties
+ * (kvx_xfer_unqueue), so an idle level saves nothing up and owes nothing when it comes back. A
+ * level waits, as if it had nothing queued:
  *  - LOW (and NORMAL while HIGH is in use: kvx_windowed) while KVX_LOW_WINDOW bytes of its own are
  *    posted and not acknowledged;
  *  - LOW, while no higher level has transfers queued, while UCX holds KVX_LOW_REQS messages or
@@ -511,7 +530,7 @@ static bool kvx_windowed(const kvx_conn_t *c, int l)
  */
 static kvx_xfer_t *kvx_xfer_pick(kvx_conn_t *c)
 {
-    unsigned rreqs = kvx_rreqs_used(c);
+    unsigned rreqs = UINT_MAX; /* counted when a read is looked at: writes pay nothing */
 
     for (;;) { /* ends: each new round raises every level with transfers toward its quantum */
         bool any = false;
@@ -523,6 +542,8 @@ static kvx_xfer_t *kvx_xfer_pick(kvx_conn_t *c)
                 continue;
             x = kvx_list_first(&c->queue[l], kvx_xfer_t, conn_link);
             if (c->mapped == NULL && x->posted < x->bytes && !x->canceled) {
+                if (x->op == KVX_OP_READ && rreqs == UINT_MAX)
+                    rreqs = kvx_rreqs_used(c);
                 if (x->op == KVX_OP_READ && rreqs >= KVX_MAX_REQS)
                     continue;
                 if (l < KVX_PRIO_HIGH && c->unacked_lvl[l] >= KVX_LOW_WINDOW && kvx_windowed(c, l))
@@ -537,11 +558,11 @@ static kvx_xfer_t *kvx_xfer_pick(kvx_conn_t *c)
         }
         if (!any)
             return NULL;
-        for (int l = 0; l < KVX_PRIO_LEVELS; l++)
+        for (int l = 0; l < KVX_PRIO_LEVELS; l++) {
+            int64_t q = kvx_prio_quantum[l], v = c->credit[l] + q;
             if (!kvx_list_empty(&c->queue[l]))
-                c->credit[l] = c->credit[l] + kvx_prio_quantum[l] < kvx_prio_quantum[l]
-                                   ? c->credit[l] + kvx_prio_quantum[l]
-                                   : kvx_prio_quantum[l];
+                c->credit[l] = v < q ? v : q;
+        }
     }
 }
 
@@ -587,9 +608,7 @@ void kvx_xfer_post(kvx_conn_t *c, size_t budget)
             if (x->posted < x->bytes && !x->canceled)
                 continue;
         }
-        kvx_list_del(&x->conn_link);
-        if (kvx_list_empty(&c->queue[x->prio]))
-            c->credit[x->prio] = 0; /* idle: it saves nothing up and owes nothing */
+        kvx_xfer_unqueue(c, x);
         x->state = KVX_XS_WAITING;
         kvx_list_add_tail(&c->waiting, &x->conn_link);
         if (x->canceled && x->sending == 0) { /* canceled: nothing more of it will move */

@@ -314,6 +314,21 @@ static void message_attacks(const kvx_md_t *md)
     KT_EQ(seen.last_read_status, 0);
     KT_EQ(seen.last_read_len, BL);
     KT_CHECK(memcmp(seen.read_buf, data, BL) == 0);
+    /* a read request's priority (word 36): 1 (low) and 2 (high) are answered; 3 is no level, and
+     * the request is dropped unanswered (counted malformed) */
+    for (uint32_t prio = 1; prio <= 3; prio++) {
+        int before = seen.read_data;
+        memset(seen.read_buf, 0, BL);
+        n = read_hdr(h, 5 * BL, BL);
+        kvx_put32(h + 36, prio);
+        send_raw(h, n, NULL, 0, UCP_AM_SEND_FLAG_EAGER);
+        progress_for(100);
+        KT_EQ(seen.read_data, before + (prio < 3));
+        if (prio < 3) {
+            KT_EQ(seen.last_read_status, 0);
+            KT_CHECK(memcmp(seen.read_buf, data, BL) == 0);
+        }
+    }
     /* junk of every length */
     for (int i = 0; i < 1000; i++) {
         size_t len = 1 + (size_t)(rng % 600);
@@ -384,7 +399,7 @@ static void message_attacks(const kvx_md_t *md)
     KT_CHECK(c1.drop_capability - c0.drop_capability >= 1);
     KT_CHECK(c1.drop_unknown - c0.drop_unknown >= 2 + 2); /* wrong token, no endpoint named */
     /* 2 by rendezvous (the disagreeing length, a read request with a payload) */
-    KT_CHECK(c1.drop_malformed - c0.drop_malformed >= 4 + 600 + 2);
+    KT_CHECK(c1.drop_malformed - c0.drop_malformed >= 4 + 1 + 600 + 2); /* 1: priority 3 */
     KT_EQ(c1.drop_range - c0.drop_range, 4 + 1);
     KT_EQ(c1.drop_crc - c0.drop_crc, 2);
     KT_EQ(c1.bytes_landed - c0.bytes_landed, BL + sizeof(data));

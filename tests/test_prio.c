@@ -372,6 +372,14 @@ int main(int argc, char **argv)
     KT_ERR(kvx_xfer_write(t, "target", &one, &one, 1, &bad, &id), -EINVAL);
     KT_ERR(kvx_xfer_read(t, "target", &one, &one, 1, &bad, &id), -EINVAL);
     KT_EQ(id, 0);
+    {
+        kvx_peer_attr_t q = {.field_mask = KVX_PEER_ATTR_COUNTERS};
+        kvx_completion_t none[1];
+        KT_OK(kvx_peer_query(t, "target", &q));
+        KT_EQ(q.xfers_inflight, 0);
+        KT_EQ(q.xfers_done + q.xfers_failed, 0);
+        KT_EQ(kvx_transport_poll(t, NULL, none, 1), 0);
+    }
 
     test_order(t, &tg, &r);
     kt_fill_all(&r, SALT, 0); /* the reads overwrote it */
