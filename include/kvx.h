@@ -708,7 +708,7 @@ typedef struct kvx_xfer_params {
  *
  * Returns 0 and sets *id_p to an id unique for the transport's life (ids are never 0), or a
  * negative errno with nothing submitted: -ENOENT (unknown peer), -EINVAL (bad arguments, an
- * index out of range, a deadline above KVX_MS_MAX),
+ * index out of range, a deadline above KVX_MS_MAX, a priority of KVX_PRIO_LEVELS or more),
  * -ENOTCONN (the peer's connection has failed: remove or re-add it), -ENOMEM, -ENOSPC (too many
  * transfers in flight), -ESHUTDOWN. Never blocks on the network.
  *
