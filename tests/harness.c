@@ -116,6 +116,13 @@ void kt_rndv_params(kvx_params_t *p)
     p->rndv_thresh = getenv("KT_RNDV_THRESH") ? strtoull(getenv("KT_RNDV_THRESH"), NULL, 0) : 0;
 }
 
+bool kt_rndv_forced(void)
+{
+    const char *m = getenv("KT_RNDV");
+
+    return m != NULL && strcmp(m, "always") == 0;
+}
+
 kvx_transport_t *kt_transport(const kt_region_t *r, const char *name, unsigned threads)
 {
     return kt_transport_ex(r, name, threads, NULL, 0);

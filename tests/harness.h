@@ -81,6 +81,9 @@ kvx_transport_t *kt_transport(const kt_region_t *r, const char *name, unsigned t
 /* KT_RNDV=eager|auto|always (and KT_RNDV_THRESH=bytes) in the environment: the transports the
  * harness makes, targets included, move data that way (KVX_PARAM_RNDV). */
 void kt_rndv_params(kvx_params_t *p);
+/* KT_RNDV=always: every run goes by rendezvous, so UCX holds a write's sends until the receiver
+ * takes the payload (a write to a stopped receiver that times out fails its connection). */
+bool kt_rndv_forced(void);
 kvx_transport_t *kt_transport_ex(const kt_region_t *r, const char *name, unsigned threads,
                                  const char *fingerprint, uint64_t deadline_ms);
 /* Metadata of t in a malloc'd buffer. */

@@ -19,6 +19,7 @@ static int host_b(void)
     uint32_t li[32], ri[32], di[32];
     kvx_completion_t c;
     kvx_peer_attr_t pa = {.field_mask = KVX_PEER_ATTR_TRANSPORT};
+    kvx_recv_counters_t rc;
     uint64_t id;
 
     r = kt_region_alloc(128, 65536);
@@ -44,6 +45,12 @@ static int host_b(void)
     KT_EQ(c.status, 0);
     for (int i = 0; i < 32; i++)
         KT_EQ(kt_check(&r, di[i], 4, ri[i], 1), 0);
+    /* by rendezvous (KT_RNDV=always, ctest netns_rndv) every run of both went that way */
+    kt_target_counters(&tg, &rc);
+    kt_log("the receiver took %llu write runs and served %llu read runs by rendezvous",
+           (unsigned long long)rc.rndv_landed, (unsigned long long)rc.rndv_served);
+    KT_CHECK(kt_rndv_forced() ? rc.rndv_landed > 0 && rc.rndv_served > 0
+                              : rc.rndv_landed == 0 && rc.rndv_served == 0);
     kvx_transport_destroy(t);
     kt_region_free(&r);
     return 0;

@@ -351,6 +351,7 @@ static void kt_same_process(void)
     size_t md_len;
     uint64_t id;
 
+    kt_rndv_params(&p);
     KT_OK(kvx_transport_create(&p, &o));
     KT_OK(kvx_transport_query(o, &ta));
     orr = (kt_region_t){.base = ta.base, .num_blocks = SNB, .block_len = SB};
@@ -597,6 +598,7 @@ static int kt_taker_main(int sock, void *arg)
     kt_recv(sock, &wh, sizeof(wh));
     kt_recv(sock, &shmid, sizeof(shmid));
     kt_recv(sock, &nb, sizeof(nb));
+    kt_rndv_params(&p);
     KT_OK(kvx_transport_create(&p, &o));
     KT_OK(kvx_transport_query(o, &ta));
     orr = (kt_region_t){.base = ta.base, .num_blocks = SNB, .block_len = SB};

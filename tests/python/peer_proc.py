@@ -21,6 +21,9 @@ def fill(region, block_len, num_blocks, salt, rnd, blocks=None):
 def target_main(conn, name, num_blocks, block_len, salt, config_fields, env):
     os.environ.update(env or {})
     import kvx
+    import rndv_env
+
+    rndv_env.apply()
 
     region = mmap.mmap(-1, num_blocks * block_len)
     fill(region, block_len, num_blocks, salt, 0)
