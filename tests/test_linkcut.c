@@ -121,6 +121,85 @@ static void late_writes(kvx_transport_t *t, kt_region_t *r)
     KT_EQ(kt_target_canaries(&tg), 0);
 }
 
+/*
+ * By rendezvous (KT_RNDV=always, ctest linkcut_rndv): 50 late writes again, each one's receive in
+ * flight at the cut. This writer has no progress thread: its writes' headers leave at submission,
+ * the receiver checks them and starts their receives, and the payloads wait for the writer's UCX,
+ * which moves only when the test polls it, after the cut. The deadline passes, the receiver's
+ * fence ends the receives (counted in rndv_failed: none was refused at its header), the link
+ * returns and the writer's UCX moves again, the writer rewrites the blocks over new connections;
+ * 2 s later every block holds the new data.
+ */
+static void late_rndv_receives(void)
+{
+    kt_region_t r = kt_region_alloc(NB, BL);
+    kvx_transport_t *t = kt_transport_ex(&r, "host-b-lazy", 0, NULL, DEADLINE_MS);
+    kvx_recv_counters_t before, after;
+    uint64_t stale = 0;
+
+    kt_target_counters(&tg, &before);
+    for (int round = 0; round < LATE_ROUNDS; round++) {
+        uint64_t ids[LATE_CONNS];
+        char peer[LATE_CONNS][8], fresh[LATE_CONNS][8];
+        uint32_t old_l[LATE_CONNS], new_l[LATE_CONNS], dst[LATE_CONNS], probe[LATE_CONNS];
+
+        for (int i = 0; i < LATE_CONNS; i++) {
+            old_l[i] = (uint32_t)i;
+            new_l[i] = (uint32_t)(64 + i);
+            probe[i] = (uint32_t)(160 + i);
+            dst[i] = (uint32_t)(NB / 2 + 32 + i);
+            kt_fill(&r, old_l[i], 0x31, old_l[i], 200ull + 2ull * round + 1);
+            kt_fill(&r, new_l[i], 0x31, new_l[i], 200ull + 2ull * round + 2);
+            snprintf(peer[i], sizeof(peer[i]), "r%d", i);
+            KT_OK(kvx_peer_add(t, peer[i], tg.md, tg.md_len, NULL));
+            /* a read that completes (by rendezvous too): the connection is wired up */
+            KT_OK(kvx_xfer_read(t, peer[i], &probe[i], &dst[i], 1, NULL, &ids[i]));
+            KT_EQ(late_wait(t, peer[i], ids[i]), 0);
+        }
+        for (int i = 0; i < LATE_CONNS; i++)
+            ids[i] = late_put(t, peer[i], &old_l[i], &dst[i], LATE_DEADLINE_MS);
+        usleep(100000); /* the receiver takes the headers and starts the receives */
+        kt_netns_link(&ns, false);
+        usleep(2 * LATE_DEADLINE_MS * 1000);
+        KT_CHECK(kt_target_fence(&tg, "host-b-lazy", NULL, 0) >= LATE_CONNS);
+        kt_netns_link(&ns, true);
+        for (int i = 0; i < LATE_CONNS; i++) {
+            int st = late_wait(t, peer[i], ids[i]);
+            if (st != -ETIMEDOUT && st != -ECONNRESET)
+                KT_FAIL("a write over the cut link ended with %d (%s)", st, kvx_strerror(st));
+        }
+        for (int i = 0; i < LATE_CONNS; i++) {
+            snprintf(fresh[i], sizeof(fresh[i]), "m%d", i);
+            KT_OK(kvx_peer_add(t, fresh[i], tg.md, tg.md_len, NULL));
+            ids[i] = late_put(t, fresh[i], &new_l[i], &dst[i], 0);
+        }
+        for (int i = 0; i < LATE_CONNS; i++)
+            KT_EQ(late_wait(t, fresh[i], ids[i]), 0);
+        for (uint64_t end = kt_now_ns() + 2000000000ull; kt_now_ns() < end;) {
+            kvx_completion_t c[4];
+            KT_OK(kvx_transport_poll(t, NULL, c, 4)); /* the writer's UCX moves meanwhile */
+            usleep(1000);
+        }
+        for (int i = 0; i < LATE_CONNS; i++) {
+            stale += kt_target_verify(&tg, &dst[i], &new_l[i], 1, 0x31, 200ull + 2ull * round + 2);
+            KT_EQ(kvx_peer_remove(t, peer[i]), 1);
+            KT_EQ(kvx_peer_remove(t, fresh[i]), 1);
+        }
+    }
+    kt_target_counters(&tg, &after);
+    kt_log("late writes by rendezvous over a cut link: %d runs, %llu stale blocks; the receiver "
+           "ended %llu receives in flight at the cut and dropped %llu fenced headers",
+           LATE_ROUNDS * LATE_CONNS, (unsigned long long)stale,
+           (unsigned long long)(after.rndv_failed - before.rndv_failed),
+           (unsigned long long)(after.drop_fenced - before.drop_fenced));
+    KT_EQ(stale, 0);
+    KT_EQ(after.rndv_failed - before.rndv_failed, LATE_ROUNDS * LATE_CONNS);
+    KT_EQ(after.drop_fenced, before.drop_fenced);
+    KT_EQ(kt_target_canaries(&tg), 0);
+    kvx_transport_destroy(t);
+    kt_region_free(&r);
+}
+
 static int host_b(void)
 {
     kt_region_t r;
@@ -208,6 +287,8 @@ static int host_b(void)
         KT_EQ(kt_check(&r, li[i], 0x31, src[i], 0), 0);
     }
     late_writes(t, &r);
+    if (kt_rndv_forced())
+        late_rndv_receives();
     kvx_transport_destroy(t);
     kt_region_free(&r);
     return 0;
