@@ -247,14 +247,23 @@ static void *kvx_progress_main(void *arg)
         now = kvx_now_ns();
         if (now - atomic_load_explicit(&t->app_poll_ns, memory_order_relaxed) < KVX_APP_ACTIVE_NS) {
             /* The application is polling, and its polls drive UCX: two threads taking turns on
-             * one worker only slow each other down. Step aside, but look again soon. */
+             * one worker only slow each other down. Step aside, and look again each
+             * KVX_APP_ACTIVE_NS without the lock for as long as the application keeps polling:
+             * taking the lock only to let it go again made the application's unlocks wake this
+             * thread (a futex call in its posting path, some 3,000 a second). A stop (the wake
+             * fd) ends the step aside at once. */
             struct pollfd wake = {.fd = t->wake_fd, .events = POLLIN};
             struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)KVX_APP_ACTIVE_NS};
             uint64_t v;
             pthread_mutex_unlock(&t->lock);
-            if (ppoll(&wake, 1, &ts, NULL) > 0 && read(t->wake_fd, &v, sizeof(v)) < 0 &&
-                errno != EAGAIN)
-                kvx_warn(t, "progress: reading wake fd: %s", strerror(errno));
+            do {
+                if (ppoll(&wake, 1, &ts, NULL) > 0) {
+                    if (read(t->wake_fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+                        kvx_warn(t, "progress: reading wake fd: %s", strerror(errno));
+                    break;
+                }
+            } while (kvx_now_ns() - atomic_load_explicit(&t->app_poll_ns, memory_order_relaxed) <
+                     KVX_APP_ACTIVE_NS);
             pthread_mutex_lock(&t->lock);
             rest.last_work = kvx_now_ns();
             continue;
