@@ -48,6 +48,16 @@ static int late_wait(kvx_transport_t *t, const char *peer, uint64_t id)
     return c.status;
 }
 
+/* Each old write over the cut link failed: by its deadline, or with its connection. */
+static void late_failed(kvx_transport_t *t, char peer[LATE_CONNS][8], const uint64_t *ids)
+{
+    for (int i = 0; i < LATE_CONNS; i++) {
+        int st = late_wait(t, peer[i], ids[i]);
+        if (st != -ETIMEDOUT && st != -ECONNRESET)
+            KT_FAIL("a write over the cut link ended with %d (%s)", st, kvx_strerror(st));
+    }
+}
+
 static void late_writes(kvx_transport_t *t, kt_region_t *r)
 {
     bool fence = getenv("KVX_TEST_NO_FENCE") == NULL;
@@ -84,11 +94,7 @@ static void late_writes(kvx_transport_t *t, kt_region_t *r)
         if (fence)
             KT_CHECK(kt_target_fence(&tg, "host-b", NULL, 0) >= LATE_CONNS);
         kt_netns_link(&ns, true);
-        for (int i = 0; i < LATE_CONNS; i++) {
-            int st = late_wait(t, peer[i], ids[i]);
-            if (st != -ETIMEDOUT && st != -ECONNRESET)
-                KT_FAIL("a write over the cut link ended with %d (%s)", st, kvx_strerror(st));
-        }
+        late_failed(t, peer, ids);
         /* The rewrite goes over new connections (new peer ids) while the old ones stay open:
          * what the kernel still holds of the failed writes keeps coming on them. (Re-adding the
          * same ids closes the old sockets, and the control then shows no stale block: the
@@ -163,11 +169,7 @@ static void late_rndv_receives(void)
         usleep(2 * LATE_DEADLINE_MS * 1000);
         KT_CHECK(kt_target_fence(&tg, "host-b-lazy", NULL, 0) >= LATE_CONNS);
         kt_netns_link(&ns, true);
-        for (int i = 0; i < LATE_CONNS; i++) {
-            int st = late_wait(t, peer[i], ids[i]);
-            if (st != -ETIMEDOUT && st != -ECONNRESET)
-                KT_FAIL("a write over the cut link ended with %d (%s)", st, kvx_strerror(st));
-        }
+        late_failed(t, peer, ids);
         for (int i = 0; i < LATE_CONNS; i++) {
             snprintf(fresh[i], sizeof(fresh[i]), "m%d", i);
             KT_OK(kvx_peer_add(t, fresh[i], tg.md, tg.md_len, NULL));
