@@ -265,7 +265,7 @@ static void stalled_peer(void)
      * to the stopped receiver, and then the deadline fails the connection (README, "deadline D") */
     KT_EQ(pa.state, kt_rndv_forced() ? KVX_PEER_FAILED : KVX_PEER_CONNECTED);
     KT_EQ(kt_poll_n(t, "S", c, 40, 500), 20);
-    for (int i = 0; i < 20; i++) { /* each once (kt_poll_n), in order but by rendezvous */
+    for (int i = 0; i < 20; i++) { /* each once (kt_poll_n); in order, except by rendezvous */
         KT_ERR(c[i].status, -ETIMEDOUT);
         if (kt_rndv_forced()) {
             int k = 0;

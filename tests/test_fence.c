@@ -108,6 +108,12 @@ static uint64_t prev_round(int round) { return round == 0 ? 0 : 2ull * round; }
  * message on the writer's side. They miss their deadline; the receiver resumes and fences the
  * writer, and only then does the writer's next poll hand them over: each reaches the receiver
  * after its fence, which drops it. The writer then rewrites the blocks over new connections.
+ * By rendezvous (KT_RNDV=always, ctest fence_rndv) the fillers' sends wait for the stopped
+ * receiver in UCX's hands instead of filling its FIFO, so the writes' headers do reach the FIFO;
+ * the resumed receiver takes them before the fence and starts their receives, whose payloads
+ * wait for the writer's UCX (it moves only when polled): the fence finds them in flight, waits
+ * its bound (1 s), and ends them by closing their connections (rndv_failed). Either way no
+ * byte of an old write may land, and 2 s after the rewrite every block holds the new data.
  */
 static void late_writes(void)
 {
@@ -180,7 +186,8 @@ static void late_writes(void)
             ids[i] = put(t, peer[i], old_l[i], dst[i], 4, STALE_DEADLINE, 0, false);
         usleep((STALE_DEADLINE + 50) * 1000);
         /* past their deadline they failed, but none is reported while UCX still holds its
-         * message (xfer.c, kvx_xfer_finish): had one gone into the FIFO, it would be here */
+         * message (xfer.c, kvx_xfer_finish): had one gone into the FIFO, it would be here (by
+         * rendezvous UCX holds each until the receiver has taken its payload) */
         KT_EQ(kt_poll_n(t, NULL, c, 10, 20), 0);
         kt_cont(&tg.proc);
         usleep(50000); /* time to drain its FIFO: the late messages are not in it */

@@ -128,7 +128,8 @@ static void late_writes(kvx_transport_t *t, kt_region_t *r)
 }
 
 /*
- * By rendezvous (KT_RNDV=always, ctest linkcut_rndv): 50 late writes again, each one's receive in
+ * By rendezvous (KT_RNDV=always, by hand: not in ctest, README "Rendezvous"), after the late
+ * writes above (which then go by rendezvous too): 50 late writes again, each one's receive in
  * flight at the cut. This writer has no progress thread: its writes' headers leave at submission,
  * the receiver checks them and starts their receives, and the payloads wait for the writer's UCX,
  * which moves only when the test polls it, after the cut. The deadline passes, the receiver's

@@ -1,7 +1,9 @@
 """KVX_TEST_RNDV=eager|auto|always (and KVX_TEST_RNDV_THRESH=bytes) in the environment: every
 transport the Python tests create, in this process and in the target processes they spawn,
 takes that rendezvous choice unless the test chose one itself (the suite runs with the
-rendezvous path forced on as well as by default; ctest python_rndv)."""
+rendezvous path forced on as well as by default; ctest python_rndv). Not reached: the engine
+subprocesses of test_vllm_plugin.py, which start from an environment without KVX_* variables,
+and copies into a mapped owned region, which use no messages."""
 
 import os
 

@@ -26,6 +26,8 @@ import numpy as np  # Debian's python3-numpy: the NumPy index paths are part of 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kvx  # noqa: E402
 import rndv_env  # noqa: E402
+
+rndv_env.apply()  # also when run by unittest, which loads no conftest.py
 from peer_proc import block_pattern, fill, target_main  # noqa: E402
 
 BL = 65536
@@ -397,8 +399,15 @@ class TestWithPeers(unittest.TestCase):
         self.assertNotIn(None, lows + [urgent])
         done, failed = poll_until(self.t, 5, "A")
         self.assertEqual(failed, [])
-        self.assertEqual(done[0], urgent, f"completion order {done}, urgent {urgent}")
-        self.assertEqual(sorted(done[1:]), sorted(lows))
+        if rndv_env.forced():
+            # by rendezvous the first low write's first 4 MiB piece was with UCX before the
+            # urgent one, and beside other tests the whole first low write (7.5 MiB, two
+            # pieces) once completed before it (1 run in 3): the urgent one must beat the other
+            # three; tests/test_prio.c (prio_rndv_*, 16 MiB each) checks the order there
+            self.assertLessEqual(done.index(urgent), 1, f"completion order {done}, urgent {urgent}")
+        else:
+            self.assertEqual(done[0], urgent, f"completion order {done}, urgent {urgent}")
+        self.assertEqual(sorted(set(done) - {urgent}), sorted(lows))
         self.assertEqual(self.a.verify(bulk + [120], bulk + [120], SALT, 7), [])
         # reads say their priority too
         self.b.refill(0)
@@ -519,7 +528,7 @@ class TestWithPeers(unittest.TestCase):
         self.assertIsNone(self.t.write_blocks("A", [0], [0]))
         info = self.t.peer_info("A")
         if rndv_env.forced():  # UCX gives the rendezvous sends to the stopped peer back at its
-            # next progress: until then the peer shows as removed, its transfers purged
+            # next progress: until then the peer shows as removed, with them still counted
             self.assertIn(info and info["state"], (None, "removed"))
         else:
             self.assertIsNone(info)
