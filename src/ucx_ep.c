@@ -508,6 +508,15 @@ int kvx_ucx_recv(kvx_ucx_ep_t *e, void *desc, void *dest, size_t len, void *cook
     /* only what came on e itself: closing e is what ends the receive (UCX cannot cancel it),
      * and a sender could otherwise tie it to an endpoint nobody would close */
     if (e->ep == NULL || e->t->ucx->rx_reply_ep != e->ep) {
+        const kvx_ucx_t *u = e->t->ucx;
+        bool filler = false;
+        for (size_t i = 0; i < sizeof(u->fillers) / sizeof(u->fillers[0]) && !filler; i++)
+            filler = u->rx_reply_ep != NULL && u->fillers[i].ep == u->rx_reply_ep;
+        /* which one tells a hostile sender from endpoints UCX paired out of order */
+        kvx_debug(e->t, "ucx: a rendezvous payload on %s endpoint, not its connection's",
+                  u->rx_reply_ep == NULL ? "no"
+                  : filler               ? "a catch-up (kvx_ucx_align)"
+                                         : "another");
         free(rx);
         return -EPERM;
     }
