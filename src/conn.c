@@ -227,13 +227,18 @@ void kvx_conn_release(kvx_conn_t *c, int err)
         kvx_conn_maybe_free(c);
 }
 
+void kvx_conn_want_work(kvx_conn_t *c)
+{
+    if (!kvx_list_linked(&c->work_link))
+        kvx_list_add_tail(&c->t->work, &c->work_link);
+}
+
 /* Called from UCX callbacks: only record the error; kvx_conn_handle_work acts on it. */
 void kvx_on_conn_error(kvx_conn_t *c, int status)
 {
     if (c->lingering) { /* UCX gave up on it: closing it is safe now */
         c->linger_over = true;
-        if (!kvx_list_linked(&c->work_link))
-            kvx_list_add_tail(&c->t->work, &c->work_link);
+        kvx_conn_want_work(c);
         return;
     }
     if (c->state != KVX_CONN_OPEN || c->pending_err != 0)
@@ -242,8 +247,7 @@ void kvx_on_conn_error(kvx_conn_t *c, int status)
     c->t->conn_event = true;
     kvx_info(c->t, "UCX reports connection to %s failed: %s", c->agent_name,
              kvx_strerror(c->pending_err));
-    if (!kvx_list_linked(&c->work_link))
-        kvx_list_add_tail(&c->t->work, &c->work_link);
+    kvx_conn_want_work(c);
 }
 
 void kvx_conn_handle_work(kvx_conn_t *c)

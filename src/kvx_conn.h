@@ -176,6 +176,9 @@ static inline void kvx_conn_unacked_sub(kvx_conn_t *c, const kvx_xfer_t *x, uint
     c->unacked -= n;
     c->unacked_lvl[x->prio] -= n;
 }
+/* Ask the next progress step to work on c (kvx_conn_handle_work: post what is queued, act on
+ * an error, end a linger); once, however often asked. */
+void kvx_conn_want_work(kvx_conn_t *c);
 /* Whether any transfer is QUEUED on c (at any priority). */
 static inline bool kvx_conn_queued(const kvx_conn_t *c)
 {

@@ -510,8 +510,9 @@ int kvx_ucx_recv(kvx_ucx_ep_t *e, void *desc, void *dest, size_t len, void *cook
     if (e->ep == NULL || e->t->ucx->rx_reply_ep != e->ep) {
         const kvx_ucx_t *u = e->t->ucx;
         bool filler = false;
-        for (size_t i = 0; i < sizeof(u->fillers) / sizeof(u->fillers[0]) && !filler; i++)
-            filler = u->rx_reply_ep != NULL && u->fillers[i].ep == u->rx_reply_ep;
+        const size_t nf = u->rx_reply_ep != NULL ? sizeof(u->fillers) / sizeof(u->fillers[0]) : 0;
+        for (size_t i = 0; i < nf && !filler; i++)
+            filler = u->fillers[i].ep == u->rx_reply_ep;
         /* which one tells a hostile sender from endpoints UCX paired out of order */
         kvx_debug(e->t, "ucx: a rendezvous payload on %s endpoint, not its connection's",
                   u->rx_reply_ep == NULL ? "no"

@@ -187,8 +187,7 @@ int kvx_xfer_submit(kvx_transport_t *t, kvx_peer_t *p, int op, const uint32_t *l
     if (was_idle)
         kvx_xfer_post(c, KVX_INLINE_BUDGET);
     if (c->state == KVX_CONN_OPEN && c->wired && kvx_conn_queued(c) && c->reqs < KVX_MAX_REQS) {
-        if (!kvx_list_linked(&c->work_link))
-            kvx_list_add_tail(&t->work, &c->work_link);
+        kvx_conn_want_work(c);
         kvx_kick(t, 0);
     }
     rc = 0;
@@ -222,8 +221,8 @@ static void kvx_xfer_detach(kvx_xfer_t *x)
         kvx_xfer_unqueue(c, x);
     else
         kvx_list_del(&x->conn_link);
-    if (c->state == KVX_CONN_OPEN && kvx_conn_queued(c) && !kvx_list_linked(&c->work_link))
-        kvx_list_add_tail(&c->t->work, &c->work_link);
+    if (c->state == KVX_CONN_OPEN && kvx_conn_queued(c))
+        kvx_conn_want_work(c);
 }
 
 /* How long an ENDING write waits for UCX to let go of its messages before kvx fails its
@@ -580,8 +579,7 @@ void kvx_xfer_post(kvx_conn_t *c, size_t budget)
         if (x->posted < x->bytes && !x->canceled) {
             ssize_t n;
             if (budget == 0) { /* the rest goes on in the next progress step */
-                if (!kvx_list_linked(&c->work_link))
-                    kvx_list_add_tail(&c->t->work, &c->work_link);
+                kvx_conn_want_work(c);
                 return;
             }
             if (c->reqs >= KVX_MAX_REQS && c->mapped == NULL)

@@ -41,8 +41,8 @@ static void kvx_xfer_on_ack(kvx_conn_t *c, const kvx_msg_t *m)
             kvx_xfer_write_landed(c, x);
     }
     /* writes of a windowed level wait for room in their window (kvx_xfer_pick) */
-    if (c->state == KVX_CONN_OPEN && kvx_conn_queued(c) && !kvx_list_linked(&c->work_link))
-        kvx_list_add_tail(&t->work, &c->work_link);
+    if (c->state == KVX_CONN_OPEN && kvx_conn_queued(c))
+        kvx_conn_want_work(c);
 }
 
 /* The slot of a read request all of whose bytes arrived or are being received is free: more
@@ -52,8 +52,8 @@ static void kvx_rreq_check_done(kvx_conn_t *c, kvx_rreq_t *q)
     if (q->got != q->len)
         return;
     q->xfer_id = 0;
-    if (kvx_conn_queued(c) && !kvx_list_linked(&c->work_link))
-        kvx_list_add_tail(&c->t->work, &c->work_link);
+    if (kvx_conn_queued(c))
+        kvx_conn_want_work(c);
 }
 
 /* A rendezvous receive of read data ended (or landed at once): its bytes count as arrived, once
@@ -100,8 +100,8 @@ static void kvx_xfer_rrx_end(kvx_conn_t *c, kvx_rrx_t *rx, int status)
     x->done += len;
     kvx_conn_unacked_sub(c, x, len);
     /* a read of a windowed level may wait for these bytes (kvx_xfer_pick) */
-    if (c->state == KVX_CONN_OPEN && kvx_conn_queued(c) && !kvx_list_linked(&c->work_link))
-        kvx_list_add_tail(&t->work, &c->work_link);
+    if (c->state == KVX_CONN_OPEN && kvx_conn_queued(c))
+        kvx_conn_want_work(c);
     if (x->done == x->bytes && x->posted == x->bytes)
         kvx_xfer_finish(x, 0);
 }
@@ -284,8 +284,8 @@ void kvx_xfer_on_message(kvx_transport_t *t, const kvx_msg_t *m, const uint8_t *
                 if (x->epoch == UINT64_MAX)
                     x->epoch = c->epoch;
             }
-        if (kvx_conn_queued(c) && !kvx_list_linked(&c->work_link))
-            kvx_list_add_tail(&t->work, &c->work_link);
+        if (kvx_conn_queued(c))
+            kvx_conn_want_work(c);
         break;
     case KVX_MSG_FENCE:
         /* later writes carry the new epoch; those submitted before are judged by the receiver */
@@ -313,8 +313,7 @@ void kvx_xfer_on_sent(kvx_conn_t *c, uint64_t xfer_id, int status)
 {
     if (--c->reqs == 0 && c->lingering) { /* all it held left: its endpoint may close */
         c->linger_over = true;
-        if (!kvx_list_linked(&c->work_link))
-            kvx_list_add_tail(&c->t->work, &c->work_link);
+        kvx_conn_want_work(c);
     }
     c->ucx_refs--;
     c->last_progress_ns = kvx_now_ns();
@@ -331,8 +330,8 @@ void kvx_xfer_on_sent(kvx_conn_t *c, uint64_t xfer_id, int status)
     if (c->state == KVX_CONN_OPEN) {
         if (status != 0)
             kvx_on_conn_error(c, status);
-        else if (kvx_conn_queued(c) && !kvx_list_linked(&c->work_link))
-            kvx_list_add_tail(&c->t->work, &c->work_link);
+        else if (kvx_conn_queued(c))
+            kvx_conn_want_work(c);
     }
     kvx_conn_maybe_free(c);
 }
