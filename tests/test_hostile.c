@@ -15,6 +15,8 @@
  *     target fences while it is in flight, and one whose sender vanishes (a child attacker killed
  *     after announcing it): the receive ends, counted, its connection closes (the fence returns
  *     with it ended), and the target goes on;
+ *  6. two connections whose HELLOs arrive out of order (as tcp may deliver an honest writer's):
+ *     each one's rendezvous write lands;
  *  4. kvx itself with forged metadata (num_blocks doubled, base moved): writes and reads beyond
  *     the real region are refused.
  * Afterwards the target still serves a real kvx peer. argv[1]: shm, tcp, or netns (the target in
@@ -484,6 +486,75 @@ static void rndv_stall(const kvx_md_t *md, uint32_t sn, bool fence)
     }
 }
 
+/* ---- 6: two connections whose HELLOs arrive out of order ------------------------------------ */
+
+/* What tcp does to an honest writer that opens two connections at once: each endpoint is its own
+ * socket, so the second connection's HELLO may arrive first. The attacker opens two endpoints
+ * (its places 3 and 4 towards the target), lets both wire up, and sends the second one's HELLO
+ * first. Each connection's rendezvous write must then land, every byte verified: the target's
+ * endpoint of each connection is the one UCX paired with the writer's endpoint it came on, so the
+ * payload that comes on it is taken. */
+static void hello_order(const kvx_md_t *md)
+{
+    ucp_ep_params_t ep_params = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
+                                               UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
+                                 .address = (const ucp_address_t *)md->worker_addr,
+                                 .err_mode = UCP_ERR_HANDLING_MODE_PEER};
+    kt_region_t src = kt_region_alloc(NB, BL);
+    ucp_ep_h first = ep, eps[2];
+    uint32_t conn[2], blocks[2] = {60, 61};
+    uint64_t token[2];
+    kvx_recv_counters_t c0, c1;
+    uint8_t h[4096];
+    size_t n;
+
+    kt_target_counters(&tg, &c0);
+    for (int k = 0; k < 2; k++) {
+        KT_CHECK(ucp_ep_create(worker, &ep_params, &eps[k]) == UCS_OK);
+        kt_fill(&src, blocks[k], 0x5a, blocks[k], 9);
+    }
+    progress_for(100);             /* both wire up: the target's UCX makes its side of each */
+    for (int k = 1; k >= 0; k--) { /* the later endpoint's HELLO first */
+        ep = eps[k];
+        seen.hello_acks = 0;
+        n = hello(h, md, md->capability);
+        kvx_put32(h + 36, 3 + (uint32_t)k);
+        send_raw(h, n, NULL, 0, UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY);
+        for (int i = 0; i < 200 && seen.hello_acks == 0; i++)
+            progress_for(10);
+        KT_EQ(seen.hello_acks, 1);
+        conn[k] = seen.rconn_id;
+        token[k] = seen.token;
+    }
+    for (int k = 0; k < 2; k++) {
+        ep = eps[k];
+        seen.acks = 0;
+        seen.last_ack_status = 1;
+        n = write_hdr(h, conn[k], token[k], 0, (uint64_t)blocks[k] * BL, BL, 0);
+        send_raw(h, n, (uint8_t *)src.base + (uint64_t)blocks[k] * BL, BL,
+                 UCP_AM_SEND_FLAG_RNDV | UCP_AM_SEND_FLAG_REPLY);
+        for (int i = 0; i < 200 && seen.acks == 0; i++)
+            progress_for(10);
+        KT_EQ(seen.acks, 1);
+        KT_EQ(seen.last_ack_status, 0);
+    }
+    kt_target_counters(&tg, &c1);
+    kt_log("two connections whose HELLOs came out of order: %llu rendezvous writes landed, "
+           "%llu failed",
+           (unsigned long long)(c1.rndv_landed - c0.rndv_landed),
+           (unsigned long long)(c1.rndv_failed - c0.rndv_failed));
+    KT_EQ(c1.rndv_landed - c0.rndv_landed, 2);
+    KT_EQ(kt_target_verify(&tg, blocks, blocks, 2, 0x5a, 9), 0);
+    for (int k = 0; k < 2; k++) {
+        ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                                 .flags = UCP_EP_CLOSE_FLAG_FORCE};
+        keep_req(ucp_ep_close_nbx(eps[k], &p));
+    }
+    ep = first;
+    progress_for(100);
+    kt_region_free(&src);
+}
+
 /* A child attacker announces a 256 KiB rendezvous write (the whole region) and is killed before
  * it progresses again: the receive the target started ends (it sees the connection fail), and
  * nothing of the target's outside the region moves. */
@@ -574,6 +645,8 @@ static int attack(void)
     rndv_stall(&md, 1, false); /* the attacker's second endpoint: its stall limit */
     KT_EQ(kt_target_canaries(&tg), 0);
     rndv_stall(&md, 2, true); /* its third: a fence */
+    KT_EQ(kt_target_canaries(&tg), 0);
+    hello_order(&md); /* its fourth and fifth */
     KT_EQ(kt_target_canaries(&tg), 0);
     attacker_stop();
     rndv_vanish(&md);
