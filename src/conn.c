@@ -373,6 +373,7 @@ static int kvx_conn_hello(kvx_conn_t *c)
         kvx_hmac_sha256(t->secret, t->secret_len, &part, 1, s->hdr + len);
         len += KVX_PROOF_LEN;
     }
+    s->named = true; /* the receiver's connection takes the endpoint paired with this one */
     rc = kvx_ucx_send(s, len, 0, &c->ucx_refs);
     if (rc == 1)
         c->reqs++;

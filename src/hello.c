@@ -60,7 +60,8 @@ static kvx_rconn_t *kvx_rconn_alloc(kvx_transport_t *t, kvx_writer_t *w, const k
  * or with the transport; it is never fenced, counts no writer's connection, and its id is
  * refused to every other message.
  */
-static void kvx_recv_refuse_hello(kvx_transport_t *t, const uint8_t *buf, size_t len)
+static void kvx_recv_refuse_hello(kvx_transport_t *t, const uint8_t *buf, size_t len,
+                                  const void *came_on)
 {
     kvx_msg_t m;
     kvx_writer_t *w;
@@ -104,8 +105,8 @@ static void kvx_recv_refuse_hello(kvx_transport_t *t, const uint8_t *buf, size_t
         free(rc);
         return;
     }
-    if (kvx_ucx_align(t, m.u.hello.waddr, m.u.hello.ep_sn) < 0 ||
-        kvx_ucx_ep_open(t, m.u.hello.waddr, m.u.hello.name, &kvx_rconn_ep_ops, rc, &rc->ucx) < 0) {
+    if (kvx_ucx_ep_accept(t, m.u.hello.waddr, m.u.hello.ep_sn, came_on, m.u.hello.name,
+                          &kvx_rconn_ep_ops, rc, &rc->ucx) < 0) {
         kvx_idtab_release(&t->rconn_ids, rc->id);
         free(rc);
         return;
@@ -217,6 +218,7 @@ void kvx_recv_hello_in(kvx_transport_t *t, const kvx_msg_t *m, const void *hdr, 
     memcpy(h->buf, hdr, hdr_len);
     h->len = hdr_len;
     h->retired = retired;
+    h->came_on = kvx_ucx_came_on(t);
     snprintf(h->name, sizeof(h->name), "%s", m->u.hello.name);
     kvx_list_add_tail(&t->hellos, &h->link);
     t->nhellos++;
@@ -227,14 +229,15 @@ void kvx_recv_hello_in(kvx_transport_t *t, const kvx_msg_t *m, const void *hdr, 
 /* Make the connection of a HELLO that arrived: 0 when done with it (connected, refused or
  * dropped), 1 when the rates of new connections hold it back (it waits; force: fence, which
  * takes every HELLO that arrived before it, is not held back). */
-static int kvx_recv_hello(kvx_transport_t *t, const uint8_t *buf, size_t len, bool force)
+static int kvx_recv_hello(kvx_transport_t *t, const uint8_t *buf, size_t len, const void *came_on,
+                          bool force)
 {
     kvx_msg_t m;
     kvx_writer_t *w;
     kvx_rconn_t *rc;
     uint8_t ack[KVX_WIRE_HELLO_ACK_LEN] = {0};
     char tl[KVX_TRANSPORT_NAME_MAX];
-    int rma_hw;
+    int rma_hw, err;
 
     uint64_t now = kvx_now_ns();
     kvx_rconn_t *v = NULL;
@@ -243,7 +246,7 @@ static int kvx_recv_hello(kvx_transport_t *t, const uint8_t *buf, size_t len, bo
         return 0; /* decoded once already */
     /* retired while it waited (kvx_fence_ex): refused as one that came after */
     if (!kvx_equal_ct(m.u.hello.capability, t->capability, sizeof(t->capability))) {
-        kvx_recv_refuse_hello(t, buf, len);
+        kvx_recv_refuse_hello(t, buf, len, came_on);
         return 0;
     }
     if ((w = kvx_writer_get(t, m.u.hello.name)) == NULL) {
@@ -277,16 +280,11 @@ static int kvx_recv_hello(kvx_transport_t *t, const uint8_t *buf, size_t len, bo
     }
     /* UCX parses the writer's address here: what holds the capability (and, with a secret, what
      * proved it) may make this transport parse an address (docs/security.md) */
-    if (kvx_ucx_align(t, m.u.hello.waddr, m.u.hello.ep_sn) < 0) {
+    if ((err = kvx_ucx_ep_accept(t, m.u.hello.waddr, m.u.hello.ep_sn, came_on, m.u.hello.name,
+                                 &kvx_rconn_ep_ops, rc, &rc->ucx)) < 0) {
         kvx_idtab_release(&t->rconn_ids, rc->id);
         free(rc);
-        kvx_count(t, w, KVX_CNT(drop_hello_limit));
-        return 0;
-    }
-    if (kvx_ucx_ep_open(t, m.u.hello.waddr, m.u.hello.name, &kvx_rconn_ep_ops, rc, &rc->ucx) < 0) {
-        kvx_idtab_release(&t->rconn_ids, rc->id);
-        free(rc);
-        kvx_count(t, w, KVX_CNT(drop_other));
+        kvx_count(t, w, err == -ENOBUFS ? KVX_CNT(drop_hello_limit) : KVX_CNT(drop_other));
         return 0;
     }
     if (v != NULL) {
@@ -327,8 +325,8 @@ unsigned kvx_recv_hellos(kvx_transport_t *t, bool force)
         kvx_hello_t *h = kvx_container_of(l, kvx_hello_t, link);
         next = l->next;
         if (h->retired)
-            kvx_recv_refuse_hello(t, h->buf, h->len);
-        else if (kvx_recv_hello(t, h->buf, h->len, force) == 1)
+            kvx_recv_refuse_hello(t, h->buf, h->len, h->came_on);
+        else if (kvx_recv_hello(t, h->buf, h->len, h->came_on, force) == 1)
             continue; /* held back by the rates: it waits, in order */
         kvx_list_del(&h->link);
         t->nhellos--;

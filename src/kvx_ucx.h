@@ -21,6 +21,9 @@ struct kvx_send {
     /* its one payload piece (iov[0], memory of the region) goes by rendezvous: the receiver
      * checks the header, then UCX moves the piece into the place it names (kvx_ucx_recv) */
     bool rndv;
+    /* it names the endpoint it goes on (UCP_AM_SEND_FLAG_REPLY): a HELLO, whose connection
+     * then takes the endpoint UCX paired with it (kvx_ucx_ep_accept) */
+    bool named;
     uint8_t hdr[KVX_SEND_HDR_MAX];
     kvx_iov_t iov[KVX_WIRE_MAX_RUNS];
 };
@@ -70,8 +73,16 @@ int kvx_ucx_ep_open(kvx_transport_t *t, const void *waddr, const char *name,
  * of ep among this worker's endpoints to that peer, and a catch-up to the peer's place before
  * answering it (see ucx_ep.c). */
 uint32_t kvx_ucx_ep_sn(const kvx_ucx_ep_t *ep);
-/* Returns 0, or -ENOBUFS when the catch-up is over its budget (the HELLO is refused). */
-int kvx_ucx_align(kvx_transport_t *t, const void *waddr, uint32_t sn);
+/* The endpoint of a HELLO's connection, towards the writer's worker waddr, whose endpoint the
+ * HELLO came on (came_on, kvx_ucx_came_on; NULL: it named none) and says is its sn-th towards
+ * this worker: the endpoint UCX paired with that one, a catch-up endpoint opened for it already
+ * when HELLOs came out of order, else one opened now after catching up (see ucx_ep.c). Returns 0,
+ * -ENOBUFS when the catch-up is over its budget (the HELLO is refused), or another errno. */
+int kvx_ucx_ep_accept(kvx_transport_t *t, const void *waddr, uint32_t sn, const void *came_on,
+                      const char *name, const kvx_ep_ops_t *ops, void *owner, kvx_ucx_ep_t **ep_p);
+/* Inside a message's handler: a mark of the endpoint it came on, when its sender named it
+ * (UCP_AM_SEND_FLAG_REPLY), else NULL. Only for kvx_ucx_ep_accept, which compares it. */
+const void *kvx_ucx_came_on(kvx_transport_t *t);
 /* Close (forced). Returns 0 when closed on return, 1 when the owner's on_closed follows. */
 int kvx_ucx_ep_close(kvx_ucx_ep_t *ep, unsigned *refs);
 void kvx_ucx_ep_free(kvx_ucx_ep_t *ep);

@@ -114,14 +114,14 @@ static ucs_status_t kvx_ucx_am_cb(void *arg, const void *header, size_t header_l
         t->ucx->ops->on_drop(t, KVX_DROP_MALFORMED);
         return UCS_OK;
     }
+    t->ucx->rx_reply_ep =
+        (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? param->reply_ep : NULL;
     if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
         /* Only a WRITE's or a READ_DATA's payload may come by rendezvous. Nothing of it has
          * moved: data is UCX's descriptor, and the side's handler checks the header, then
          * either receives the payload where it chooses (kvx_ucx_recv) or returns without it,
          * which UCX reports to the sender as done (returning UCS_OK in both cases). */
         m.rndv = true;
-        t->ucx->rx_reply_ep =
-            (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? param->reply_ep : NULL;
         if (m.type == KVX_MSG_WRITE)
             t->ucx->ops->on_request(t, &m, header, header_length, data, length);
         else if (m.type == KVX_MSG_READ_DATA)
@@ -159,8 +159,11 @@ static ucs_status_t kvx_ucx_am_cb(void *arg, const void *header, size_t header_l
         t->ucx->ops->on_reply(t, &m, data, length);
         break;
     }
+    t->ucx->rx_reply_ep = NULL;
     return UCS_OK;
 }
+
+const void *kvx_ucx_came_on(kvx_transport_t *t) { return t->ucx->rx_reply_ep; }
 
 /* ---- progress and wake-up ------------------------------------------------------------------ */
 

@@ -15,6 +15,13 @@ void kvx_ucx_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
     kvx_ucx_ep_t *e = arg;
 
     (void)ep;
+    if (e->filler) { /* its peer is gone: closed after this progress (kvx_ucx_reap_fillers) */
+        if (!e->failed) {
+            e->failed = true;
+            e->t->ucx->nfailed++;
+        }
+        return;
+    }
     if (e->pair) {
         kvx_debug(e->t, "ucx: a pairing endpoint failed: %s", ucs_status_string(status));
         /* what UCX's connection manager says when nothing listens at the address */
@@ -38,9 +45,14 @@ void kvx_ucx_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
  * metadata chooses the number its HELLO claims: a catch-up over its budget (KVX_ALIGN_MAX per
  * HELLO, KVX_FILLERS_PER_WORKER open towards one worker, 256 open in all) refuses the HELLO. A
  * receiver already ahead (it opened endpoints of its own towards that worker) is left as it is.
- * HELLOs of two connections open at once that arrive out of order (tcp) are not told apart from a
- * lost one: the later reply endpoint then pairs with the writer's next endpoint (a known limit;
- * pairing by UCX's connection manager would remove it).
+ * HELLOs of two connections open at once may arrive out of order (tcp: each endpoint is its own
+ * socket): the later one's catch-up opens the earlier one's endpoint as a filler. So a HELLO names
+ * the endpoint it came on (UCP_AM_SEND_FLAG_REPLY: UCX tells the receiver which of its endpoints
+ * is paired with the writer's), and a filler a HELLO came on becomes that HELLO's connection's
+ * endpoint (kvx_ucx_ep_accept). A connection whose endpoint is still not the one its HELLO came
+ * on (the writer's count was wrong, or the receiver's own endpoint towards that worker, opened to
+ * write to it, took the place) works by eager messages, which do not care which endpoint brings
+ * them; its rendezvous payloads are refused (kvx_ucx_recv), and a debug line says so.
  */
 #define KVX_ALIGN_MAX 16
 
@@ -90,17 +102,6 @@ static struct kvx_ucx_sn *kvx_ucx_sn_find(kvx_ucx_t *u, uint64_t uid, bool creat
 
 uint32_t kvx_ucx_ep_sn(const kvx_ucx_ep_t *e) { return e != NULL ? e->sn : 0; }
 
-static void kvx_ucx_filler_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
-{
-    struct kvx_ucx_filler *f = arg;
-    (void)ep;
-    (void)status;
-    if (f->ep != NULL && !f->failed) { /* its peer is gone: closed after this progress */
-        f->failed = true;
-        f->u->nfailed++;
-    }
-}
-
 static void kvx_ucx_filler_closed(void *req, ucs_status_t status, void *arg)
 {
     (void)status;
@@ -108,7 +109,25 @@ static void kvx_ucx_filler_closed(void *req, ucs_status_t status, void *arg)
     ucp_request_free(req);
 }
 
-/* Close the catch-up endpoints whose peer failed (not from inside UCX's callback). */
+/* Take filler slot i off the list (its endpoint stays open: closed or adopted by the caller). */
+static kvx_ucx_ep_t *kvx_ucx_filler_take(kvx_ucx_t *u, size_t i)
+{
+    kvx_ucx_ep_t *e = u->fillers[i];
+    struct kvx_ucx_sn *sn = kvx_ucx_sn_find(u, e->uid, false);
+
+    if (sn != NULL && sn->fillers > 0)
+        sn->fillers--;
+    if (e->failed)
+        u->nfailed--;
+    u->fillers[i] = NULL;
+    u->nfillers--;
+    e->filler = false;
+    e->failed = false;
+    return e;
+}
+
+/* Close the catch-up endpoints whose peer failed (not from inside UCX's callback). UCX calls no
+ * error handler of an endpoint once its close began, so each goes at once. */
 void kvx_ucx_reap_fillers(kvx_ucx_t *u)
 {
     ucp_request_param_t cp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK,
@@ -116,111 +135,29 @@ void kvx_ucx_reap_fillers(kvx_ucx_t *u)
                               .cb.send = kvx_ucx_filler_closed};
 
     for (size_t i = 0; i < sizeof(u->fillers) / sizeof(u->fillers[0]) && u->nfailed > 0; i++) {
-        struct kvx_ucx_filler *f = &u->fillers[i];
-        struct kvx_ucx_sn *e;
+        kvx_ucx_ep_t *e;
         void *req;
-        if (f->ep == NULL || !f->failed)
+        if (u->fillers[i] == NULL || !u->fillers[i]->failed)
             continue;
-        req = ucp_ep_close_nbx(f->ep, &cp);
+        e = kvx_ucx_filler_take(u, i);
+        req = ucp_ep_close_nbx(e->ep, &cp);
         (void)req; /* a request frees itself in kvx_ucx_filler_closed */
-        if ((e = kvx_ucx_sn_find(u, f->uid, false)) != NULL && e->fillers > 0)
-            e->fillers--;
-        f->ep = NULL;
-        f->failed = false;
-        u->nfillers--;
-        u->nfailed--;
+        free(e);
     }
 }
 
-int kvx_ucx_align(kvx_transport_t *t, const void *waddr, uint32_t sn)
-{
-    kvx_ucx_t *u = t->ucx;
-    bool ok;
-    uint64_t uid = kvx_ucx_uid(waddr, &ok);
-    struct kvx_ucx_sn *e = ok ? kvx_ucx_sn_find(u, uid, false) : NULL;
-    uint32_t have = e != NULL ? e->next_sn : 0, want;
-    const size_t cap = sizeof(u->fillers) / sizeof(u->fillers[0]);
-
-    /* UCX's numbers are 16-bit and pair nothing past 65535: nothing to catch up then */
-    if (!ok || have >= sn || sn >= 0xffff)
-        return 0;
-    want = sn - have;
-    /* the budget: per HELLO, per remote worker (open at once) and per transport (open at once;
-     * those whose peer failed give their place back) */
-    if (want > KVX_ALIGN_MAX || want > cap - u->nfillers ||
-        (e != NULL ? e->fillers : 0) + want > KVX_FILLERS_PER_WORKER) {
-        kvx_info(t, "ucx: a writer %u endpoint(s) ahead: over the catch-up budget, refused", want);
-        return -ENOBUFS;
-    }
-    if (e == NULL && (e = kvx_ucx_sn_find(u, uid, true)) == NULL)
-        return -ENOMEM;
-    kvx_debug(t, "ucx: %u endpoint(s) behind the writer's: catching up", want);
-    for (size_t i = 0; i < cap && e->next_sn < sn; i++) {
-        struct kvx_ucx_filler *f = &u->fillers[i];
-        ucp_ep_params_t ep_params = {
-            .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                          UCP_EP_PARAM_FIELD_ERR_HANDLER,
-            .address = (const ucp_address_t *)waddr,
-            .err_mode = UCP_ERR_HANDLING_MODE_PEER,
-            .err_handler = {.cb = kvx_ucx_filler_err_cb, .arg = f},
-        };
-        if (f->ep != NULL)
-            continue;
-        if (ucp_ep_create(u->worker, &ep_params, &f->ep) != UCS_OK) {
-            f->ep = NULL;
-            break;
-        }
-        f->u = u;
-        f->uid = uid;
-        f->failed = false;
-        e->next_sn++;
-        e->fillers++;
-        u->nfillers++;
-    }
-    return 0;
-}
-
-/* The catch-up endpoints go with the worker (forced: nothing was ever sent on them). UCX's
- * progress is driven for at most a second for them (with the lock held: the transport closes). */
-void kvx_ucx_close_fillers(kvx_ucx_t *u)
-{
-    ucp_request_param_t cp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
-                              .flags = UCP_EP_CLOSE_FLAG_FORCE};
-    uint64_t until = kvx_now_ns() + 1000000000ull;
-
-    kvx_ucx_reap_fillers(u);
-    for (size_t i = 0; i < sizeof(u->fillers) / sizeof(u->fillers[0]); i++) {
-        void *req;
-        if (u->fillers[i].ep == NULL)
-            continue;
-        req = ucp_ep_close_nbx(u->fillers[i].ep, &cp);
-        u->fillers[i].ep = NULL;
-        if (UCS_PTR_IS_PTR(req)) {
-            while (ucp_request_check_status(req) == UCS_INPROGRESS && kvx_now_ns() < until)
-                ucp_worker_progress(u->worker);
-            /* past the bound the request goes with the worker, which frees it */
-            if (ucp_request_check_status(req) != UCS_INPROGRESS)
-                ucp_request_free(req);
-        }
-    }
-    u->nfillers = 0;
-    u->nfailed = 0;
-}
-
-int kvx_ucx_ep_open(kvx_transport_t *t, const void *waddr, const char *name,
-                    const kvx_ep_ops_t *ops, void *owner, kvx_ucx_ep_t **ep_p)
+/* An endpoint to waddr (uid: its worker's, ok: known), counted among those towards that worker. */
+static int kvx_ucx_ep_new(kvx_transport_t *t, const void *waddr, uint64_t uid, bool ok,
+                          const char *name, kvx_ucx_ep_t **ep_p)
 {
     kvx_ucx_ep_t *e = calloc(1, sizeof(*e));
     struct kvx_ucx_sn *sn;
     ucs_status_t s;
-    bool ok;
-    uint64_t uid = kvx_ucx_uid(waddr, &ok);
 
     if (e == NULL)
         return -ENOMEM;
     e->t = t;
-    e->ops = ops;
-    e->owner = owner;
+    e->uid = uid;
     ucp_ep_params_t ep_params = {
         .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                       UCP_EP_PARAM_FIELD_ERR_HANDLER | UCP_EP_PARAM_FIELD_NAME,
@@ -240,6 +177,124 @@ int kvx_ucx_ep_open(kvx_transport_t *t, const void *waddr, const char *name,
         return kvx_ucx_errno(s);
     }
     *ep_p = e;
+    return 0;
+}
+
+/* Open the endpoints this worker lacks towards waddr's before its sn-th: 0, or -ENOBUFS over the
+ * budget. */
+static int kvx_ucx_align(kvx_transport_t *t, const void *waddr, uint64_t uid, uint32_t sn)
+{
+    kvx_ucx_t *u = t->ucx;
+    struct kvx_ucx_sn *e = kvx_ucx_sn_find(u, uid, false);
+    uint32_t have = e != NULL ? e->next_sn : 0, want;
+    const size_t cap = sizeof(u->fillers) / sizeof(u->fillers[0]);
+
+    /* UCX's numbers are 16-bit and pair nothing past 65535: nothing to catch up then */
+    if (have >= sn || sn >= 0xffff)
+        return 0;
+    want = sn - have;
+    /* the budget: per HELLO, per remote worker (open at once) and per transport (open at once;
+     * those whose peer failed give their place back) */
+    if (want > KVX_ALIGN_MAX || want > cap - u->nfillers ||
+        (e != NULL ? e->fillers : 0) + want > KVX_FILLERS_PER_WORKER) {
+        kvx_info(t, "ucx: a writer %u endpoint(s) ahead: over the catch-up budget, refused", want);
+        return -ENOBUFS;
+    }
+    kvx_debug(t, "ucx: %u endpoint(s) behind the writer's (its %u, this worker's %u): catching up",
+              want, sn, have);
+    for (size_t i = 0; i < cap && have < sn; i++) {
+        kvx_ucx_ep_t *f;
+        if (u->fillers[i] != NULL)
+            continue;
+        if (kvx_ucx_ep_new(t, waddr, uid, true, "kvx-catch-up", &f) < 0)
+            break;
+        f->filler = true;
+        u->fillers[i] = f;
+        u->nfillers++;
+        if ((e = kvx_ucx_sn_find(u, uid, false)) != NULL) {
+            e->fillers++;
+            have = e->next_sn;
+        } else
+            break;
+    }
+    return 0;
+}
+
+/* The catch-up endpoints go with the worker (forced: nothing was ever sent on them). UCX's
+ * progress is driven for at most a second for them (with the lock held: the transport closes). */
+void kvx_ucx_close_fillers(kvx_ucx_t *u)
+{
+    ucp_request_param_t cp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                              .flags = UCP_EP_CLOSE_FLAG_FORCE};
+    uint64_t until = kvx_now_ns() + 1000000000ull;
+
+    kvx_ucx_reap_fillers(u);
+    for (size_t i = 0; i < sizeof(u->fillers) / sizeof(u->fillers[0]); i++) {
+        kvx_ucx_ep_t *e;
+        void *req;
+        if (u->fillers[i] == NULL)
+            continue;
+        e = kvx_ucx_filler_take(u, i);
+        req = ucp_ep_close_nbx(e->ep, &cp);
+        free(e); /* no error handler of it runs once its close began */
+        if (UCS_PTR_IS_PTR(req)) {
+            while (ucp_request_check_status(req) == UCS_INPROGRESS && kvx_now_ns() < until)
+                ucp_worker_progress(u->worker);
+            /* past the bound the request goes with the worker, which frees it */
+            if (ucp_request_check_status(req) != UCS_INPROGRESS)
+                ucp_request_free(req);
+        }
+    }
+    u->nfillers = 0;
+    u->nfailed = 0;
+}
+
+int kvx_ucx_ep_open(kvx_transport_t *t, const void *waddr, const char *name,
+                    const kvx_ep_ops_t *ops, void *owner, kvx_ucx_ep_t **ep_p)
+{
+    bool ok;
+    uint64_t uid = kvx_ucx_uid(waddr, &ok);
+    int rc = kvx_ucx_ep_new(t, waddr, uid, ok, name, ep_p);
+
+    if (rc == 0) {
+        (*ep_p)->ops = ops;
+        (*ep_p)->owner = owner;
+    }
+    return rc;
+}
+
+int kvx_ucx_ep_accept(kvx_transport_t *t, const void *waddr, uint32_t sn, const void *came_on,
+                      const char *name, const kvx_ep_ops_t *ops, void *owner, kvx_ucx_ep_t **ep_p)
+{
+    kvx_ucx_t *u = t->ucx;
+    bool ok;
+    uint64_t uid = kvx_ucx_uid(waddr, &ok);
+    int rc;
+
+    if (!ok)
+        return -EINVAL; /* UCX would refuse the address too */
+    /* came out of order: the endpoint UCX paired with the writer's is a filler of an earlier
+     * catch-up (one whose peer failed is not taken: it closes) */
+    for (size_t i = 0; came_on != NULL && i < sizeof(u->fillers) / sizeof(u->fillers[0]); i++) {
+        kvx_ucx_ep_t *e = u->fillers[i];
+        if (e == NULL || e->failed || (const void *)e->ep != came_on || e->uid != uid)
+            continue;
+        e = kvx_ucx_filler_take(u, i);
+        e->ops = ops;
+        e->owner = owner;
+        kvx_debug(t, "ucx: a HELLO on catch-up endpoint %u: its connection's now", e->sn);
+        *ep_p = e;
+        return 0;
+    }
+    if ((rc = kvx_ucx_align(t, waddr, uid, sn)) < 0 ||
+        (rc = kvx_ucx_ep_open(t, waddr, name, ops, owner, ep_p)) < 0)
+        return rc;
+    if (came_on == NULL || (const void *)(*ep_p)->ep != came_on)
+        kvx_debug(t,
+                  "ucx: the HELLO of %s (the writer's endpoint %u) %s its connection's (%u): "
+                  "its rendezvous payloads will be refused",
+                  name, sn, came_on == NULL ? "named no endpoint, not" : "came on another than",
+                  (*ep_p)->sn);
     return 0;
 }
 
@@ -382,6 +437,7 @@ kvx_send_t *kvx_ucx_send_get(kvx_ucx_ep_t *e)
     s->next_free = NULL;
     s->xfer_id = 0;
     s->rndv = false;
+    s->named = false;
     return s;
 }
 
@@ -409,7 +465,7 @@ int kvx_ucx_send(kvx_send_t *s, size_t hdr_len, size_t iovcnt, unsigned *refs)
     ucp_request_param_t p = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
                         UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_DATATYPE,
-        .flags = UCP_AM_SEND_FLAG_EAGER | (e->pair ? UCP_AM_SEND_FLAG_REPLY : 0),
+        .flags = UCP_AM_SEND_FLAG_EAGER | (e->pair || s->named ? UCP_AM_SEND_FLAG_REPLY : 0),
         .cb.send = kvx_ucx_send_cb,
         .user_data = s,
         .datatype = iovcnt > 0 ? ucp_dt_make_iov() : ucp_dt_make_contig(1),
@@ -512,7 +568,7 @@ int kvx_ucx_recv(kvx_ucx_ep_t *e, void *desc, void *dest, size_t len, void *cook
         bool filler = false;
         const size_t nf = u->rx_reply_ep != NULL ? sizeof(u->fillers) / sizeof(u->fillers[0]) : 0;
         for (size_t i = 0; i < nf && !filler; i++)
-            filler = u->fillers[i].ep == u->rx_reply_ep;
+            filler = u->fillers[i] != NULL && u->fillers[i]->ep == u->rx_reply_ep;
         /* which one tells a hostile sender from endpoints UCX paired out of order */
         kvx_debug(e->t, "ucx: a rendezvous payload on %s endpoint, not its connection's",
                   u->rx_reply_ep == NULL ? "no"

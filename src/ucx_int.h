@@ -50,19 +50,17 @@ struct kvx_ucx {
         uint8_t used;
     } * sns; /* a hash table by uid (open addressing), sns_cap a power of two */
     size_t nsns, sns_cap;
-    struct kvx_ucx_filler {
-        struct kvx_ucx *u;
-        ucp_ep_h ep; /* NULL: a free slot */
-        uint64_t uid;
-        bool failed; /* its peer failed: closed by kvx_ucx_progress */
-    } fillers[256];  /* endpoints opened only to catch up (kvx_ucx_align) */
+    /* endpoints opened only to catch up (kvx_ucx_align), NULL: a free slot; a HELLO that came
+     * on one makes it its connection's (kvx_ucx_ep_accept) */
+    kvx_ucx_ep_t *fillers[256];
     size_t nfillers, nfailed;
     void *rkey; /* its packed key (in the metadata) */
     size_t rkey_len;
     ucp_listener_h listener; /* kvx_transport_listen */
     kvx_ucx_ep_t *pair_eps;  /* endpoints of UCX's connection manager (listen.c) */
-    /* the endpoint a rendezvous message being handled came on (its sender's REPLY), or NULL:
-     * its payload is received only for a connection whose endpoint that is (kvx_ucx_recv) */
+    /* the endpoint the message being handled came on (its sender's REPLY), or NULL: a
+     * rendezvous payload is received only for a connection whose endpoint that is
+     * (kvx_ucx_recv), and a HELLO's connection takes it (kvx_ucx_came_on, kvx_ucx_ep_accept) */
     ucp_ep_h rx_reply_ep;
 };
 
@@ -76,6 +74,9 @@ struct kvx_ucx_ep {
     kvx_send_t *free; /* messages to reuse */
     ucp_rkey_h rkey;  /* the peer's owned region, mapped here (kvx_ucx_map) */
     uint32_t sn;      /* its place among this worker's endpoints to that worker */
+    uint64_t uid;     /* that worker's (UCX's worker uid) */
+    bool filler;      /* a catch-up endpoint (u->fillers): no owner, nothing sent on it */
+    bool failed;      /* ... whose peer failed: closed by kvx_ucx_progress */
 };
 
 _Static_assert(sizeof(kvx_iov_t) == sizeof(ucp_dt_iov_t) &&
