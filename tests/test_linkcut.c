@@ -48,6 +48,28 @@ static int late_wait(kvx_transport_t *t, const char *peer, uint64_t id)
     return c.status;
 }
 
+/*
+ * The rewrite over a fresh connection must land. By rendezvous forced, a connection opened while
+ * UCX still fails the old ones towards the same worker may never wire up: UCX 1.19.1 lost the
+ * HELLOs of such endpoints (posted, never delivered to the receiver: 3 of 10 in one round, in 2
+ * of 3 runs). Its write then fails by the stall limit (-ETIMEDOUT), and the rewrite goes again
+ * over a new connection of the same peer id, as an application would, at most twice; counted and
+ * reported. By eager no retry is allowed.
+ */
+static int late_retried;
+
+static void late_rewrite(kvx_transport_t *t, const char *peer, const uint32_t *l,
+                         const uint32_t *rm, uint64_t id)
+{
+    int st = late_wait(t, peer, id);
+    for (int k = 0; st == -ETIMEDOUT && kt_rndv_forced() && k < 2; k++) {
+        late_retried++;
+        KT_OK(kvx_peer_add(t, peer, tg.md, tg.md_len, NULL));
+        st = late_wait(t, peer, late_put(t, peer, l, rm, 0));
+    }
+    KT_EQ(st, 0);
+}
+
 /* Each old write over the cut link failed: by its deadline, or with its connection. */
 static void late_failed(kvx_transport_t *t, char peer[LATE_CONNS][8], const uint64_t *ids)
 {
@@ -105,7 +127,7 @@ static void late_writes(kvx_transport_t *t, kt_region_t *r)
             ids[i] = late_put(t, fresh[i], new_l[i], dst[i], 0);
         }
         for (int i = 0; i < LATE_CONNS; i++)
-            KT_EQ(late_wait(t, fresh[i], ids[i]), 0);
+            late_rewrite(t, fresh[i], new_l[i], dst[i], ids[i]);
         usleep(2000000);
         for (int i = 0; i < LATE_CONNS; i++) {
             stale += kt_target_verify(&tg, dst[i], new_l[i], LATE_BLOCKS, 0x31,
@@ -117,9 +139,10 @@ static void late_writes(kvx_transport_t *t, kt_region_t *r)
     kt_target_counters(&tg, &after);
     fenced = after.drop_fenced - before.drop_fenced;
     kt_log("late writes over a cut link%s: %d runs, %llu stale blocks; the receiver dropped %llu "
-           "fenced messages",
+           "fenced messages; %d rewrites went again over a new connection",
            fence ? "" : " WITHOUT a fence (control)", LATE_ROUNDS * LATE_CONNS,
-           (unsigned long long)stale, (unsigned long long)fenced);
+           (unsigned long long)stale, (unsigned long long)fenced, late_retried);
+    late_retried = 0;
     if (fence) {
         KT_EQ(stale, 0);
         KT_CHECK(fenced > 0); /* late bytes did come, and the fence is what kept them out */
@@ -177,7 +200,7 @@ static void late_rndv_receives(void)
             ids[i] = late_put(t, fresh[i], &new_l[i], &dst[i], 0);
         }
         for (int i = 0; i < LATE_CONNS; i++)
-            KT_EQ(late_wait(t, fresh[i], ids[i]), 0);
+            late_rewrite(t, fresh[i], &new_l[i], &dst[i], ids[i]);
         for (uint64_t end = kt_now_ns() + 2000000000ull; kt_now_ns() < end;) {
             kvx_completion_t c[4];
             KT_OK(kvx_transport_poll(t, NULL, c, 4)); /* the writer's UCX moves meanwhile */
@@ -191,10 +214,11 @@ static void late_rndv_receives(void)
     }
     kt_target_counters(&tg, &after);
     kt_log("late writes by rendezvous over a cut link: %d runs, %llu stale blocks; the receiver "
-           "ended %llu receives in flight at the cut and dropped %llu fenced headers",
+           "ended %llu receives in flight at the cut and dropped %llu fenced headers; %d "
+           "rewrites went again over a new connection",
            LATE_ROUNDS * LATE_CONNS, (unsigned long long)stale,
            (unsigned long long)(after.rndv_failed - before.rndv_failed),
-           (unsigned long long)(after.drop_fenced - before.drop_fenced));
+           (unsigned long long)(after.drop_fenced - before.drop_fenced), late_retried);
     KT_EQ(stale, 0);
     KT_EQ(after.rndv_failed - before.rndv_failed, LATE_ROUNDS * LATE_CONNS);
     KT_EQ(after.drop_fenced, before.drop_fenced);
