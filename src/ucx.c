@@ -74,6 +74,7 @@ void kvx_ucx_fini(kvx_transport_t *t)
     ucp_worker_release_address(u->worker, u->waddr);
     ucp_worker_destroy(u->worker);
     u->worker = NULL;
+    kvx_ucx_drop_links(u);
     if (u->region != NULL)
         return; /* an owned region stays mapped until kvx_ucx_free */
     kvx_ucx_free(t);

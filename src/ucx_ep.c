@@ -31,6 +31,43 @@ void kvx_ucx_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
         e->ops->on_error(e->owner, kvx_ucx_errno(status));
 }
 
+static void kvx_ucx_link_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    struct kvx_ucx_link *l = arg;
+
+    for (int i = 0; i < 2; i++)
+        if (l->users[i] != NULL)
+            kvx_ucx_err_cb(l->users[i], ep, status);
+}
+
+/* A link whose UCX endpoint closed (UCX calls no error handler of it once its close began). */
+static void kvx_ucx_link_drop(struct kvx_ucx_link *l)
+{
+    for (int i = 0; i < 2; i++)
+        if (l->users[i] != NULL)
+            l->users[i]->link = NULL;
+    if ((*l->prevp = l->next) != NULL)
+        l->next->prevp = l->prevp;
+    free(l);
+}
+
+/* Close e's UCX endpoint itself (forced), with close parameters cp. */
+static void *kvx_ucx_ep_close_ucp(kvx_ucx_ep_t *e, const ucp_request_param_t *cp)
+{
+    void *req = ucp_ep_close_nbx(e->ep, (ucp_request_param_t *)cp);
+
+    if (e->link != NULL)
+        kvx_ucx_link_drop(e->link);
+    e->ep = NULL;
+    return req;
+}
+
+void kvx_ucx_drop_links(kvx_ucx_t *u)
+{
+    while (u->links != NULL)
+        kvx_ucx_link_drop(u->links);
+}
+
 /*
  * UCX pairs the endpoints of two workers by creation order: the k-th endpoint one worker opens
  * towards the other (by address) is paired with the other's k-th (ucp_ep_match, conn_sn). A
@@ -140,7 +177,7 @@ void kvx_ucx_reap_fillers(kvx_ucx_t *u)
         if (u->fillers[i] == NULL || !u->fillers[i]->failed)
             continue;
         e = kvx_ucx_filler_take(u, i);
-        req = ucp_ep_close_nbx(e->ep, &cp);
+        req = kvx_ucx_ep_close_ucp(e, &cp);
         (void)req; /* a request frees itself in kvx_ucx_filler_closed */
         free(e);
     }
@@ -151,11 +188,15 @@ static int kvx_ucx_ep_new(kvx_transport_t *t, const void *waddr, uint64_t uid, b
                           const char *name, kvx_ucx_ep_t **ep_p)
 {
     kvx_ucx_ep_t *e = calloc(1, sizeof(*e));
+    struct kvx_ucx_link *l = calloc(1, sizeof(*l));
     struct kvx_ucx_sn *sn;
     ucs_status_t s;
 
-    if (e == NULL)
+    if (e == NULL || l == NULL) {
+        free(e);
+        free(l);
         return -ENOMEM;
+    }
     e->t = t;
     e->uid = uid;
     ucp_ep_params_t ep_params = {
@@ -163,7 +204,7 @@ static int kvx_ucx_ep_new(kvx_transport_t *t, const void *waddr, uint64_t uid, b
                       UCP_EP_PARAM_FIELD_ERR_HANDLER | UCP_EP_PARAM_FIELD_NAME,
         .address = (const ucp_address_t *)waddr,
         .err_mode = UCP_ERR_HANDLING_MODE_PEER,
-        .err_handler = {.cb = kvx_ucx_err_cb, .arg = e},
+        .err_handler = {.cb = kvx_ucx_link_err_cb, .arg = l},
         .name = name,
     };
     s = ucp_ep_create(t->ucx->worker, &ep_params, &e->ep);
@@ -174,8 +215,16 @@ static int kvx_ucx_ep_new(kvx_transport_t *t, const void *waddr, uint64_t uid, b
     if (s != UCS_OK) {
         kvx_error(t, "ucx: ucp_ep_create to %s: %s", name, ucs_status_string(s));
         free(e);
+        free(l);
         return kvx_ucx_errno(s);
     }
+    l->ep = e->ep;
+    l->users[0] = e;
+    if ((l->next = t->ucx->links) != NULL)
+        l->next->prevp = &l->next;
+    l->prevp = &t->ucx->links;
+    t->ucx->links = l;
+    e->link = l;
     *ep_p = e;
     return 0;
 }
@@ -235,7 +284,7 @@ void kvx_ucx_close_fillers(kvx_ucx_t *u)
         if (u->fillers[i] == NULL)
             continue;
         e = kvx_ucx_filler_take(u, i);
-        req = ucp_ep_close_nbx(e->ep, &cp);
+        req = kvx_ucx_ep_close_ucp(e, &cp);
         free(e); /* no error handler of it runs once its close began */
         if (UCS_PTR_IS_PTR(req)) {
             while (ucp_request_check_status(req) == UCS_INPROGRESS && kvx_now_ns() < until)
@@ -283,6 +332,25 @@ int kvx_ucx_ep_accept(kvx_transport_t *t, const void *waddr, uint32_t sn, const 
         e->ops = ops;
         e->owner = owner;
         kvx_debug(t, "ucx: a HELLO on catch-up endpoint %u: its connection's now", e->sn);
+        *ep_p = e;
+        return 0;
+    }
+    /* paired with this transport's own endpoint towards that worker (both opened theirs before
+     * either answered): the receiving connection shares it (struct kvx_ucx_link) */
+    for (struct kvx_ucx_link *l = came_on != NULL ? u->links : NULL; l != NULL; l = l->next) {
+        kvx_ucx_ep_t *w = l->users[0], *e;
+        if ((const void *)l->ep != came_on || w == NULL || l->users[1] != NULL || w->filler ||
+            w->uid != uid)
+            continue;
+        if ((e = calloc(1, sizeof(*e))) == NULL)
+            return -ENOMEM;
+        *e = (kvx_ucx_ep_t){
+            .t = t, .ep = l->ep, .ops = ops, .owner = owner, .sn = w->sn, .uid = uid, .link = l};
+        l->users[1] = e;
+        kvx_debug(t,
+                  "ucx: the HELLO of %s came on this transport's own endpoint %u towards it: "
+                  "shared",
+                  name, w->sn);
         *ep_p = e;
         return 0;
     }
@@ -387,12 +455,30 @@ int kvx_ucx_ep_close(kvx_ucx_ep_t *e, unsigned *refs)
         .cb.send = kvx_ucx_close_cb,
         .user_data = e,
     };
+    struct kvx_ucx_link *l = e != NULL ? e->link : NULL;
+    kvx_ucx_ep_t *other = NULL;
     void *req;
 
     if (e == NULL || e->ep == NULL)
         return 0;
-    req = ucp_ep_close_nbx(e->ep, &p);
-    e->ep = NULL;
+    if (l != NULL)
+        other = l->users[l->users[0] == e ? 1 : 0];
+    if (other != NULL && e->inflight == 0) { /* shared: it goes on for the other user */
+        l->users[l->users[0] == e ? 0 : 1] = NULL;
+        e->link = NULL;
+        e->ep = NULL;
+        return 0;
+    }
+    if (other != NULL) { /* UCX holds e's messages or receives: it closes for both */
+        kvx_info(e->t, "ucx: a shared endpoint closes with its user's messages in flight: its "
+                       "other user's connection fails");
+        other->ep = NULL;
+        l->users[l->users[0] == e ? 1 : 0] = NULL;
+        other->link = NULL;
+    }
+    req = kvx_ucx_ep_close_ucp(e, &p);
+    if (other != NULL)
+        other->ops->on_error(other->owner, -ECONNRESET);
     if (UCS_PTR_IS_ERR(req)) {
         kvx_warn(e->t, "ucx: closing an endpoint: %s", ucs_status_string(UCS_PTR_STATUS(req)));
         return 0;
@@ -407,6 +493,8 @@ void kvx_ucx_ep_free(kvx_ucx_ep_t *e)
 {
     if (e == NULL)
         return;
+    if (e->link != NULL) /* never closed (its worker is gone): the link goes with the worker */
+        e->link->users[e->link->users[0] == e ? 0 : 1] = NULL;
     if (e->pair) {
         kvx_ucx_ep_t **pp = &e->t->ucx->pair_eps;
         while (*pp != NULL && *pp != e)
@@ -456,6 +544,7 @@ static void kvx_ucx_send_cb(void *req, ucs_status_t status, void *arg)
 
     ucp_request_free(req);
     kvx_ucx_send_put(s);
+    e->inflight--;
     e->ops->on_sent(e->owner, xfer_id, kvx_ucx_errno(status));
 }
 
@@ -503,6 +592,7 @@ int kvx_ucx_send(kvx_send_t *s, size_t hdr_len, size_t iovcnt, unsigned *refs)
         return kvx_ucx_errno(UCS_PTR_STATUS(req));
     }
     (*refs)++;
+    e->inflight++;
     return 1;
 }
 
@@ -546,6 +636,7 @@ static void kvx_ucx_recv_cb(void *req, ucs_status_t status, size_t length, void 
     (void)length;
     ucp_request_free(req);
     free(rx);
+    e->inflight--;
     e->ops->on_received(e->owner, cookie, kvx_ucx_errno(status));
 }
 
@@ -588,10 +679,12 @@ int kvx_ucx_recv(kvx_ucx_ep_t *e, void *desc, void *dest, size_t len, void *cook
     }
     /* counted first: the callback may run before this returns */
     (*refs)++;
+    e->inflight++;
     req = ucp_am_recv_data_nbx(e->t->ucx->worker, desc, dest, len, &p);
     if (UCS_PTR_IS_PTR(req))
         return 1;
     (*refs)--;
+    e->inflight--;
     free(rx);
     return req == NULL ? 0 : kvx_ucx_errno(UCS_PTR_STATUS(req));
 }

@@ -62,6 +62,24 @@ struct kvx_ucx {
      * rendezvous payload is received only for a connection whose endpoint that is
      * (kvx_ucx_recv), and a HELLO's connection takes it (kvx_ucx_came_on, kvx_ucx_ep_accept) */
     ucp_ep_h rx_reply_ep;
+    struct kvx_ucx_link *links; /* every UCX endpoint kvx opened towards a worker address */
+};
+
+/*
+ * One UCX endpoint towards a worker address, and the kvx endpoints using it: its error handler's
+ * argument, so it lives as long as the UCX endpoint. Usually one user. UCX pairs two workers'
+ * endpoints by the order each opened them towards the other, so when two transports open
+ * connections towards each other before either answered the other's HELLO, each one's writing
+ * endpoint is paired with the other's: the HELLO came on the receiver's own writing endpoint,
+ * and the receiving connection shares it (kvx_ucx_ep_accept), as UCX means such a pair to be
+ * used, in both directions. A shared endpoint closes for one user only (the other goes on)
+ * unless that user still has messages or receives in UCX's hands: then it closes for both (UCX
+ * cannot end one user's alone), and the other user hears -ECONNRESET.
+ */
+struct kvx_ucx_link {
+    ucp_ep_h ep;
+    kvx_ucx_ep_t *users[2];
+    struct kvx_ucx_link *next, **prevp; /* on u->links */
 };
 
 struct kvx_ucx_ep {
@@ -71,12 +89,14 @@ struct kvx_ucx_ep {
     void *owner;             /* kvx_conn_t *, kvx_rconn_t * or kvx_pairing_t * */
     bool pair;               /* an endpoint of UCX's connection manager (a pairing's) */
     kvx_ucx_ep_t *pair_next;
-    kvx_send_t *free; /* messages to reuse */
-    ucp_rkey_h rkey;  /* the peer's owned region, mapped here (kvx_ucx_map) */
-    uint32_t sn;      /* its place among this worker's endpoints to that worker */
-    uint64_t uid;     /* that worker's (UCX's worker uid) */
-    bool filler;      /* a catch-up endpoint (u->fillers): no owner, nothing sent on it */
-    bool failed;      /* ... whose peer failed: closed by kvx_ucx_progress */
+    kvx_send_t *free;          /* messages to reuse */
+    ucp_rkey_h rkey;           /* the peer's owned region, mapped here (kvx_ucx_map) */
+    uint32_t sn;               /* its place among this worker's endpoints to that worker */
+    uint64_t uid;              /* that worker's (UCX's worker uid) */
+    bool filler;               /* a catch-up endpoint (u->fillers): no owner, nothing sent on it */
+    bool failed;               /* ... whose peer failed: closed by kvx_ucx_progress */
+    struct kvx_ucx_link *link; /* its UCX endpoint's (NULL: a pairing's, or closed) */
+    unsigned inflight;         /* its messages and receives UCX holds */
 };
 
 _Static_assert(sizeof(kvx_iov_t) == sizeof(ucp_dt_iov_t) &&
@@ -130,6 +150,7 @@ void kvx_ucx_region_free(kvx_transport_t *t);
 void kvx_ucx_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status); /* an endpoint's (arg) */
 void kvx_ucx_reap_fillers(kvx_ucx_t *u);  /* the catch-up endpoints whose peer failed */
 void kvx_ucx_close_fillers(kvx_ucx_t *u); /* all of them (the worker goes) */
+void kvx_ucx_drop_links(kvx_ucx_t *u);    /* after the worker went */
 
 /* ucx_mem.c: the registered region's handle for [p, p + len), or NULL (UCX then registers). */
 ucp_mem_h kvx_ucx_memh(const kvx_ucx_t *u, const void *p, size_t len);
