@@ -75,6 +75,7 @@ void kvx_ucx_fini(kvx_transport_t *t)
     ucp_worker_destroy(u->worker);
     u->worker = NULL;
     kvx_ucx_drop_links(u);
+    kvx_ucx_free_rxs(u);
     if (u->region != NULL)
         return; /* an owned region stays mapped until kvx_ucx_free */
     kvx_ucx_free(t);

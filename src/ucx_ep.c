@@ -622,10 +622,29 @@ int kvx_ucx_send_ctl(kvx_ucx_ep_t *e, const void *hdr, size_t hdr_len, unsigned 
 /* ---- rendezvous receives ----------------------------------------------------------------------
  */
 
-typedef struct kvx_ucx_rx {
+/* A receive's record, reused from the worker's list (u->rx_free): no allocation per receive once
+ * as many were in flight at once. */
+struct kvx_ucx_rx {
     kvx_ucx_ep_t *ep;
     void *cookie;
-} kvx_ucx_rx_t;
+    struct kvx_ucx_rx *next_free;
+};
+typedef struct kvx_ucx_rx kvx_ucx_rx_t;
+
+static void kvx_ucx_rx_put(kvx_ucx_t *u, kvx_ucx_rx_t *rx)
+{
+    rx->next_free = u->rx_free;
+    u->rx_free = rx;
+}
+
+void kvx_ucx_free_rxs(kvx_ucx_t *u)
+{
+    while (u->rx_free != NULL) {
+        kvx_ucx_rx_t *rx = u->rx_free;
+        u->rx_free = rx->next_free;
+        free(rx);
+    }
+}
 
 static void kvx_ucx_recv_cb(void *req, ucs_status_t status, size_t length, void *arg)
 {
@@ -635,27 +654,27 @@ static void kvx_ucx_recv_cb(void *req, ucs_status_t status, size_t length, void 
 
     (void)length;
     ucp_request_free(req);
-    free(rx);
+    kvx_ucx_rx_put(e->t->ucx, rx);
     e->inflight--;
     e->ops->on_received(e->owner, cookie, kvx_ucx_errno(status));
 }
 
 int kvx_ucx_recv(kvx_ucx_ep_t *e, void *desc, void *dest, size_t len, void *cookie, unsigned *refs)
 {
-    kvx_ucx_rx_t *rx = malloc(sizeof(*rx));
+    kvx_ucx_t *u = e->t->ucx;
+    kvx_ucx_rx_t *rx = u->rx_free;
     ucp_request_param_t p = {
         .op_attr_mask =
             UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE,
         .cb.recv_am = kvx_ucx_recv_cb,
         .datatype = ucp_dt_make_contig(1),
     };
-    ucp_mem_h mh = kvx_ucx_memh(e->t->ucx, dest, len);
+    ucp_mem_h mh = kvx_ucx_memh(u, dest, len);
     void *req;
 
     /* only what came on e itself: closing e is what ends the receive (UCX cannot cancel it),
      * and a sender could otherwise tie it to an endpoint nobody would close */
-    if (e->ep == NULL || e->t->ucx->rx_reply_ep != e->ep) {
-        const kvx_ucx_t *u = e->t->ucx;
+    if (e->ep == NULL || u->rx_reply_ep != e->ep) {
         bool filler = false;
         const size_t nf = u->rx_reply_ep != NULL ? sizeof(u->fillers) / sizeof(u->fillers[0]) : 0;
         for (size_t i = 0; i < nf && !filler; i++)
@@ -665,10 +684,11 @@ int kvx_ucx_recv(kvx_ucx_ep_t *e, void *desc, void *dest, size_t len, void *cook
                   u->rx_reply_ep == NULL ? "no"
                   : filler               ? "a catch-up (kvx_ucx_align)"
                                          : "another");
-        free(rx);
         return -EPERM;
     }
-    if (rx == NULL)
+    if (rx != NULL)
+        u->rx_free = rx->next_free;
+    else if ((rx = malloc(sizeof(*rx))) == NULL)
         return -ENOMEM;
     rx->ep = e;
     rx->cookie = cookie;
@@ -680,11 +700,11 @@ int kvx_ucx_recv(kvx_ucx_ep_t *e, void *desc, void *dest, size_t len, void *cook
     /* counted first: the callback may run before this returns */
     (*refs)++;
     e->inflight++;
-    req = ucp_am_recv_data_nbx(e->t->ucx->worker, desc, dest, len, &p);
+    req = ucp_am_recv_data_nbx(u->worker, desc, dest, len, &p);
     if (UCS_PTR_IS_PTR(req))
         return 1;
     (*refs)--;
     e->inflight--;
-    free(rx);
+    kvx_ucx_rx_put(u, rx);
     return req == NULL ? 0 : kvx_ucx_errno(UCS_PTR_STATUS(req));
 }

@@ -63,6 +63,7 @@ struct kvx_ucx {
      * (kvx_ucx_recv), and a HELLO's connection takes it (kvx_ucx_came_on, kvx_ucx_ep_accept) */
     ucp_ep_h rx_reply_ep;
     struct kvx_ucx_link *links; /* every UCX endpoint kvx opened towards a worker address */
+    struct kvx_ucx_rx *rx_free; /* receive records to reuse (kvx_ucx_recv) */
 };
 
 /*
@@ -151,6 +152,7 @@ void kvx_ucx_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status); /* an endpoint
 void kvx_ucx_reap_fillers(kvx_ucx_t *u);  /* the catch-up endpoints whose peer failed */
 void kvx_ucx_close_fillers(kvx_ucx_t *u); /* all of them (the worker goes) */
 void kvx_ucx_drop_links(kvx_ucx_t *u);    /* after the worker went */
+void kvx_ucx_free_rxs(kvx_ucx_t *u);      /* the receive records to reuse */
 
 /* ucx_mem.c: the registered region's handle for [p, p + len), or NULL (UCX then registers). */
 ucp_mem_h kvx_ucx_memh(const kvx_ucx_t *u, const void *p, size_t len);
