@@ -7,13 +7,15 @@
  * (argv[2] "rndv": KT_RNDV=always, so the receiving side takes the payload only on the endpoint
  * UCX paired with the sender's). Then one side removes its peer: the other side's writes and
  * reads still land (the shared endpoint goes on for the other user), and after a re-add both
- * ways work again. argv[1]: shm or tcp. Repeated 5 rounds.
+ * ways work again. argv[1]: shm or tcp. Repeated 5 rounds. By rendezvous, last: a shared
+ * endpoint whose receiving user must end a receive closes for both (shared_close_for_both).
  */
 #include "harness.h"
 
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define BL 65536
 #define NB 64
@@ -59,6 +61,74 @@ static void both_ways(int i, uint64_t round)
         KT_EQ(kt_check(&reg[i], back[k], 0x50 + (uint64_t)i, l[k], round), 0);
 }
 
+static kvx_transport_t *lazy;
+
+static void *add_lazy(void *arg)
+{
+    (void)arg;
+    pthread_barrier_wait(&bar);
+    KT_OK(kvx_peer_add(tr[1], "lazy", md[0], md_len[0], NULL));
+    return NULL;
+}
+
+/*
+ * By rendezvous: a shared endpoint whose receiving user must end a receive closes for both. A
+ * writer without a progress thread ("lazy": its payloads move only when it polls) and b add each
+ * other at once; the lazy one writes, b starts the receive, and b's fence of it ends the receive
+ * by closing the endpoint its own connection to the lazy one shares: that connection fails
+ * (-ECONNRESET), the fenced blocks keep b's data, and a re-added connection works again.
+ */
+static void shared_close_for_both(void)
+{
+    kt_region_t r = kt_region_alloc(NB, BL);
+    uint32_t l[4], rm[4];
+    kvx_peer_attr_t pa = {.field_mask = KVX_PEER_ATTR_STATE};
+    kvx_completion_t c;
+    pthread_t th;
+    uint64_t id;
+
+    kt_fill_all(&r, 0x60, 0);
+    lazy = kt_transport(&r, "bidir-lazy", 0);
+    md_len[0] = sizeof(md[0]);
+    KT_OK(kvx_transport_metadata(lazy, md[0], &md_len[0]));
+    KT_EQ(pthread_create(&th, NULL, add_lazy, NULL), 0);
+    pthread_barrier_wait(&bar);
+    KT_OK(kvx_peer_add(lazy, "other", md[1], md_len[1], NULL));
+    KT_EQ(pthread_join(th, NULL), 0);
+    for (int k = 0; k < 4; k++) {
+        l[k] = (uint32_t)(1 + k);
+        rm[k] = (uint32_t)(40 + k);
+        kt_fill(&r, l[k], 0x61, l[k], 7);
+    }
+    KT_OK(kvx_xfer_write(lazy, "other", l, rm, 4, NULL, &id)); /* its header leaves now */
+    usleep(200 * 1000); /* b takes the header and starts the receive; the payload waits */
+    KT_CHECK(kvx_fence(tr[1], "bidir-lazy", NULL, 0) >= 1);
+    for (int i = 0; i < 100; i++) { /* b's own connection to it failed with the endpoint */
+        KT_OK(kvx_peer_query(tr[1], "lazy", &pa));
+        if (pa.state == KVX_PEER_FAILED)
+            break;
+        usleep(10 * 1000);
+    }
+    KT_EQ(pa.state, KVX_PEER_FAILED);
+    KT_EQ(kt_poll_n(lazy, "other", &c, 1, 10000), 1);
+    KT_CHECK(c.status != 0);
+    for (int k = 0; k < 4; k++) /* fenced: b's own data still */
+        KT_EQ(kt_check(&reg[1], rm[k], 0x41, rm[k], 0), 0);
+    /* re-added, the lazy writer's write lands */
+    KT_EQ(kvx_peer_remove(tr[1], "lazy"), 1);
+    KT_OK(kvx_peer_add(lazy, "other", md[1], md_len[1], NULL));
+    KT_OK(kvx_xfer_write(lazy, "other", l, rm, 4, NULL, &id));
+    KT_EQ(kt_poll_n(lazy, "other", &c, 1, 10000), 1);
+    KT_EQ(c.status, 0);
+    for (int k = 0; k < 4; k++)
+        KT_EQ(kt_check(&reg[1], rm[k], 0x61, l[k], 7), 0);
+    kt_log("a shared endpoint whose receiving user ended a receive (a fence) closed for both: "
+           "the other connection failed, the fenced blocks kept their data, a re-add works");
+    KT_EQ(kvx_peer_remove(lazy, "other"), 1);
+    kvx_transport_destroy(lazy);
+    kt_region_free(&r);
+}
+
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "shm";
@@ -89,6 +159,8 @@ int main(int argc, char **argv)
         both_ways(0, 10 * round + 2);
         KT_EQ(kvx_peer_remove(tr[0], "other"), 1);
     }
+    if (rndv)
+        shared_close_for_both();
     for (int i = 0; i < 2; i++) {
         kvx_transport_attr_t ta = {.field_mask = KVX_TRANSPORT_ATTR_RECV};
         KT_OK(kvx_transport_query(tr[i], &ta));
