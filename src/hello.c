@@ -61,7 +61,7 @@ static kvx_rconn_t *kvx_rconn_alloc(kvx_transport_t *t, kvx_writer_t *w, const k
  * refused to every other message.
  */
 static void kvx_recv_refuse_hello(kvx_transport_t *t, const uint8_t *buf, size_t len,
-                                  const void *came_on)
+                                  const kvx_came_on_t *came_on)
 {
     kvx_msg_t m;
     kvx_writer_t *w;
@@ -229,8 +229,8 @@ void kvx_recv_hello_in(kvx_transport_t *t, const kvx_msg_t *m, const void *hdr, 
 /* Make the connection of a HELLO that arrived: 0 when done with it (connected, refused or
  * dropped), 1 when the rates of new connections hold it back (it waits; force: fence, which
  * takes every HELLO that arrived before it, is not held back). */
-static int kvx_recv_hello(kvx_transport_t *t, const uint8_t *buf, size_t len, const void *came_on,
-                          bool force)
+static int kvx_recv_hello(kvx_transport_t *t, const uint8_t *buf, size_t len,
+                          const kvx_came_on_t *came_on, bool force)
 {
     kvx_msg_t m;
     kvx_writer_t *w;
@@ -325,8 +325,8 @@ unsigned kvx_recv_hellos(kvx_transport_t *t, bool force)
         kvx_hello_t *h = kvx_container_of(l, kvx_hello_t, link);
         next = l->next;
         if (h->retired)
-            kvx_recv_refuse_hello(t, h->buf, h->len, h->came_on);
-        else if (kvx_recv_hello(t, h->buf, h->len, h->came_on, force) == 1)
+            kvx_recv_refuse_hello(t, h->buf, h->len, &h->came_on);
+        else if (kvx_recv_hello(t, h->buf, h->len, &h->came_on, force) == 1)
             continue; /* held back by the rates: it waits, in order */
         kvx_list_del(&h->link);
         t->nhellos--;

@@ -73,16 +73,26 @@ int kvx_ucx_ep_open(kvx_transport_t *t, const void *waddr, const char *name,
  * of ep among this worker's endpoints to that peer, and a catch-up to the peer's place before
  * answering it (see ucx_ep.c). */
 uint32_t kvx_ucx_ep_sn(const kvx_ucx_ep_t *ep);
+/* Where a message came from, taken inside its handler (kvx_ucx_came_on): the UCX endpoint its
+ * sender named (UCP_AM_SEND_FLAG_REPLY; NULL: none), and, when that endpoint is one kvx opened,
+ * its link's number (0: none), and the last number given by then. Numbers are never reused, so a
+ * HELLO handled later (kvx_recv_hellos) names no endpoint kvx opened since, except the one a
+ * catch-up opened since that took over the very endpoint UCX made for it (ucx_ep.c). */
+typedef struct kvx_came_on {
+    const void *ep;
+    uint64_t link, last;
+} kvx_came_on_t;
+kvx_came_on_t kvx_ucx_came_on(kvx_transport_t *t);
 /* The endpoint of a HELLO's connection, towards the writer's worker waddr, whose endpoint the
- * HELLO came on (came_on, kvx_ucx_came_on; NULL: it named none) and says is its sn-th towards
- * this worker: the endpoint UCX paired with that one, a catch-up endpoint opened for it already
- * when HELLOs came out of order, else one opened now after catching up (see ucx_ep.c). Returns 0,
- * -ENOBUFS when the catch-up is over its budget (the HELLO is refused), or another errno. */
-int kvx_ucx_ep_accept(kvx_transport_t *t, const void *waddr, uint32_t sn, const void *came_on,
-                      const char *name, const kvx_ep_ops_t *ops, void *owner, kvx_ucx_ep_t **ep_p);
-/* Inside a message's handler: a mark of the endpoint it came on, when its sender named it
- * (UCP_AM_SEND_FLAG_REPLY), else NULL. Only for kvx_ucx_ep_accept, which compares it. */
-const void *kvx_ucx_came_on(kvx_transport_t *t);
+ * HELLO came on (came_on) and says is its sn-th towards this worker: the endpoint UCX paired
+ * with that one. That is a catch-up endpoint opened already when HELLOs came out of order, this
+ * transport's own writing endpoint towards that worker when both transports opened theirs before
+ * either answered (then shared: struct kvx_ucx_link, ucx_int.h), else one opened now after
+ * catching up (see ucx_ep.c). Returns 0, -ENOBUFS when the catch-up is over its budget (the
+ * HELLO is refused), or another errno. */
+int kvx_ucx_ep_accept(kvx_transport_t *t, const void *waddr, uint32_t sn,
+                      const kvx_came_on_t *came_on, const char *name, const kvx_ep_ops_t *ops,
+                      void *owner, kvx_ucx_ep_t **ep_p);
 /* Close (forced). Returns 0 when closed on return, 1 when the owner's on_closed follows. */
 int kvx_ucx_ep_close(kvx_ucx_ep_t *ep, unsigned *refs);
 void kvx_ucx_ep_free(kvx_ucx_ep_t *ep);

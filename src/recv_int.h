@@ -36,8 +36,8 @@
 
 typedef struct kvx_hello {
     kvx_list_t link;
-    bool retired;        /* it presents a retired capability: it is refused */
-    const void *came_on; /* the endpoint it came on (kvx_ucx_came_on), compared only */
+    bool retired;          /* it presents a retired capability: it is refused */
+    kvx_came_on_t came_on; /* the endpoint it came on (kvx_ucx_came_on) */
     char name[KVX_NAME_MAX + 1];
     size_t len;
     uint8_t buf[];

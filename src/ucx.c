@@ -165,7 +165,17 @@ static ucs_status_t kvx_ucx_am_cb(void *arg, const void *header, size_t header_l
     return UCS_OK;
 }
 
-const void *kvx_ucx_came_on(kvx_transport_t *t) { return t->ucx->rx_reply_ep; }
+kvx_came_on_t kvx_ucx_came_on(kvx_transport_t *t)
+{
+    kvx_came_on_t c = {.ep = t->ucx->rx_reply_ep, .link = 0, .last = t->ucx->next_link_id};
+
+    for (const struct kvx_ucx_link *l = c.ep != NULL ? t->ucx->links : NULL; l != NULL; l = l->next)
+        if ((const void *)l->ep == c.ep) {
+            c.link = l->id;
+            break;
+        }
+    return c;
+}
 
 /* ---- progress and wake-up ------------------------------------------------------------------ */
 

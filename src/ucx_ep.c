@@ -35,6 +35,7 @@ static void kvx_ucx_link_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
 {
     struct kvx_ucx_link *l = arg;
 
+    l->failed = true;
     for (int i = 0; i < 2; i++)
         if (l->users[i] != NULL)
             kvx_ucx_err_cb(l->users[i], ep, status);
@@ -86,9 +87,10 @@ void kvx_ucx_drop_links(kvx_ucx_t *u)
  * socket): the later one's catch-up opens the earlier one's endpoint as a filler. So a HELLO names
  * the endpoint it came on (UCP_AM_SEND_FLAG_REPLY: UCX tells the receiver which of its endpoints
  * is paired with the writer's), and a filler a HELLO came on becomes that HELLO's connection's
- * endpoint (kvx_ucx_ep_accept). A connection whose endpoint is still not the one its HELLO came
- * on (the writer's count was wrong, or the receiver's own endpoint towards that worker, opened to
- * write to it, took the place) works by eager messages, which do not care which endpoint brings
+ * endpoint (kvx_ucx_ep_accept). A HELLO that came on this transport's own writing endpoint
+ * towards that worker (both transports opened theirs before either answered) shares it (struct
+ * kvx_ucx_link). A connection whose endpoint is still not the one its HELLO came on (the
+ * writer's count was wrong) works by eager messages, which do not care which endpoint brings
  * them; its rendezvous payloads are refused (kvx_ucx_recv), and a debug line says so.
  */
 #define KVX_ALIGN_MAX 16
@@ -219,6 +221,7 @@ static int kvx_ucx_ep_new(kvx_transport_t *t, const void *waddr, uint64_t uid, b
         return kvx_ucx_errno(s);
     }
     l->ep = e->ep;
+    l->id = ++t->ucx->next_link_id;
     l->users[0] = e;
     if ((l->next = t->ucx->links) != NULL)
         l->next->prevp = &l->next;
@@ -312,44 +315,63 @@ int kvx_ucx_ep_open(kvx_transport_t *t, const void *waddr, const char *name,
     return rc;
 }
 
-int kvx_ucx_ep_accept(kvx_transport_t *t, const void *waddr, uint32_t sn, const void *came_on,
-                      const char *name, const kvx_ep_ops_t *ops, void *owner, kvx_ucx_ep_t **ep_p)
+int kvx_ucx_ep_accept(kvx_transport_t *t, const void *waddr, uint32_t sn,
+                      const kvx_came_on_t *came_on, const char *name, const kvx_ep_ops_t *ops,
+                      void *owner, kvx_ucx_ep_t **ep_p)
 {
     kvx_ucx_t *u = t->ucx;
     bool ok;
-    uint64_t uid = kvx_ucx_uid(waddr, &ok);
+    uint64_t uid = kvx_ucx_uid(waddr, &ok), link = came_on != NULL ? came_on->link : 0;
+    const void *ep = came_on != NULL ? came_on->ep : NULL;
     int rc;
 
     if (!ok)
         return -EINVAL; /* UCX would refuse the address too */
     /* came out of order: the endpoint UCX paired with the writer's is a filler of an earlier
-     * catch-up (one whose peer failed is not taken: it closes) */
-    for (size_t i = 0; came_on != NULL && i < sizeof(u->fillers) / sizeof(u->fillers[0]); i++) {
+     * catch-up (one whose peer failed is not taken: it closes). The HELLO came on that filler,
+     * or, when it came before the filler was opened (both HELLOs waited in the queue), on the
+     * endpoint UCX made for the writer's, which the filler's ucp_ep_create then took over: the
+     * same pointer, on a link opened since the HELLO came */
+    for (size_t i = 0; ep != NULL && i < sizeof(u->fillers) / sizeof(u->fillers[0]); i++) {
         kvx_ucx_ep_t *e = u->fillers[i];
-        if (e == NULL || e->failed || (const void *)e->ep != came_on || e->uid != uid)
+        if (e == NULL || e->failed || e->link == NULL || e->uid != uid)
+            continue;
+        if (link != 0 ? e->link->id != link
+                      : e->link->id <= came_on->last || (const void *)e->ep != ep)
             continue;
         e = kvx_ucx_filler_take(u, i);
         e->ops = ops;
         e->owner = owner;
+        e->accepted = true;
         kvx_debug(t, "ucx: a HELLO on catch-up endpoint %u: its connection's now", e->sn);
         *ep_p = e;
         return 0;
     }
-    /* paired with this transport's own endpoint towards that worker (both opened theirs before
-     * either answered): the receiving connection shares it (struct kvx_ucx_link) */
-    for (struct kvx_ucx_link *l = came_on != NULL ? u->links : NULL; l != NULL; l = l->next) {
+    /* paired with this transport's own writing endpoint towards that worker (both opened theirs
+     * before either answered): the receiving connection shares it (struct kvx_ucx_link) */
+    for (struct kvx_ucx_link *l = ep != NULL ? u->links : NULL; l != NULL; l = l->next) {
         kvx_ucx_ep_t *w = l->users[0], *e;
-        if ((const void *)l->ep != came_on || w == NULL || l->users[1] != NULL || w->filler ||
-            w->uid != uid)
+        /* as for fillers: the writing endpoint may have been opened after the HELLO came, taking
+         * over the endpoint UCX had made for the other's */
+        if (link != 0 ? l->id != link : l->id <= came_on->last || (const void *)l->ep != ep)
             continue;
+        if (w == NULL || w->ep == NULL || l->users[1] != NULL || l->failed || w->filler ||
+            w->accepted || w->uid != uid)
+            break;
         if ((e = calloc(1, sizeof(*e))) == NULL)
             return -ENOMEM;
-        *e = (kvx_ucx_ep_t){
-            .t = t, .ep = l->ep, .ops = ops, .owner = owner, .sn = w->sn, .uid = uid, .link = l};
+        *e = (kvx_ucx_ep_t){.t = t,
+                            .ep = l->ep,
+                            .ops = ops,
+                            .owner = owner,
+                            .sn = w->sn,
+                            .uid = uid,
+                            .link = l,
+                            .accepted = true};
         l->users[1] = e;
         kvx_debug(t,
-                  "ucx: the HELLO of %s came on this transport's own endpoint %u towards it: "
-                  "shared",
+                  "ucx: the HELLO of %s came on this transport's own writing endpoint %u towards "
+                  "it: shared",
                   name, w->sn);
         *ep_p = e;
         return 0;
@@ -357,11 +379,12 @@ int kvx_ucx_ep_accept(kvx_transport_t *t, const void *waddr, uint32_t sn, const 
     if ((rc = kvx_ucx_align(t, waddr, uid, sn)) < 0 ||
         (rc = kvx_ucx_ep_open(t, waddr, name, ops, owner, ep_p)) < 0)
         return rc;
-    if (came_on == NULL || (const void *)(*ep_p)->ep != came_on)
+    (*ep_p)->accepted = true;
+    if (ep == NULL || (const void *)(*ep_p)->ep != ep)
         kvx_debug(t,
                   "ucx: the HELLO of %s (the writer's endpoint %u) %s its connection's (%u): "
                   "its rendezvous payloads will be refused",
-                  name, sn, came_on == NULL ? "named no endpoint, not" : "came on another than",
+                  name, sn, ep == NULL ? "named no endpoint, not" : "came on another than",
                   (*ep_p)->sn);
     return 0;
 }
@@ -408,6 +431,11 @@ void kvx_ucx_ep_describe(kvx_ucx_ep_t *e, char *transport, size_t len, int *rma_
     transport[0] = '\0';
     if (f == NULL)
         return;
+    if (e->ep == NULL) { /* closed already (its shared endpoint closed for both users) */
+        fclose(f);
+        free(text);
+        return;
+    }
     ucp_ep_print_info(e->ep, f);
     fclose(f);
     for (line = strtok_r(text, "\n", &save); line != NULL; line = strtok_r(NULL, "\n", &save)) {

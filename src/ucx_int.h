@@ -64,6 +64,7 @@ struct kvx_ucx {
     ucp_ep_h rx_reply_ep;
     struct kvx_ucx_link *links; /* every UCX endpoint kvx opened towards a worker address */
     struct kvx_ucx_rx *rx_free; /* receive records to reuse (kvx_ucx_recv) */
+    uint64_t next_link_id;
 };
 
 /*
@@ -71,14 +72,20 @@ struct kvx_ucx {
  * argument, so it lives as long as the UCX endpoint. Usually one user. UCX pairs two workers'
  * endpoints by the order each opened them towards the other, so when two transports open
  * connections towards each other before either answered the other's HELLO, each one's writing
- * endpoint is paired with the other's: the HELLO came on the receiver's own writing endpoint,
- * and the receiving connection shares it (kvx_ucx_ep_accept), as UCX means such a pair to be
- * used, in both directions. A shared endpoint closes for one user only (the other goes on)
- * unless that user still has messages or receives in UCX's hands: then it closes for both (UCX
- * cannot end one user's alone), and the other user hears -ECONNRESET.
+ * endpoint is paired with the other's: the HELLO came on the receiver's own writing endpoint
+ * (one kvx_ucx_ep_open opened for a connection of this transport's, not a receiving
+ * connection's, a catch-up one or one whose error UCX reported), and the receiving connection
+ * shares it (kvx_ucx_ep_accept), as UCX means such a pair to be used, in both directions. A
+ * shared endpoint closes for one user only (the other goes on) unless that user still has
+ * messages or receives in UCX's hands: then it closes for both (UCX cannot end one user's alone),
+ * and the other user hears -ECONNRESET (its own messages UCX held end as canceled first). That
+ * forced close does not wait for the other user's tcp linger (kvx_conn_fail, kvx_rconn_close):
+ * the same as an unshared endpoint whose receives must end.
  */
 struct kvx_ucx_link {
     ucp_ep_h ep;
+    uint64_t id; /* from 1, never reused (kvx_came_on_t) */
+    bool failed; /* UCX reported its error (once): nobody joins it any more */
     kvx_ucx_ep_t *users[2];
     struct kvx_ucx_link *next, **prevp; /* on u->links */
 };
@@ -98,6 +105,7 @@ struct kvx_ucx_ep {
     bool failed;               /* ... whose peer failed: closed by kvx_ucx_progress */
     struct kvx_ucx_link *link; /* its UCX endpoint's (NULL: a pairing's, or closed) */
     unsigned inflight;         /* its messages and receives UCX holds */
+    bool accepted;             /* a receiving connection's (kvx_ucx_ep_accept): never shared */
 };
 
 _Static_assert(sizeof(kvx_iov_t) == sizeof(ucp_dt_iov_t) &&

@@ -16,7 +16,8 @@
  *     after announcing it): the receive ends, counted, its connection closes (the fence returns
  *     with it ended), and the target goes on;
  *  6. two connections whose HELLOs arrive out of order (as tcp may deliver an honest writer's):
- *     each one's rendezvous write lands;
+ *     each one's rendezvous write lands; a third HELLO on the first one's endpoint takes none of
+ *     its endpoint (its rendezvous write is refused, the first one's lands);
  *  4. kvx itself with forged metadata (num_blocks doubled, base moved): writes and reads beyond
  *     the real region are refused.
  * Afterwards the target still serves a real kvx peer. argv[1]: shm, tcp, or netns (the target in
@@ -545,6 +546,39 @@ static void hello_order(const kvx_md_t *md)
            (unsigned long long)(c1.rndv_failed - c0.rndv_failed));
     KT_EQ(c1.rndv_landed - c0.rndv_landed, 2);
     KT_EQ(kt_target_verify(&tg, blocks, blocks, 2, 0x5a, 9), 0);
+    /* A second HELLO on the first endpoint: its connection must not take (share) the endpoint
+     * of the first one (only this transport's own writing endpoints are shared): its rendezvous
+     * write is refused, and the first connection's still lands. */
+    {
+        uint32_t conn2, b3 = 62;
+        uint64_t token2;
+        ep = eps[0];
+        seen.hello_acks = 0;
+        n = hello(h, md, md->capability);
+        kvx_put32(h + 36, 3);
+        send_raw(h, n, NULL, 0, UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY);
+        for (int i = 0; i < 200 && seen.hello_acks == 0; i++)
+            progress_for(10);
+        KT_EQ(seen.hello_acks, 1);
+        conn2 = seen.rconn_id;
+        token2 = seen.token;
+        kt_fill(&src, b3, 0x5a, b3, 9);
+        for (int k = 0; k < 2; k++) {
+            seen.acks = 0;
+            seen.last_ack_status = 1;
+            n = write_hdr(h, k == 0 ? conn2 : conn[0], k == 0 ? token2 : token[0], 0,
+                          (uint64_t)b3 * BL, BL, 0);
+            send_raw(h, n, (uint8_t *)src.base + (uint64_t)b3 * BL, BL,
+                     UCP_AM_SEND_FLAG_RNDV | UCP_AM_SEND_FLAG_REPLY);
+            for (int i = 0; i < 200 && seen.acks == 0; i++)
+                progress_for(10);
+            KT_EQ(seen.acks, 1);
+            KT_EQ(seen.last_ack_status, k == 0 ? -EPROTO : 0);
+        }
+        KT_EQ(kt_target_verify(&tg, &b3, &b3, 1, 0x5a, 9), 0);
+        kt_log("a second HELLO on one endpoint: its connection took no endpoint of the first's "
+               "(its rendezvous write refused), the first one's write landed");
+    }
     for (int k = 0; k < 2; k++) {
         ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
                                  .flags = UCP_EP_CLOSE_FLAG_FORCE};
