@@ -55,12 +55,22 @@ static void kvx_ucx_link_drop(struct kvx_ucx_link *l)
 /* Close e's UCX endpoint itself (forced), with close parameters cp. */
 static void *kvx_ucx_ep_close_ucp(kvx_ucx_ep_t *e, const ucp_request_param_t *cp)
 {
-    void *req = ucp_ep_close_nbx(e->ep, (ucp_request_param_t *)cp);
+    void *req = ucp_ep_close_nbx(e->ep, cp);
 
     if (e->link != NULL)
         kvx_ucx_link_drop(e->link);
     e->ep = NULL;
     return req;
+}
+
+/* Whether the HELLO came on l's endpoint: l by its number, or, when it came on an endpoint kvx had
+ * not opened then, a link opened since whose ucp_ep_create took over that very endpoint (UCX had
+ * made it for the writer's, and hands it to the next one opened with its place). */
+static bool kvx_ucx_came_on_link(const struct kvx_ucx_link *l, const kvx_came_on_t *c)
+{
+    if (c->link != 0)
+        return l->id == c->link;
+    return l->id > c->last && (const void *)l->ep == c->ep;
 }
 
 void kvx_ucx_drop_links(kvx_ucx_t *u)
@@ -321,7 +331,7 @@ int kvx_ucx_ep_accept(kvx_transport_t *t, const void *waddr, uint32_t sn,
 {
     kvx_ucx_t *u = t->ucx;
     bool ok;
-    uint64_t uid = kvx_ucx_uid(waddr, &ok), link = came_on != NULL ? came_on->link : 0;
+    uint64_t uid = kvx_ucx_uid(waddr, &ok);
     const void *ep = came_on != NULL ? came_on->ep : NULL;
     int rc;
 
@@ -334,10 +344,8 @@ int kvx_ucx_ep_accept(kvx_transport_t *t, const void *waddr, uint32_t sn,
      * same pointer, on a link opened since the HELLO came */
     for (size_t i = 0; ep != NULL && i < sizeof(u->fillers) / sizeof(u->fillers[0]); i++) {
         kvx_ucx_ep_t *e = u->fillers[i];
-        if (e == NULL || e->failed || e->link == NULL || e->uid != uid)
-            continue;
-        if (link != 0 ? e->link->id != link
-                      : e->link->id <= came_on->last || (const void *)e->ep != ep)
+        if (e == NULL || e->failed || e->link == NULL || e->uid != uid ||
+            !kvx_ucx_came_on_link(e->link, came_on))
             continue;
         e = kvx_ucx_filler_take(u, i);
         e->ops = ops;
@@ -351,9 +359,7 @@ int kvx_ucx_ep_accept(kvx_transport_t *t, const void *waddr, uint32_t sn,
      * before either answered): the receiving connection shares it (struct kvx_ucx_link) */
     for (struct kvx_ucx_link *l = ep != NULL ? u->links : NULL; l != NULL; l = l->next) {
         kvx_ucx_ep_t *w = l->users[0], *e;
-        /* as for fillers: the writing endpoint may have been opened after the HELLO came, taking
-         * over the endpoint UCX had made for the other's */
-        if (link != 0 ? l->id != link : l->id <= came_on->last || (const void *)l->ep != ep)
+        if (!kvx_ucx_came_on_link(l, came_on))
             continue;
         if (w == NULL || w->ep == NULL || l->users[1] != NULL || l->failed || w->filler ||
             w->accepted || w->uid != uid)
@@ -424,18 +430,16 @@ void kvx_ucx_ep_describe(kvx_ucx_ep_t *e, char *transport, size_t len, int *rma_
     char *text = NULL, *line, *save = NULL;
     size_t size = 0;
     char am_bw[KVX_TRANSPORT_NAME_MAX] = "", am[KVX_TRANSPORT_NAME_MAX] = "";
-    FILE *f = open_memstream(&text, &size);
+    FILE *f;
 
     *rma_hw = 0;
     *seg = 8192;
     transport[0] = '\0';
+    if (e->ep == NULL) /* closed already (its shared endpoint closed for both users) */
+        return;
+    f = open_memstream(&text, &size);
     if (f == NULL)
         return;
-    if (e->ep == NULL) { /* closed already (its shared endpoint closed for both users) */
-        fclose(f);
-        free(text);
-        return;
-    }
     ucp_ep_print_info(e->ep, f);
     fclose(f);
     for (line = strtok_r(text, "\n", &save); line != NULL; line = strtok_r(NULL, "\n", &save)) {
@@ -484,15 +488,14 @@ int kvx_ucx_ep_close(kvx_ucx_ep_t *e, unsigned *refs)
         .user_data = e,
     };
     struct kvx_ucx_link *l = e != NULL ? e->link : NULL;
-    kvx_ucx_ep_t *other = NULL;
+    int me = l != NULL && l->users[1] == e ? 1 : 0;
+    kvx_ucx_ep_t *other = l != NULL ? l->users[1 - me] : NULL;
     void *req;
 
     if (e == NULL || e->ep == NULL)
         return 0;
-    if (l != NULL)
-        other = l->users[l->users[0] == e ? 1 : 0];
     if (other != NULL && e->inflight == 0) { /* shared: it goes on for the other user */
-        l->users[l->users[0] == e ? 0 : 1] = NULL;
+        l->users[me] = NULL;
         e->link = NULL;
         e->ep = NULL;
         return 0;
@@ -501,7 +504,7 @@ int kvx_ucx_ep_close(kvx_ucx_ep_t *e, unsigned *refs)
         kvx_info(e->t, "ucx: a shared endpoint closes with its user's messages in flight: its "
                        "other user's connection fails");
         other->ep = NULL;
-        l->users[l->users[0] == e ? 1 : 0] = NULL;
+        l->users[1 - me] = NULL;
         other->link = NULL;
     }
     req = kvx_ucx_ep_close_ucp(e, &p);
@@ -610,17 +613,14 @@ int kvx_ucx_send(kvx_send_t *s, size_t hdr_len, size_t iovcnt, unsigned *refs)
             p.memh = mh;
         }
     }
+    e->inflight++; /* first, as for receives: counted while UCX may hold it */
     req = ucp_am_send_nbx(e->ep, KVX_AM_ID, s->hdr, hdr_len, buf, count, &p);
-    if (req == NULL) {
+    if (req == NULL || UCS_PTR_IS_ERR(req)) {
+        e->inflight--;
         kvx_ucx_send_put(s);
-        return 0;
-    }
-    if (UCS_PTR_IS_ERR(req)) {
-        kvx_ucx_send_put(s);
-        return kvx_ucx_errno(UCS_PTR_STATUS(req));
+        return req == NULL ? 0 : kvx_ucx_errno(UCS_PTR_STATUS(req));
     }
     (*refs)++;
-    e->inflight++;
     return 1;
 }
 
