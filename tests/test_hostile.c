@@ -18,6 +18,7 @@
  *  6. two connections whose HELLOs arrive out of order (as tcp may deliver an honest writer's):
  *     each one's rendezvous write lands; a third HELLO on the first one's endpoint takes none of
  *     its endpoint (its rendezvous write is refused, the first one's lands);
+ *  7. a HELLO naming another writer's worker address: that writer's rendezvous writes still land;
  *  4. kvx itself with forged metadata (num_blocks doubled, base moved): writes and reads beyond
  *     the real region are refused.
  * Afterwards the target still serves a real kvx peer. argv[1]: shm, tcp, or netns (the target in
@@ -196,11 +197,9 @@ static void rma_attacks(uint64_t base, uint64_t canary)
 
 /* ---- 2, 3: kvx's messages ------------------------------------------------------------------ */
 
-static size_t hello(uint8_t *h, const kvx_md_t *md, const uint8_t *capability)
+/* A HELLO naming the worker address addr (alen bytes) for its replies. */
+static size_t hello_naming(uint8_t *h, const uint8_t *capability, const void *addr, size_t alen)
 {
-    ucp_address_t *addr;
-    size_t alen, len;
-    KT_CHECK(ucp_worker_get_address(worker, &addr, &alen) == UCS_OK);
     memset(h, 0, KVX_WIRE_HELLO_LEN);
     kvx_wire_put_hdr(h, KVX_MSG_HELLO, 0, 0, 0);
     memcpy(h + 16, capability, 16);
@@ -210,7 +209,15 @@ static size_t hello(uint8_t *h, const kvx_md_t *md, const uint8_t *capability)
     kvx_put32(h + 60, (uint32_t)alen);
     memcpy(h + 64, "attacker", 8);
     memcpy(h + 72, addr, alen);
-    len = 72 + alen;
+    return 72 + alen;
+}
+
+static size_t hello(uint8_t *h, const kvx_md_t *md, const uint8_t *capability)
+{
+    ucp_address_t *addr;
+    size_t alen, len;
+    KT_CHECK(ucp_worker_get_address(worker, &addr, &alen) == UCS_OK);
+    len = hello_naming(h, capability, addr, alen);
     ucp_worker_release_address(worker, addr);
     (void)md;
     return len;
@@ -589,6 +596,58 @@ static void hello_order(const kvx_md_t *md)
     kt_region_free(&src);
 }
 
+/* ---- 7: a HELLO that names another writer's worker ----------------------------------------- */
+
+/* The attacker sends, from its own endpoint, a HELLO naming an honest writer's worker address
+ * (its metadata carries it). The target opens an endpoint towards that worker for the
+ * connection, which UCX pairs with the writer's next endpoint towards the target, and answers
+ * there: the honest writer drops an acknowledgement it never asked for. When the writer then
+ * adds the target, its HELLO comes on that endpoint: the writer's rendezvous writes must land,
+ * every byte verified, as they do without the attacker. */
+static void impersonate(const kvx_md_t *md)
+{
+    kt_region_t r = kt_region_alloc(NB, BL);
+    kvx_transport_t *h_t;
+    kvx_transport_attr_t a0 = {.field_mask = KVX_TRANSPORT_ATTR_RECV}, a1 = a0;
+    kvx_md_t hmd;
+    uint8_t *hraw, h[4096];
+    size_t hlen, n;
+    uint32_t l[2] = {4, 5}, d[2] = {50, 51};
+    kvx_completion_t c;
+    uint64_t id, end;
+
+    setenv("KT_RNDV", "always", 1);
+    unsetenv("KT_RNDV_THRESH");
+    kt_fill_all(&r, 0x33, 5);
+    h_t = kt_transport(&r, "writer", 1);
+    setenv("KT_RNDV", "auto", 1);
+    setenv("KT_RNDV_THRESH", "1073741824", 1);
+    hraw = kt_metadata(h_t, &hlen);
+    KT_OK(kvx_md_decode(hraw, hlen, &hmd));
+    KT_OK(kvx_transport_query(h_t, &a0));
+    seen.hello_acks = 0;
+    n = hello_naming(h, md->capability, hmd.worker_addr, hmd.worker_addr_len);
+    send_raw(h, n, NULL, 0, UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY);
+    /* the target answered towards the writer's worker, which dropped it */
+    end = kt_now_ns() + 5000000000ull;
+    do {
+        progress_for(10);
+        KT_OK(kvx_transport_query(h_t, &a1));
+    } while (a1.recv.drop_unknown == a0.recv.drop_unknown && kt_now_ns() < end);
+    KT_EQ(a1.recv.drop_unknown - a0.recv.drop_unknown, 1);
+    KT_EQ(seen.hello_acks, 0);
+    KT_OK(kvx_peer_add(h_t, "target", tg.md, tg.md_len, NULL));
+    KT_OK(kvx_xfer_write(h_t, "target", l, d, 2, NULL, &id));
+    KT_EQ(kt_poll_n(h_t, "target", &c, 1, 10000), 1);
+    kt_log("a HELLO naming another writer's worker: that writer's rendezvous write ended %d", c.status);
+    KT_EQ(c.status, 0);
+    KT_EQ(kt_target_verify(&tg, d, l, 2, 0x33, 5), 0);
+    KT_EQ(kvx_peer_remove(h_t, "target"), 1);
+    kvx_transport_destroy(h_t);
+    free(hraw);
+    kt_region_free(&r);
+}
+
 /* A child attacker announces a 256 KiB rendezvous write (the whole region) and is killed before
  * it progresses again: the receive the target started ends (it sees the connection fail), and
  * nothing of the target's outside the region moves. */
@@ -681,6 +740,8 @@ static int attack(void)
     rndv_stall(&md, 2, true); /* its third: a fence */
     KT_EQ(kt_target_canaries(&tg), 0);
     hello_order(&md); /* its fourth and fifth */
+    KT_EQ(kt_target_canaries(&tg), 0);
+    impersonate(&md);
     KT_EQ(kt_target_canaries(&tg), 0);
     attacker_stop();
     rndv_vanish(&md);
