@@ -351,18 +351,22 @@ int kvx_ucx_ep_accept(kvx_transport_t *t, const void *waddr, uint32_t sn,
         e->ops = ops;
         e->owner = owner;
         e->accepted = true;
+        e->matched = true;
         kvx_debug(t, "ucx: a HELLO on catch-up endpoint %u: its connection's now", e->sn);
         *ep_p = e;
         return 0;
     }
     /* paired with this transport's own writing endpoint towards that worker (both opened theirs
-     * before either answered): the receiving connection shares it (struct kvx_ucx_link) */
+     * before either answered), or with the endpoint of a receiving connection whose own HELLO
+     * came on another one (a HELLO that named this worker's address from elsewhere, or a count
+     * that was wrong: the place is this HELLO's): the receiving connection shares it (struct
+     * kvx_ucx_link) */
     for (struct kvx_ucx_link *l = ep != NULL ? u->links : NULL; l != NULL; l = l->next) {
         kvx_ucx_ep_t *w = l->users[0], *e;
         if (!kvx_ucx_came_on_link(l, came_on))
             continue;
         if (w == NULL || w->ep == NULL || l->users[1] != NULL || l->failed || w->filler ||
-            w->accepted || w->uid != uid)
+            w->matched || w->uid != uid)
             break;
         if ((e = calloc(1, sizeof(*e))) == NULL)
             return -ENOMEM;
@@ -373,12 +377,13 @@ int kvx_ucx_ep_accept(kvx_transport_t *t, const void *waddr, uint32_t sn,
                             .sn = w->sn,
                             .uid = uid,
                             .link = l,
-                            .accepted = true};
+                            .accepted = true,
+                            .matched = true};
         l->users[1] = e;
-        kvx_debug(t,
-                  "ucx: the HELLO of %s came on this transport's own writing endpoint %u towards "
-                  "it: shared",
-                  name, w->sn);
+        l->joined = true;
+        kvx_debug(t, "ucx: the HELLO of %s came on %s endpoint %u towards it: shared", name,
+                  w->accepted ? "another receiving connection's" : "this transport's own writing",
+                  w->sn);
         *ep_p = e;
         return 0;
     }
@@ -386,7 +391,8 @@ int kvx_ucx_ep_accept(kvx_transport_t *t, const void *waddr, uint32_t sn,
         (rc = kvx_ucx_ep_open(t, waddr, name, ops, owner, ep_p)) < 0)
         return rc;
     (*ep_p)->accepted = true;
-    if (ep == NULL || (const void *)(*ep_p)->ep != ep)
+    (*ep_p)->matched = ep != NULL && (const void *)(*ep_p)->ep == ep;
+    if (!(*ep_p)->matched)
         kvx_debug(t,
                   "ucx: the HELLO of %s (the writer's endpoint %u) %s its connection's (%u): "
                   "its rendezvous payloads will be refused",
@@ -469,6 +475,40 @@ void kvx_ucx_ep_describe(kvx_ucx_ep_t *e, char *transport, size_t len, int *rma_
         *seg = kvx_ucx_env_size(tcp, 61440);
 }
 
+/* A receiving connection's endpoint on which its HELLO did not come (kvx_ucx_ep_accept), closing
+ * with nothing of its own in UCX's hands, before any HELLO came on it: UCX paired it with an
+ * endpoint the writer's worker opens towards this one, whose HELLO is still to come on it. It
+ * stays open as a catch-up endpoint for that one, within their budget, so that closing the
+ * connection (a slot given away, say) does not leave that one paired with nothing. true: it is
+ * one now, e no longer has it. */
+static bool kvx_ucx_ep_keep(kvx_ucx_ep_t *e)
+{
+    kvx_ucx_t *u = e->t->ucx;
+    struct kvx_ucx_link *l = e->link;
+    struct kvx_ucx_sn *sn = kvx_ucx_sn_find(u, e->uid, false);
+    const size_t cap = sizeof(u->fillers) / sizeof(u->fillers[0]);
+    kvx_ucx_ep_t *f;
+    size_t i = 0;
+
+    if (!e->accepted || e->matched || e->inflight != 0 || l == NULL || l->failed || l->joined ||
+        l->users[0] != e || l->users[1] != NULL || sn == NULL || u->nfillers >= cap ||
+        sn->fillers >= KVX_FILLERS_PER_WORKER || (f = calloc(1, sizeof(*f))) == NULL)
+        return false;
+    while (u->fillers[i] != NULL)
+        i++;
+    *f = (kvx_ucx_ep_t){
+        .t = e->t, .ep = e->ep, .sn = e->sn, .uid = e->uid, .link = l, .filler = true};
+    l->users[0] = f;
+    u->fillers[i] = f;
+    u->nfillers++;
+    sn->fillers++;
+    e->ep = NULL;
+    e->link = NULL;
+    kvx_debug(e->t, "ucx: endpoint %u, on which no HELLO came, stays open for the one to come",
+              f->sn);
+    return true;
+}
+
 static void kvx_ucx_close_cb(void *req, ucs_status_t status, void *arg)
 {
     kvx_ucx_ep_t *e = arg;
@@ -492,7 +532,7 @@ int kvx_ucx_ep_close(kvx_ucx_ep_t *e, unsigned *refs)
     kvx_ucx_ep_t *other = l != NULL ? l->users[1 - me] : NULL;
     void *req;
 
-    if (e == NULL || e->ep == NULL)
+    if (e == NULL || e->ep == NULL || (other == NULL && kvx_ucx_ep_keep(e)))
         return 0;
     if (other != NULL && e->inflight == 0) { /* shared: it goes on for the other user */
         l->users[me] = NULL;

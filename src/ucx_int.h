@@ -86,6 +86,7 @@ struct kvx_ucx_link {
     ucp_ep_h ep;
     uint64_t id; /* from 1, never reused (kvx_came_on_t) */
     bool failed; /* UCX reported its error (once): nobody joins it any more */
+    bool joined; /* a HELLO that came on it shared it (kvx_ucx_ep_accept) */
     kvx_ucx_ep_t *users[2];
     struct kvx_ucx_link *next, **prevp; /* on u->links */
 };
@@ -105,7 +106,8 @@ struct kvx_ucx_ep {
     bool failed;               /* ... whose peer failed: closed by kvx_ucx_progress */
     struct kvx_ucx_link *link; /* its UCX endpoint's (NULL: a pairing's, or closed) */
     unsigned inflight;         /* its messages and receives UCX holds */
-    bool accepted;             /* a receiving connection's (kvx_ucx_ep_accept): never shared */
+    bool accepted;             /* a receiving connection's (kvx_ucx_ep_accept) */
+    bool matched;              /* ... on which its HELLO came: never shared */
 };
 
 _Static_assert(sizeof(kvx_iov_t) == sizeof(ucp_dt_iov_t) &&

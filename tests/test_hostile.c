@@ -18,7 +18,8 @@
  *  6. two connections whose HELLOs arrive out of order (as tcp may deliver an honest writer's):
  *     each one's rendezvous write lands; a third HELLO on the first one's endpoint takes none of
  *     its endpoint (its rendezvous write is refused, the first one's lands);
- *  7. a HELLO naming another writer's worker address: that writer's rendezvous writes still land;
+ *  7. a HELLO naming another writer's worker address: that writer's rendezvous writes still land,
+ *     also when the connection it made closed before the writer came (unproven, with a secret);
  *  4. kvx itself with forged metadata (num_blocks doubled, base moved): writes and reads beyond
  *     the real region are refused.
  * Afterwards the target still serves a real kvx peer. argv[1]: shm, tcp, or netns (the target in
@@ -197,11 +198,12 @@ static void rma_attacks(uint64_t base, uint64_t canary)
 
 /* ---- 2, 3: kvx's messages ------------------------------------------------------------------ */
 
-/* A HELLO naming the worker address addr (alen bytes) for its replies. */
-static size_t hello_naming(uint8_t *h, const uint8_t *capability, const void *addr, size_t alen)
+/* A HELLO naming the worker address addr (alen bytes) for its replies; with a secret, signed. */
+static size_t hello_naming(uint8_t *h, const uint8_t *capability, const void *addr, size_t alen,
+                           const char *secret)
 {
     memset(h, 0, KVX_WIRE_HELLO_LEN);
-    kvx_wire_put_hdr(h, KVX_MSG_HELLO, 0, 0, 0);
+    kvx_wire_put_hdr(h, KVX_MSG_HELLO, secret != NULL ? KVX_MSGF_PROOF : 0, 0, 0);
     memcpy(h + 16, capability, 16);
     kvx_put32(h + 32, 7);
     kvx_put64(h + 40, 0x1234);
@@ -209,6 +211,11 @@ static size_t hello_naming(uint8_t *h, const uint8_t *capability, const void *ad
     kvx_put32(h + 60, (uint32_t)alen);
     memcpy(h + 64, "attacker", 8);
     memcpy(h + 72, addr, alen);
+    if (secret != NULL) {
+        kvx_iov_t part = {h, 72 + alen};
+        kvx_hmac_sha256(secret, strlen(secret), &part, 1, h + 72 + alen);
+        return 72 + alen + KVX_PROOF_LEN;
+    }
     return 72 + alen;
 }
 
@@ -217,7 +224,7 @@ static size_t hello(uint8_t *h, const kvx_md_t *md, const uint8_t *capability)
     ucp_address_t *addr;
     size_t alen, len;
     KT_CHECK(ucp_worker_get_address(worker, &addr, &alen) == UCS_OK);
-    len = hello_naming(h, capability, addr, alen);
+    len = hello_naming(h, capability, addr, alen, NULL);
     ucp_worker_release_address(worker, addr);
     (void)md;
     return len;
@@ -626,7 +633,7 @@ static void impersonate(const kvx_md_t *md)
     KT_OK(kvx_md_decode(hraw, hlen, &hmd));
     KT_OK(kvx_transport_query(h_t, &a0));
     seen.hello_acks = 0;
-    n = hello_naming(h, md->capability, hmd.worker_addr, hmd.worker_addr_len);
+    n = hello_naming(h, md->capability, hmd.worker_addr, hmd.worker_addr_len, NULL);
     send_raw(h, n, NULL, 0, UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY);
     /* the target answered towards the writer's worker, which dropped it */
     end = kt_now_ns() + 5000000000ull;
@@ -639,13 +646,102 @@ static void impersonate(const kvx_md_t *md)
     KT_OK(kvx_peer_add(h_t, "target", tg.md, tg.md_len, NULL));
     KT_OK(kvx_xfer_write(h_t, "target", l, d, 2, NULL, &id));
     KT_EQ(kt_poll_n(h_t, "target", &c, 1, 10000), 1);
-    kt_log("a HELLO naming another writer's worker: that writer's rendezvous write ended %d", c.status);
+    kt_log("a HELLO naming another writer's worker: that writer's rendezvous write ended %d",
+           c.status);
     KT_EQ(c.status, 0);
     KT_EQ(kt_target_verify(&tg, d, l, 2, 0x33, 5), 0);
     KT_EQ(kvx_peer_remove(h_t, "target"), 1);
     kvx_transport_destroy(h_t);
     free(hraw);
     kt_region_free(&r);
+}
+
+/* The same against a target with a secret, where the connection such a HELLO makes closes
+ * unproven 2-3 s later (the proof's nonce went to the other writer): the endpoint it had stays the
+ * writer's place, so the writer's rendezvous writes must land after that too. The target is a
+ * transport in this process. */
+static kvx_transport_t *rndv_transport(const kt_region_t *r, const char *name, int mode,
+                                       uint64_t thresh, const char *secret)
+{
+    kvx_params_t p = {.field_mask = KVX_PARAM_REGION | KVX_PARAM_AGENT_NAME |
+                                    KVX_PARAM_NUM_THREADS | KVX_PARAM_SECRET | KVX_PARAM_RNDV,
+                      .base = r->base,
+                      .num_blocks = r->num_blocks,
+                      .block_len = r->block_len,
+                      .agent_name = name,
+                      .num_threads = 1,
+                      .secret = secret,
+                      .secret_len = strlen(secret),
+                      .rndv_mode = mode,
+                      .rndv_thresh = thresh};
+    kvx_transport_t *t;
+    KT_OK(kvx_transport_create(&p, &t));
+    return t;
+}
+
+static void impersonate_unproven(void)
+{
+    const char *secret = "the hostile test's secret";
+    ucp_ep_params_t ep_params = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
+                                               UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
+                                 .err_mode = UCP_ERR_HANDLING_MODE_PEER};
+    ucp_request_param_t cp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                              .flags = UCP_EP_CLOSE_FLAG_FORCE};
+    kt_region_t tr = kt_region_alloc(NB, BL), wr = kt_region_alloc(NB, BL);
+    kvx_transport_t *target = rndv_transport(&tr, "target", KVX_RNDV_AUTO, 1ull << 30, secret);
+    kvx_transport_t *writer = rndv_transport(&wr, "writer", KVX_RNDV_ALWAYS, 0, secret);
+    kvx_transport_attr_t ta = {.field_mask = KVX_TRANSPORT_ATTR_RECV}, wa0 = ta, wa1 = ta;
+    kvx_md_t tmd, wmd;
+    uint8_t *traw, *wraw, h[4096];
+    size_t tlen, wlen, n;
+    uint32_t l[2] = {6, 7}, d[2] = {52, 53};
+    kvx_completion_t c;
+    ucp_ep_h first = ep;
+    uint64_t id, end;
+
+    kt_fill_all(&wr, 0x34, 6);
+    traw = kt_metadata(target, &tlen);
+    wraw = kt_metadata(writer, &wlen);
+    KT_OK(kvx_md_decode(traw, tlen, &tmd));
+    KT_OK(kvx_md_decode(wraw, wlen, &wmd));
+    ep_params.address = (const ucp_address_t *)tmd.worker_addr;
+    KT_CHECK(ucp_ep_create(worker, &ep_params, &ep) == UCS_OK);
+    progress_for(50);
+    KT_OK(kvx_transport_query(writer, &wa0));
+    seen.hello_acks = 0;
+    n = hello_naming(h, tmd.capability, wmd.worker_addr, wmd.worker_addr_len, secret);
+    send_raw(h, n, NULL, 0, UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY);
+    end = kt_now_ns() + 10000000000ull;
+    do { /* answered towards the writer, which dropped it; then closed unproven */
+        progress_for(10);
+        KT_OK(kvx_transport_query(writer, &wa1));
+        KT_OK(kvx_transport_query(target, &ta));
+    } while ((wa1.recv.drop_unknown == wa0.recv.drop_unknown || ta.recv.drop_unproven == 0) &&
+             kt_now_ns() < end);
+    KT_EQ(wa1.recv.drop_unknown - wa0.recv.drop_unknown, 1);
+    KT_EQ(ta.recv.drop_unproven, 1);
+    KT_EQ(seen.hello_acks, 0);
+    KT_OK(kvx_peer_add(writer, "target", traw, tlen, NULL));
+    KT_OK(kvx_xfer_write(writer, "target", l, d, 2, NULL, &id));
+    KT_EQ(kt_poll_n(writer, "target", &c, 1, 10000), 1);
+    kt_log("... and once the connection it made closed unproven: the writer's rendezvous write "
+           "ended %d",
+           c.status);
+    KT_EQ(c.status, 0);
+    KT_OK(kvx_transport_query(target, &ta));
+    KT_EQ(ta.recv.rndv_landed, 1);
+    for (int i = 0; i < 2; i++)
+        KT_EQ(kt_check(&tr, d[i], 0x34, l[i], 6), 0);
+    KT_EQ(kvx_peer_remove(writer, "target"), 1);
+    keep_req(ucp_ep_close_nbx(ep, &cp));
+    ep = first;
+    progress_for(50);
+    kvx_transport_destroy(writer);
+    kvx_transport_destroy(target);
+    free(traw);
+    free(wraw);
+    kt_region_free(&tr);
+    kt_region_free(&wr);
 }
 
 /* A child attacker announces a 256 KiB rendezvous write (the whole region) and is killed before
@@ -743,6 +839,7 @@ static int attack(void)
     KT_EQ(kt_target_canaries(&tg), 0);
     impersonate(&md);
     KT_EQ(kt_target_canaries(&tg), 0);
+    impersonate_unproven();
     attacker_stop();
     rndv_vanish(&md);
     KT_EQ(kt_target_canaries(&tg), 0);
