@@ -49,10 +49,20 @@ static void zero(const kt_region_t *r, uint32_t first, uint32_t n)
     memset(r->base + (uint64_t)first * r->block_len, 0, (uint64_t)n * r->block_len);
 }
 
+static uint64_t xfers_done(kvx_transport_t *t)
+{
+    kvx_peer_attr_t a = {.field_mask = KVX_PEER_ATTR_COUNTERS};
+
+    KT_OK(kvx_peer_query(t, "target", &a));
+    return a.xfers_done;
+}
+
 /* Four bulk transfers of BULK blocks (low priority, or the default), then one urgent block
- * (high, or the default). Returns the urgent one's place among the five completions (0: first). */
+ * (high, or the default). Returns the urgent one's place among the five completions (0: first);
+ * *early: the transfers done by the time the urgent submit returned (a descheduled test may let
+ * the first bulk one finish before the urgent one is even submitted). */
 static int order_once(kvx_transport_t *t, kt_target_t *tg, kt_region_t *r, bool read,
-                      bool priorities)
+                      bool priorities, uint64_t *early)
 {
     uint32_t idx[BULK];
     uint64_t ids[5];
@@ -64,6 +74,7 @@ static int order_once(kvx_transport_t *t, kt_target_t *tg, kt_region_t *r, bool 
         kt_target_refill(tg, 0);
         zero(r, 0, NBLOCKS);
     }
+    *early = xfers_done(t);
     for (int i = 0; i < 4; i++) {
         seq(idx, (uint32_t)i * BULK, BULK);
         KT_OK(read ? kvx_xfer_read(t, "target", idx, idx, BULK, priorities ? &lo : NULL, &ids[i])
@@ -72,6 +83,7 @@ static int order_once(kvx_transport_t *t, kt_target_t *tg, kt_region_t *r, bool 
     seq(idx, URGENT, 1);
     KT_OK(read ? kvx_xfer_read(t, "target", idx, idx, 1, priorities ? &hi : NULL, &ids[4])
                : kvx_xfer_write(t, "target", idx, idx, 1, priorities ? &hi : NULL, &ids[4]));
+    *early = xfers_done(t) - *early;
     KT_EQ(kt_poll_n(t, "target", c, 5, 30000), 5);
     for (int i = 0; i < 5; i++) {
         KT_EQ(c[i].status, 0);
@@ -97,10 +109,21 @@ static int order_once(kvx_transport_t *t, kt_target_t *tg, kt_region_t *r, bool 
 static void test_order(kvx_transport_t *t, kt_target_t *tg, kt_region_t *r)
 {
     for (int read = 0; read < 2; read++) {
-        int with = order_once(t, tg, r, read, true);
-        int without = order_once(t, tg, r, read, false);
-        kt_log("order (%s): the urgent one completed %d of 5 with priorities, %d of 5 without",
-               read ? "reads" : "writes", with + 1, without + 1);
+        uint64_t early = 0, unused;
+        int with = -1, without, round = 0;
+        /* it may follow only transfers done before it was submitted; a round in which none was
+         * (one of at most 5) must see it first */
+        while (round++ < 5) {
+            with = order_once(t, tg, r, read, true, &early);
+            KT_CHECK((uint64_t)with <= early);
+            if (early == 0)
+                break;
+        }
+        KT_EQ(early, 0);
+        without = order_once(t, tg, r, read, false, &unused);
+        kt_log("order (%s): the urgent one completed %d of 5 with priorities (round %d), %d of 5 "
+               "without",
+               read ? "reads" : "writes", with + 1, round, without + 1);
         KT_EQ(with, 0);
         /* in submission order the urgent one waits for the four before it */
         KT_EQ(without, 4);
