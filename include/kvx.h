@@ -335,6 +335,11 @@ typedef struct kvx_recv_counters {
      *  at least the lane's threshold, one contiguous piece each, checked by the reader against
      *  its request before it receives it into its blocks). */
     uint64_t rndv_served;
+    /** HELLOs whose writer counted more endpoints towards this transport than the catch-up
+     *  budget lets it open (16 per HELLO, 32 open towards one worker, 256 in all): answered
+     *  without catching up, so their connections work by eager messages and their rendezvous
+     *  payloads are refused. */
+    uint64_t catchup_over;
 } kvx_recv_counters_t;
 
 /** Bits of kvx_transport_attr_t.field_mask. */

@@ -265,7 +265,7 @@ static int kvx_recv_hello(kvx_transport_t *t, const uint8_t *buf, size_t len,
     else if (t->nrconns >= KVX_RCONNS_MAX)
         v = kvx_slot_victim(t, NULL, now);
     /* the victim gives way only once the new connection is made: a HELLO that makes none
-     * (no memory, catch-up endpoints over budget, an address UCX refuses) closes nothing */
+     * (no memory, an address UCX refuses) closes nothing */
     if ((t->nrconns >= KVX_RCONNS_MAX && v == NULL) || (rc = kvx_rconn_alloc(t, w, &m)) == NULL) {
         kvx_count(t, w, KVX_CNT(drop_other));
         return 0;
@@ -284,9 +284,11 @@ static int kvx_recv_hello(kvx_transport_t *t, const uint8_t *buf, size_t len,
                                  &kvx_rconn_ep_ops, rc, &rc->ucx)) < 0) {
         kvx_idtab_release(&t->rconn_ids, rc->id);
         free(rc);
-        kvx_count(t, w, err == -ENOBUFS ? KVX_CNT(drop_hello_limit) : KVX_CNT(drop_other));
+        kvx_count(t, w, KVX_CNT(drop_other));
         return 0;
     }
+    if (err == 1)
+        kvx_count(t, w, KVX_CNT(catchup_over));
     if (v != NULL) {
         kvx_count(t, v->w, KVX_CNT(conns_evicted));
         kvx_info(t, "writer %s: connection %u gives its slot to a new one of %s", v->w->name, v->id,

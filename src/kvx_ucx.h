@@ -88,8 +88,8 @@ kvx_came_on_t kvx_ucx_came_on(kvx_transport_t *t);
  * with that one. That is a catch-up endpoint opened already when HELLOs came out of order, this
  * transport's own writing endpoint towards that worker when both transports opened theirs before
  * either answered (then shared: struct kvx_ucx_link, ucx_int.h), else one opened now after
- * catching up (see ucx_ep.c). Returns 0, -ENOBUFS when the catch-up is over its budget (the
- * HELLO is refused), or another errno. */
+ * catching up (see ucx_ep.c). Returns 0, 1 when the catch-up was over its budget (the endpoint
+ * is opened without it: UCX pairs it with another of the writer's), or a negative errno. */
 int kvx_ucx_ep_accept(kvx_transport_t *t, const void *waddr, uint32_t sn,
                       const kvx_came_on_t *came_on, const char *name, const kvx_ep_ops_t *ops,
                       void *owner, kvx_ucx_ep_t **ep_p);

@@ -91,17 +91,23 @@ void kvx_ucx_drop_links(kvx_ucx_t *u)
  * fails (UCX reports it: then they close) or the transport closes: closing a tcp endpoint whose
  * wire-up is still queued meets UCX's use-after-free (see kvx_conn_fail). A holder of the
  * metadata chooses the number its HELLO claims: a catch-up over its budget (KVX_ALIGN_MAX per
- * HELLO, KVX_FILLERS_PER_WORKER open towards one worker, 256 open in all) refuses the HELLO. A
- * receiver already ahead (it opened endpoints of its own towards that worker) is left as it is.
- * HELLOs of two connections open at once may arrive out of order (tcp: each endpoint is its own
- * socket): the later one's catch-up opens the earlier one's endpoint as a filler. So a HELLO names
- * the endpoint it came on (UCP_AM_SEND_FLAG_REPLY: UCX tells the receiver which of its endpoints
- * is paired with the writer's), and a filler a HELLO came on becomes that HELLO's connection's
- * endpoint (kvx_ucx_ep_accept). A HELLO that came on this transport's own writing endpoint
- * towards that worker (both transports opened theirs before either answered) shares it (struct
- * kvx_ucx_link). A connection whose endpoint is still not the one its HELLO came on (the
- * writer's count was wrong) works by eager messages, which do not care which endpoint brings
- * them; its rendezvous payloads are refused (kvx_ucx_recv), and a debug line says so.
+ * HELLO, KVX_FILLERS_PER_WORKER open towards one worker, 256 open in all) opens none, and the
+ * connection opens without it (counted in catchup_over). Refusing the HELLO instead let a holder
+ * that sent HELLOs naming another worker push this worker's count towards it so far ahead that
+ * the other worker refused every connection of this one's. A receiver already ahead (it opened
+ * endpoints of its own towards that worker) is left as it is. HELLOs of two connections open at
+ * once may arrive out of order (tcp: each endpoint is its own socket): the later one's catch-up
+ * opens the earlier one's endpoint as a filler. So a HELLO names the endpoint it came on
+ * (UCP_AM_SEND_FLAG_REPLY: UCX tells the receiver which of its endpoints is paired with the
+ * writer's), and a filler a HELLO came on becomes that HELLO's connection's endpoint
+ * (kvx_ucx_ep_accept). A HELLO that came on this transport's own writing endpoint towards that
+ * worker (both transports opened theirs before either answered) shares it (struct kvx_ucx_link). A
+ * connection whose endpoint is still not the one its HELLO came on (the writer's count was wrong,
+ * the catch-up was over budget, or the HELLO named another worker's address than its sender's)
+ * works by eager messages, which do not care which endpoint brings them; its rendezvous payloads
+ * are refused (kvx_ucx_recv), and a debug line says so. Its endpoint keeps its place for the writer
+ * UCX pairs it with: a HELLO that comes on it shares it, and when its connection closes first it
+ * stays open as a filler (kvx_ucx_ep_keep).
  */
 #define KVX_ALIGN_MAX 16
 
@@ -242,8 +248,8 @@ static int kvx_ucx_ep_new(kvx_transport_t *t, const void *waddr, uint64_t uid, b
     return 0;
 }
 
-/* Open the endpoints this worker lacks towards waddr's before its sn-th: 0, or -ENOBUFS over the
- * budget. */
+/* Open the endpoints this worker lacks towards waddr's before its sn-th: 0, or 1 over the
+ * budget (none opened). */
 static int kvx_ucx_align(kvx_transport_t *t, const void *waddr, uint64_t uid, uint32_t sn)
 {
     kvx_ucx_t *u = t->ucx;
@@ -259,8 +265,11 @@ static int kvx_ucx_align(kvx_transport_t *t, const void *waddr, uint64_t uid, ui
      * those whose peer failed give their place back) */
     if (want > KVX_ALIGN_MAX || want > cap - u->nfillers ||
         (e != NULL ? e->fillers : 0) + want > KVX_FILLERS_PER_WORKER) {
-        kvx_info(t, "ucx: a writer %u endpoint(s) ahead: over the catch-up budget, refused", want);
-        return -ENOBUFS;
+        kvx_info(t,
+                 "ucx: a writer %u endpoint(s) ahead: over the catch-up budget, none opened (its "
+                 "connection's rendezvous payloads will be refused)",
+                 want);
+        return 1;
     }
     kvx_debug(t, "ucx: %u endpoint(s) behind the writer's (its %u, this worker's %u): catching up",
               want, sn, have);
@@ -282,7 +291,7 @@ static int kvx_ucx_align(kvx_transport_t *t, const void *waddr, uint64_t uid, ui
     return 0;
 }
 
-/* The catch-up endpoints go with the worker (forced: nothing was ever sent on them). UCX's
+/* The catch-up endpoints go with the worker (forced: nothing of a writer's was sent on them). UCX's
  * progress is driven for at most a second for them (with the lock held: the transport closes). */
 void kvx_ucx_close_fillers(kvx_ucx_t *u)
 {
@@ -333,7 +342,7 @@ int kvx_ucx_ep_accept(kvx_transport_t *t, const void *waddr, uint32_t sn,
     bool ok;
     uint64_t uid = kvx_ucx_uid(waddr, &ok);
     const void *ep = came_on != NULL ? came_on->ep : NULL;
-    int rc;
+    int rc, over;
 
     if (!ok)
         return -EINVAL; /* UCX would refuse the address too */
@@ -387,8 +396,8 @@ int kvx_ucx_ep_accept(kvx_transport_t *t, const void *waddr, uint32_t sn,
         *ep_p = e;
         return 0;
     }
-    if ((rc = kvx_ucx_align(t, waddr, uid, sn)) < 0 ||
-        (rc = kvx_ucx_ep_open(t, waddr, name, ops, owner, ep_p)) < 0)
+    over = kvx_ucx_align(t, waddr, uid, sn);
+    if ((rc = kvx_ucx_ep_open(t, waddr, name, ops, owner, ep_p)) < 0)
         return rc;
     (*ep_p)->accepted = true;
     (*ep_p)->matched = ep != NULL && (const void *)(*ep_p)->ep == ep;
@@ -398,7 +407,7 @@ int kvx_ucx_ep_accept(kvx_transport_t *t, const void *waddr, uint32_t sn,
                   "its rendezvous payloads will be refused",
                   name, sn, ep == NULL ? "named no endpoint, not" : "came on another than",
                   (*ep_p)->sn);
-    return 0;
+    return over;
 }
 
 /* Append name to a ','-joined list unless it is already there. */

@@ -73,9 +73,10 @@ struct kvx_ucx {
  * endpoints by the order each opened them towards the other, so when two transports open
  * connections towards each other before either answered the other's HELLO, each one's writing
  * endpoint is paired with the other's: the HELLO came on the receiver's own writing endpoint
- * (one kvx_ucx_ep_open opened for a connection of this transport's, not a receiving
- * connection's, a catch-up one or one whose error UCX reported), and the receiving connection
- * shares it (kvx_ucx_ep_accept), as UCX means such a pair to be used, in both directions. A
+ * (one kvx_ucx_ep_open opened for a connection of this transport's, not a catch-up one or one
+ * whose error UCX reported), and the receiving connection shares it (kvx_ucx_ep_accept), as UCX
+ * means such a pair to be used, in both directions; so does a HELLO that came on the endpoint of
+ * a receiving connection whose own HELLO came on another (not matched). A
  * shared endpoint closes for one user only (the other goes on) unless that user still has
  * messages or receives in UCX's hands: then it closes for both (UCX cannot end one user's alone),
  * and the other user hears -ECONNRESET (its own messages UCX held end as canceled first). That
@@ -102,7 +103,8 @@ struct kvx_ucx_ep {
     ucp_rkey_h rkey;           /* the peer's owned region, mapped here (kvx_ucx_map) */
     uint32_t sn;               /* its place among this worker's endpoints to that worker */
     uint64_t uid;              /* that worker's (UCX's worker uid) */
-    bool filler;               /* a catch-up endpoint (u->fillers): no owner, nothing sent on it */
+    bool filler;               /* a catch-up endpoint (u->fillers): no owner (kept ones carried
+                                * a receiving connection's messages before) */
     bool failed;               /* ... whose peer failed: closed by kvx_ucx_progress */
     struct kvx_ucx_link *link; /* its UCX endpoint's (NULL: a pairing's, or closed) */
     unsigned inflight;         /* its messages and receives UCX holds */

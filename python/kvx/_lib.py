@@ -102,7 +102,7 @@ RECV_COUNTERS = ("bytes_landed", "writes_landed", "bytes_served", "notices", "dr
                  "drop_capability", "drop_unknown", "drop_range", "drop_fenced", "drop_crc",
                  "drop_other", "conns_overflow", "conns_evicted", "drop_unproven",
                  "drop_hello_limit", "drop_replayed", "rndv_landed", "rndv_failed",
-                 "rndv_served")
+                 "rndv_served", "catchup_over")
 
 
 class RecvCounters(ctypes.Structure):

@@ -950,7 +950,9 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
         """What peers did to this transport's region, and what kvx refused them: bytes_landed,
         writes_landed, bytes_served, notices, drop_malformed, drop_capability, drop_unknown,
         drop_range, drop_fenced, drop_crc, drop_other, conns_overflow, conns_evicted,
-        drop_unproven, drop_hello_limit (docs/security.md, "Resource bounds")."""
+        drop_unproven, drop_hello_limit, drop_replayed, rndv_landed, rndv_failed, rndv_served,
+        catchup_over (include/kvx.h, kvx_recv_counters_t; docs/security.md, "Resource
+        bounds")."""
         h = self._h()
         a = _lib.TransportAttr()
         a.field_mask = _lib.TRANSPORT_ATTR_RECV
