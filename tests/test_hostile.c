@@ -20,6 +20,7 @@
  *     its endpoint (its rendezvous write is refused, the first one's lands);
  *  7. a HELLO naming another writer's worker address: that writer's rendezvous writes still land,
  *     also when the connection it made closed before the writer came (unproven, with a secret);
+ *     and after 17 more such HELLOs the receiver's own connection to that writer is answered;
  *  4. kvx itself with forged metadata (num_blocks doubled, base moved): writes and reads beyond
  *     the real region are refused.
  * Afterwards the target still serves a real kvx peer. argv[1]: shm, tcp, or netns (the target in
@@ -206,7 +207,9 @@ static size_t hello_naming(uint8_t *h, const uint8_t *capability, const void *ad
     kvx_wire_put_hdr(h, KVX_MSG_HELLO, secret != NULL ? KVX_MSGF_PROOF : 0, 0, 0);
     memcpy(h + 16, capability, 16);
     kvx_put32(h + 32, 7);
-    kvx_put64(h + 40, 0x1234);
+    static uint64_t token =
+        0x1234; /* each HELLO its own: with a secret, a repeated one is a replay */
+    kvx_put64(h + 40, token++);
     h[56] = 8;
     kvx_put32(h + 60, (uint32_t)alen);
     memcpy(h + 64, "attacker", 8);
@@ -732,6 +735,34 @@ static void impersonate_unproven(void)
     KT_EQ(ta.recv.rndv_landed, 1);
     for (int i = 0; i < 2; i++)
         KT_EQ(kt_check(&tr, d[i], 0x34, l[i], 6), 0);
+    /* 17 more such HELLOs move the target's endpoint count towards the writer 17 on: the
+     * target's own connection to the writer must still be answered (its catch-up is over the
+     * writer's budget) and its write land */
+    KT_OK(kvx_transport_query(writer, &wa0));
+    for (int i = 0; i < 17; i++) {
+        n = hello_naming(h, tmd.capability, wmd.worker_addr, wmd.worker_addr_len, secret);
+        send_raw(h, n, NULL, 0, UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY);
+        progress_for(5);
+    }
+    end = kt_now_ns() + 10000000000ull;
+    do {
+        progress_for(10);
+        KT_OK(kvx_transport_query(writer, &wa1));
+    } while (wa1.recv.drop_unknown - wa0.recv.drop_unknown < 17 && kt_now_ns() < end);
+    KT_EQ(wa1.recv.drop_unknown - wa0.recv.drop_unknown, 17);
+    kt_fill_all(&tr, 0x35, 7);
+    KT_OK(kvx_peer_add(target, "writer", wraw, wlen, NULL));
+    KT_OK(kvx_xfer_write(target, "writer", l, d, 2, NULL, &id));
+    KT_EQ(kt_poll_n(target, "writer", &c, 1, 10000), 1);
+    KT_OK(kvx_transport_query(writer, &wa1));
+    kt_log("... and after 17 more, the target's own write to that writer ended %d (%llu answered "
+           "without a catch-up)",
+           c.status, (unsigned long long)(wa1.recv.catchup_over - wa0.recv.catchup_over));
+    KT_EQ(c.status, 0);
+    KT_EQ(wa1.recv.catchup_over - wa0.recv.catchup_over, 1);
+    for (int i = 0; i < 2; i++)
+        KT_EQ(kt_check(&wr, d[i], 0x35, l[i], 7), 0);
+    KT_EQ(kvx_peer_remove(target, "writer"), 1);
     KT_EQ(kvx_peer_remove(writer, "target"), 1);
     keep_req(ucp_ep_close_nbx(ep, &cp));
     ep = first;
