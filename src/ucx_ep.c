@@ -164,6 +164,16 @@ static void kvx_ucx_filler_closed(void *req, ucs_status_t status, void *arg)
     ucp_request_free(req);
 }
 
+/* Put f in the free filler slot i, counted towards its worker (sn: that worker's entry). */
+static void kvx_ucx_filler_put(kvx_ucx_t *u, size_t i, kvx_ucx_ep_t *f, struct kvx_ucx_sn *sn)
+{
+    f->filler = true;
+    u->fillers[i] = f;
+    u->nfillers++;
+    if (sn != NULL)
+        sn->fillers++;
+}
+
 /* Take filler slot i off the list (its endpoint stays open: closed or adopted by the caller). */
 static kvx_ucx_ep_t *kvx_ucx_filler_take(kvx_ucx_t *u, size_t i)
 {
@@ -279,14 +289,11 @@ static int kvx_ucx_align(kvx_transport_t *t, const void *waddr, uint64_t uid, ui
             continue;
         if (kvx_ucx_ep_new(t, waddr, uid, true, "kvx-catch-up", &f) < 0)
             break;
-        f->filler = true;
-        u->fillers[i] = f;
-        u->nfillers++;
-        if ((e = kvx_ucx_sn_find(u, uid, false)) != NULL) {
-            e->fillers++;
-            have = e->next_sn;
-        } else
+        e = kvx_ucx_sn_find(u, uid, false);
+        kvx_ucx_filler_put(u, i, f, e);
+        if (e == NULL)
             break;
+        have = e->next_sn;
     }
     return 0;
 }
@@ -484,8 +491,9 @@ void kvx_ucx_ep_describe(kvx_ucx_ep_t *e, char *transport, size_t len, int *rma_
         *seg = kvx_ucx_env_size(tcp, 61440);
 }
 
-/* A receiving connection's endpoint on which its HELLO did not come (kvx_ucx_ep_accept), closing
- * with nothing of its own in UCX's hands, before any HELLO came on it: UCX paired it with an
+/* A receiving connection's endpoint on which its HELLO did not come (kvx_ucx_ep_accept; such an
+ * endpoint is its link's first user), closing as its link's only user with nothing of its own in
+ * UCX's hands, before any HELLO came on it: UCX paired it with an
  * endpoint the writer's worker opens towards this one, whose HELLO is still to come on it. It
  * stays open as a catch-up endpoint for that one, within their budget, so that closing the
  * connection (a slot given away, say) does not leave that one paired with nothing. true: it is
@@ -500,17 +508,14 @@ static bool kvx_ucx_ep_keep(kvx_ucx_ep_t *e)
     size_t i = 0;
 
     if (!e->accepted || e->matched || e->inflight != 0 || l == NULL || l->failed || l->joined ||
-        l->users[0] != e || l->users[1] != NULL || sn == NULL || u->nfillers >= cap ||
-        sn->fillers >= KVX_FILLERS_PER_WORKER || (f = calloc(1, sizeof(*f))) == NULL)
+        sn == NULL || u->nfillers >= cap || sn->fillers >= KVX_FILLERS_PER_WORKER ||
+        (f = calloc(1, sizeof(*f))) == NULL)
         return false;
     while (u->fillers[i] != NULL)
         i++;
-    *f = (kvx_ucx_ep_t){
-        .t = e->t, .ep = e->ep, .sn = e->sn, .uid = e->uid, .link = l, .filler = true};
+    *f = (kvx_ucx_ep_t){.t = e->t, .ep = e->ep, .sn = e->sn, .uid = e->uid, .link = l};
     l->users[0] = f;
-    u->fillers[i] = f;
-    u->nfillers++;
-    sn->fillers++;
+    kvx_ucx_filler_put(u, i, f, sn);
     e->ep = NULL;
     e->link = NULL;
     kvx_debug(e->t, "ucx: endpoint %u, on which no HELLO came, stays open for the one to come",
