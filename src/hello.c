@@ -374,9 +374,11 @@ void kvx_recv_housekeeping(kvx_transport_t *t, uint64_t now)
         kvx_rconn_t *rc = kvx_list_first(&t->rslots[KVX_SLOT_UNPROVEN], kvx_rconn_t, slot_link);
         if (now - rc->since_ns < KVX_PROOF_WAIT_NS)
             break;
-        kvx_count(t, rc->w, KVX_CNT(drop_unproven));
+        /* logged before counting: kvx_count's test of a NULL writer would otherwise let gcc's
+         * -O2 -Wformat-overflow see a null name here (a receiving connection always has one) */
         kvx_info(t, "writer %s: connection %u did not prove the secret in time: closed",
                  rc->w->name, rc->id);
+        kvx_count(t, rc->w, KVX_CNT(drop_unproven));
         kvx_rconn_close(rc);
     }
 }
