@@ -192,6 +192,7 @@ static int kvx_peer_add_at(kvx_transport_t *t, const char *peer_id, const void *
         t->nconnected++;
     p->conn = c;
     p->removed = false;
+    p->purged = false;
     p->last_err = 0;
     c->peer = p;
     memcpy(p->last_agent, c->agent_name, sizeof(p->last_agent));
@@ -270,6 +271,7 @@ static int kvx_peer_remove_impl(kvx_transport_t *t, const char *peer_id, unsigne
             if (x->peer == p)
                 x->purged = true;
         }
+        p->purged = true;
     }
     p->conn = NULL;
     p->removed = true;
@@ -314,7 +316,7 @@ int kvx_peer_query(kvx_transport_t *t, const char *peer_id, kvx_peer_attr_t *att
         goto out;
     }
     p = kvx_peer_lookup(t, peer_id);
-    if (p == NULL || (p->conn == NULL && p->nxfers == 0)) { /* an add still under way */
+    if (!kvx_peer_known(p)) {
         rc = -ENOENT;
         goto out;
     }
@@ -475,7 +477,7 @@ int kvx_stats_query(kvx_transport_t *t, const char *peer_id, kvx_stats_t *stats)
         kvx_stats_copy(&t->stats, stats);
     } else {
         kvx_peer_t *p = kvx_peer_lookup(t, peer_id);
-        if (p == NULL || (p->conn == NULL && p->nxfers == 0)) /* as kvx_peer_query */
+        if (!kvx_peer_known(p))
             rc = -ENOENT;
         else
             kvx_stats_copy(&p->stats, stats);

@@ -89,6 +89,10 @@ struct kvx_peer {
     kvx_peer_t *hnext; /* hash chain */
     kvx_conn_t *conn;  /* NULL when removed */
     bool removed;
+    /* removed with KVX_PEER_REMOVE_PURGE: every transfer it still has is forgotten as it ends,
+     * so the id is unknown from then on (kvx_peer_known), though the object stays until UCX has
+     * let go of them (or a re-add of the id installs a connection on it again) */
+    bool purged;
     int last_err;
     kvx_list_t cq;         /* DONE transfers, oldest first */
     kvx_list_t ready_link; /* t->ready while cq is not empty */
@@ -288,6 +292,13 @@ static inline int kvx_enter(kvx_transport_t *t)
 /* ---- the tables (table.c) ----------------------------------------------------------------- */
 
 kvx_peer_t *kvx_peer_lookup(const kvx_transport_t *t, const char *id);
+/* Whether the application still knows p by its id (kvx_peer_query, kvx_stats_query): it has a
+ * connection, or it was removed and still holds transfers whose completions will come out of
+ * poll (not when it was purged: those are forgotten). An add still under way has neither. */
+static inline bool kvx_peer_known(const kvx_peer_t *p)
+{
+    return p != NULL && (p->conn != NULL || (p->nxfers != 0 && !p->purged));
+}
 int kvx_peer_insert(kvx_transport_t *t, kvx_peer_t *p);
 kvx_peer_t *kvx_peer_new(kvx_transport_t *t, const char *peer_id);
 bool kvx_peer_id_ok(const char *id);
