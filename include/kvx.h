@@ -131,15 +131,24 @@ enum kvx_params_field {
     KVX_PARAM_RNDV = 1u << 14         /**< default: KVX_RNDV_AUTO, each lane's threshold */
 };
 
-/** How a transfer's data travels (kvx_params_t.rndv_mode). */
+/** How a transfer's data travels (kvx_params_t.rndv_mode). By rendezvous, the receiving side
+ *  checks a run's header first, then UCX moves the run into the place the header names; in
+ *  eager messages, the receiving side copies it out of UCX's buffers. Each side says in its
+ *  handshake whether it takes rendezvous payloads (every mode but KVX_RNDV_EAGER does), and a
+ *  side sends by rendezvous only to a peer that takes them, so any two modes work together. */
 enum kvx_rndv_mode {
-    /** With rndv_thresh set, runs of at least that many bytes go by rendezvous, smaller ones in
-     *  eager messages; without, every run is eager (README, "Rendezvous": no lane here gained
-     *  from it, and on RDMA lanes it hands peers a remote key for the region). */
+    /** Rendezvous where UCX moves it by zero-copy RMA (the connection's rendezvous lanes are all
+     *  rc, dc, gga or a GPU copy engine: an RDMA READ or WRITE straight into the place the
+     *  receiver chose), for runs of at least rndv_thresh bytes if set, else of UCX's own
+     *  threshold for that endpoint (or 8 KiB when UCX says none); eager on every other lane
+     *  (tcp, shared memory, cma, ud: there UCX's rendezvous is a copy all the same). Takes
+     *  rendezvous payloads. README, "Rendezvous". */
     KVX_RNDV_AUTO = 0,
-    /** Every byte in eager messages, copied out of UCX's buffers by the receiving side. */
+    /** Every byte in eager messages, both ways: this transport sends no rendezvous payload, and
+     *  its handshake tells peers it takes none (one sent anyway is refused: -EPROTO). */
     KVX_RNDV_EAGER = 1,
-    /** Every run of at least rndv_thresh bytes (any run, with 0) by rendezvous. */
+    /** Every run of at least rndv_thresh bytes (every run, with 0) by rendezvous, on every lane,
+     *  to peers that take them. Takes rendezvous payloads. */
     KVX_RNDV_ALWAYS = 2
 };
 
@@ -249,16 +258,12 @@ typedef struct kvx_params {
      * write whose notice finds the queue full fails at its sender with -ENOSPC. */
     size_t notice_queue;
 
-    /** How data travels (KVX_PARAM_RNDV): rndv_mode is a kvx_rndv_mode, and rndv_thresh the
-     *  smallest run in bytes that goes by rendezvous (0: none with KVX_RNDV_AUTO, every run
-     *  with KVX_RNDV_ALWAYS). By rendezvous, the receiving side checks the message's header
-     *  first, then UCX moves the run straight into the place it names in the region (on RDMA
-     *  lanes with no copy by either side). A transport that chose rendezvous (ALWAYS, or a
-     *  threshold) registers its region with UCX once, at creation, and takes rendezvous
-     *  payloads from peers; one that did not refuses them (the transfer fails with -EPROTO,
-     *  counted in drop_other). On RDMA lanes UCX's rendezvous gives the peer a remote key for
-     *  the registered region: choose it only among peers trusted with the whole region
-     *  (docs/security.md). */
+    /** How data travels (KVX_PARAM_RNDV): rndv_mode is a kvx_rndv_mode, and rndv_thresh, at most
+     *  UINT32_MAX, the smallest run in bytes that goes by rendezvous where the mode chooses it (0:
+     *  the lane's threshold with KVX_RNDV_AUTO, every run with KVX_RNDV_ALWAYS). With
+     *  KVX_LOG=debug each connection logs which way its runs go and why. On an RDMA lane UCX's
+     *  rendezvous hands the peer a remote key for the memory UCX registered for that transfer:
+     *  see docs/security.md, "Rendezvous and remote keys", for what it covers. */
     int rndv_mode;
     uint64_t rndv_thresh;
 } kvx_params_t;
@@ -305,8 +310,9 @@ typedef struct kvx_recv_counters {
     uint64_t drop_range;      /**< writes or reads of bytes outside the region */
     uint64_t drop_fenced;     /**< write messages a fence dropped */
     uint64_t drop_crc;        /**< data whose checksum did not match */
-    uint64_t drop_other;      /**< rendezvous messages of a kind that has no payload, notices over
-                               *   the queue, overflows */
+    uint64_t drop_other;      /**< rendezvous payloads this transport takes none of
+                               *   (KVX_RNDV_EAGER), HELLOs it could make no connection for,
+                               *   notices over the queue, overflows */
     /** Connections closed because their replies could not leave (docs/security.md, "Resource
      *  bounds"): acknowledgements, read requests or control messages over their bound, per
      *  connection or per transport. Their writers' transfers on them fail. */
@@ -612,8 +618,10 @@ typedef struct kvx_peer_attr {
     /** UCX transport(s) the data actually travels on, e.g. "sysv", "posix", "tcp", "rc_mlx5";
      *  several are joined by ','. Empty once the connection is gone. */
     char transport[KVX_TRANSPORT_NAME_MAX];
-    /** 1 when the data moves by one-sided hardware RMA. Always 0 in this version: every byte
-     *  travels in kvx's own messages, and the receiving kvx checks and applies it. */
+    /** 1 when this connection's writes move runs by zero-copy hardware RMA: runs at or above
+     *  its rendezvous threshold go by UCX's rendezvous on an RDMA lane (after the receiving kvx
+     *  checked their header). 0 otherwise: every byte in kvx's messages or a rendezvous UCX
+     *  copies. */
     int rma_hw;
     int state; /**< kvx_peer_state_t */
     int error; /**< 0, or the negative errno that failed the connection */
@@ -845,7 +853,7 @@ KVX_API int kvx_xfer_cancel(kvx_transport_t *transport, const uint64_t *ids, siz
  * Returns the number of the writer's connections fenced (0: none known, nothing to fence),
  * -EINVAL (ntags > KVX_FENCE_TAGS_MAX, tags NULL with ntags, a bad name), -ENOSPC, -ENOMEM or
  * -ESHUTDOWN; on error nothing is fenced. Never waits on the network, with one exception: on a
- * transport that takes rendezvous payloads (KVX_PARAM_RNDV), writes it covers whose payload is
+ * transport that takes rendezvous payloads (any KVX_PARAM_RNDV mode but eager), writes it covers whose payload is
  * still being received when it is called are waited for, up to 1 s (the stall limit when
  * shorter; they land: they arrived before the fence), and then their connections close, which
  * ends them: every transfer of the writer on those connections then fails (-ECONNRESET), other

@@ -358,7 +358,9 @@ static int kvx_conn_hello(kvx_conn_t *c)
     if (s == NULL)
         return -ENOMEM;
     memset(s->hdr, 0, KVX_WIRE_HELLO_LEN);
-    kvx_wire_put_hdr(s->hdr, KVX_MSG_HELLO, t->secret ? KVX_MSGF_PROOF : 0, 0, 0);
+    kvx_wire_put_hdr(s->hdr, KVX_MSG_HELLO,
+                     (t->secret ? KVX_MSGF_PROOF : 0) | (kvx_rndv_takes(t) ? KVX_MSGF_RNDV : 0), 0,
+                     0);
     memcpy(s->hdr + 16, c->capability, 16);
     kvx_put32(s->hdr + 32, c->id);
     kvx_put32(s->hdr + 36, kvx_ucx_ep_sn(c->ucx));
@@ -380,22 +382,24 @@ static int kvx_conn_hello(kvx_conn_t *c)
     return rc < 0 ? rc : 0;
 }
 
-/*
- * The smallest run that goes by rendezvous on a lane (README, "Rendezvous"): only when the
- * application asks (KVX_RNDV_ALWAYS, or a threshold); auto and eager never use it. Over tcp and
- * shared memory here UCX's rendezvous copies on the receiving CPU all the same (with peer error
- * handling it uses no cma), and kvx-bench measured no steady gain from it (UCX 1.13.1: tcp
- * 4 MiB writes 2.4-3.5 GB/s by rendezvous against 4.7-4.9 eager, 1 MiB level; shared memory
- * level within the noise; 1.19.1 alike). On RDMA lanes UCX's rendezvous packs a remote key of
- * the registered region into its messages, which would give a peer RDMA access to the whole
- * region, past kvx's checks (docs/security.md): not by default either.
- */
-uint64_t kvx_conn_rndv_min(const kvx_transport_t *t, const char *lane)
+void kvx_conn_wired(kvx_conn_t *c, unsigned ack_flags)
 {
-    (void)lane;
-    if (t->rndv_mode == KVX_RNDV_ALWAYS || (t->rndv_mode == KVX_RNDV_AUTO && t->rndv_thresh != 0))
-        return t->rndv_thresh;
-    return UINT64_MAX;
+    kvx_transport_t *t = c->t;
+    char why[256];
+    kvx_rndv_in_t in = {.mode = t->rndv_mode,
+                        .thresh = t->rndv_thresh,
+                        .peer_takes = (ack_flags & KVX_MSGF_RNDV) != 0,
+                        .rndv_lanes = c->lanes.rndv,
+                        .am_lanes = c->lanes.am,
+                        .ucx_rndv = c->lanes.ucx_rndv,
+                        .ucx_proto = c->lanes.ucx_proto};
+
+    c->rndv_min = kvx_rndv_choose(&in, why, sizeof(why));
+    /* by hardware RMA: runs over the threshold move by UCX's zero-copy rendezvous */
+    c->rma_hw = c->rndv_min != UINT64_MAX && kvx_rndv_lanes_zcopy(c->lanes.rndv);
+    kvx_debug(t, "connection %u to %s: writes over %s (rendezvous lanes '%s'): %s", c->id,
+              c->agent_name, c->lanes.am, c->lanes.rndv, why);
+    c->wired = true;
 }
 
 static void kvx_conn_ep_sent(void *c, uint64_t xfer_id, int status)
@@ -475,8 +479,10 @@ int kvx_conn_open(kvx_transport_t *t, const char *peer_id, const kvx_md_t *md,
         free(c);
         return rc;
     }
-    kvx_ucx_ep_describe(c->ucx, c->transport, sizeof(c->transport), &c->rma_hw, &c->seg);
-    c->rndv_min = kvx_conn_rndv_min(t, c->transport);
+    kvx_ucx_ep_describe(c->ucx, &c->lanes);
+    snprintf(c->transport, sizeof(c->transport), "%s", c->lanes.am);
+    c->seg = c->lanes.seg;
+    c->rndv_min = UINT64_MAX; /* until the receiver says what it takes (kvx_conn_wired) */
     if (md->rkey != NULL && c->watched)
         kvx_conn_map(c, md);
     kvx_list_add_tail(&t->conns, &c->all_link);

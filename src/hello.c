@@ -236,8 +236,9 @@ static int kvx_recv_hello(kvx_transport_t *t, const uint8_t *buf, size_t len,
     kvx_writer_t *w;
     kvx_rconn_t *rc;
     uint8_t ack[KVX_WIRE_HELLO_ACK_LEN] = {0};
-    char tl[KVX_TRANSPORT_NAME_MAX];
-    int rma_hw, err;
+    kvx_lanes_t lanes;
+    char why[256];
+    int err;
 
     uint64_t now = kvx_now_ns();
     kvx_rconn_t *v = NULL;
@@ -295,8 +296,20 @@ static int kvx_recv_hello(kvx_transport_t *t, const uint8_t *buf, size_t len,
                  w->name);
         kvx_rconn_close(v);
     }
-    kvx_ucx_ep_describe(rc->ucx, tl, sizeof(tl), &rma_hw, &rc->seg);
-    rc->tcp = strncmp(tl, "tcp", 3) == 0;
+    kvx_ucx_ep_describe(rc->ucx, &lanes);
+    rc->seg = lanes.seg;
+    rc->tcp = strncmp(lanes.am, "tcp", 3) == 0;
+    /* read data by rendezvous only if the reader said it takes it, on lanes and from a size this
+     * transport's mode chooses (README, "Rendezvous") */
+    rc->rndv_min = kvx_rndv_choose(
+        &(kvx_rndv_in_t){.mode = t->rndv_mode,
+                         .thresh = t->rndv_thresh,
+                         .peer_takes = (m.flags & KVX_MSGF_RNDV) != 0,
+                         .rndv_lanes = lanes.rndv,
+                         .am_lanes = lanes.am,
+                         .ucx_rndv = lanes.ucx_rndv,
+                         .ucx_proto = lanes.ucx_proto},
+        why, sizeof(why));
     rc->state = KVX_CONN_OPEN;
     w->live++;
     w->nopen++;
@@ -304,7 +317,8 @@ static int kvx_recv_hello(kvx_transport_t *t, const uint8_t *buf, size_t len,
     kvx_list_add_tail(&t->rconns, &rc->all_link);
     kvx_slot_set(rc, rc->proven ? KVX_SLOT_FRESH : KVX_SLOT_UNPROVEN, now);
     t->nrconns++;
-    kvx_wire_put_hdr(ack, KVX_MSG_HELLO_ACK, 0, rc->peer_conn_id, rc->peer_token);
+    kvx_wire_put_hdr(ack, KVX_MSG_HELLO_ACK, kvx_rndv_takes(t) ? KVX_MSGF_RNDV : 0,
+                     rc->peer_conn_id, rc->peer_token);
     kvx_put32(ack + 16, rc->id);
     kvx_put32(ack + 20, 0);
     kvx_put64(ack + 24, rc->token);
@@ -313,7 +327,9 @@ static int kvx_recv_hello(kvx_transport_t *t, const uint8_t *buf, size_t len,
     if (!rc->proven) /* the writer's PROOF must cover it (kvx_recv_proof) */
         memcpy(ack + 56, rc->nonce, KVX_WIRE_NONCE_LEN);
     kvx_rconn_ctl(rc, ack, sizeof(ack));
-    kvx_info(t, "writer %s: connection %u over %s", w->name, rc->id, tl);
+    kvx_info(t, "writer %s: connection %u over %s", w->name, rc->id, lanes.am);
+    kvx_debug(t, "writer %s: connection %u: read data over %s (rendezvous lanes '%s'): %s",
+              w->name, rc->id, lanes.am, lanes.rndv, why);
     return 0;
 }
 

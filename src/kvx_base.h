@@ -157,4 +157,32 @@ void kvx_hmac_sha256(const void *key, size_t key_len, const kvx_iov_t *parts, si
                      uint8_t out[32]);
 bool kvx_equal_ct(const void *a, const void *b, size_t len);
 
+/* ---- how a connection's runs travel (rndv.c) ------------------------------------------------ */
+
+/* The rendezvous threshold on a zero-copy lane when neither the application (rndv_thresh) nor UCX
+ * says one: UCX's own never goes below the lane's eager segment (ucp_ep.c takes the larger of its
+ * estimate and the lane's am.max_bcopy), 8 KiB by default on the verbs transports. */
+#define KVX_RNDV_ZCOPY_MIN ((uint64_t)8192)
+
+typedef struct kvx_rndv_in {
+    int mode;                /* this transport's kvx_rndv_mode */
+    uint64_t thresh;         /* ... and its rndv_thresh (0: none set) */
+    bool peer_takes;         /* the peer said in the handshake that it takes rendezvous payloads */
+    const char *rndv_lanes;  /* the endpoint's rendezvous lanes ("" : none), kvx_lanes_t */
+    const char *am_lanes;    /* ... its active-message lanes */
+    uint64_t ucx_rndv;       /* UCX's own threshold for the endpoint (UINT64_MAX: not said) */
+    const char *ucx_proto;   /* ... and UCX's name for the protocol ("": not said) */
+} kvx_rndv_in_t;
+
+/* Whether a transport's name (len bytes) is one whose rendezvous UCX moves by zero-copy RMA, and
+ * whether every one of a ','-joined list is (false for an empty list). */
+bool kvx_rndv_lane_zcopy(const char *name, size_t len);
+bool kvx_rndv_lanes_zcopy(const char *lanes);
+/* The smallest run that goes by rendezvous on a connection (UINT64_MAX: every run in eager
+ * messages), and why, in words for the debug log: KVX_RNDV_EAGER or a peer that takes no
+ * rendezvous payloads, none; KVX_RNDV_ALWAYS, runs of rndv_thresh and more (every run with 0);
+ * KVX_RNDV_AUTO, none unless every rendezvous lane is a zero-copy one, then runs of rndv_thresh
+ * (when set), else of UCX's own threshold (when it says one), else of KVX_RNDV_ZCOPY_MIN. */
+uint64_t kvx_rndv_choose(const kvx_rndv_in_t *in, char *why, size_t why_len);
+
 #endif /* KVX_BASE_H */

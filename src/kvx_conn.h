@@ -95,7 +95,10 @@ struct kvx_conn {
     uint64_t epoch;    /* the receiver's fence epoch for us, as last heard */
     bool crc;          /* integrity: checksums on this connection's data */
     size_t seg;        /* a message's size on this connection's lane */
-    uint64_t rndv_min; /* runs of at least this many bytes go by rendezvous (UINT64_MAX: none) */
+    /* runs of at least this many bytes go by rendezvous (UINT64_MAX: none; none before the
+     * HELLO_ACK says whether the receiver takes them: kvx_conn_wired) */
+    uint64_t rndv_min;
+    kvx_lanes_t lanes; /* its endpoint's lanes, as kvx_conn_open found them */
     uint64_t remote_base;
     uint64_t remote_num_blocks;
     uint64_t remote_len; /* bytes of its region */
@@ -145,8 +148,16 @@ struct kvx_conn_ops {
  * or a negative errno (logged for peer_id) with nothing of it left to the caller. */
 int kvx_conn_open(kvx_transport_t *t, const char *peer_id, const kvx_md_t *md,
                   const kvx_conn_ops_t *ops, kvx_conn_t **c_p);
-/* The smallest run that goes by rendezvous on a lane of that name (UINT64_MAX: none). */
-uint64_t kvx_conn_rndv_min(const kvx_transport_t *t, const char *lane);
+/* The receiver answered the handshake (its HELLO_ACK, status 0, ack_flags its flags): runs go
+ * by rendezvous from now on as this transport's mode, the lanes and the receiver agree (it takes
+ * rendezvous payloads: KVX_MSGF_RNDV), said at debug level with the reason. */
+void kvx_conn_wired(kvx_conn_t *c, unsigned ack_flags);
+/* Whether this transport takes rendezvous payloads (it did not choose KVX_RNDV_EAGER): what its
+ * handshakes tell peers (KVX_MSGF_RNDV), and what it refuses when a peer sends one anyway. */
+static inline bool kvx_rndv_takes(const kvx_transport_t *t)
+{
+    return t->rndv_mode != KVX_RNDV_EAGER;
+}
 /* Start a rendezvous receive of rx->len bytes into rx->dest (checked by the caller) for a
  * message of c whose payload descriptor is desc, from inside its handler: 0 (landed at once: rx
  * is the caller's again), 1 (in flight, listed on c: the owner's on_received follows, and may
@@ -275,8 +286,9 @@ struct kvx_rconn {
     kvx_list_t rxs; /* rendezvous receives in flight (kvx_rx_t), oldest first */
     unsigned nrxs;
     uint64_t rx_done_ns; /* when one of them last ended (their progress: kvx_stalled) */
-    bool rndv_known;     /* rndv_min is its lane's (learnt at its first read served) */
-    uint64_t rndv_min;   /* read runs of at least this many bytes are answered by rendezvous */
+    /* read runs of at least this many bytes are answered by rendezvous (UINT64_MAX: none; set
+     * at its HELLO from this transport's mode, its lanes and whether the reader takes them) */
+    uint64_t rndv_min;
 
     /* made only to refuse a HELLO of a retired capability (linked by w_link in t->refusing) */
     bool refusing;

@@ -96,8 +96,24 @@ int kvx_ucx_ep_accept(kvx_transport_t *t, const void *waddr, uint32_t sn,
 /* Close (forced). Returns 0 when closed on return, 1 when the owner's on_closed follows. */
 int kvx_ucx_ep_close(kvx_ucx_ep_t *ep, unsigned *refs);
 void kvx_ucx_ep_free(kvx_ucx_ep_t *ep);
-/* Which transport the endpoint's data travels on, and its message size. */
-void kvx_ucx_ep_describe(kvx_ucx_ep_t *ep, char *transport, size_t len, int *rma_hw, size_t *seg);
+/* What an endpoint's lanes are (kvx_ucx_ep_describe). */
+typedef struct kvx_lanes {
+    /* the transports its active messages travel on ("sysv", "tcp", "rc_mlx5,rc_mlx5"...): what
+     * kvx_peer_query reports, and the lane kvx's messages are sized for */
+    char am[KVX_TRANSPORT_NAME_MAX];
+    /* the transports of its rendezvous lanes (UCX's rma_bw lanes; "" when none: a rendezvous is
+     * then cut into active messages) */
+    char rndv[KVX_TRANSPORT_NAME_MAX];
+    /* the size from which UCX itself would send kvx's messages by rendezvous on this endpoint
+     * (UINT64_MAX: UCX does not say), and UCX's name for that protocol (UCX 1.14 and later; "" if
+     * not said) */
+    uint64_t ucx_rndv;
+    char ucx_proto[64];
+    size_t seg; /* a message's size on the am lane */
+} kvx_lanes_t;
+void kvx_ucx_ep_describe(kvx_ucx_ep_t *ep, kvx_lanes_t *l);
+/* The same read from ucp_ep_print_info's text (pure: the tests drive it with UCX's texts). */
+void kvx_ucx_lanes_parse(const char *text, kvx_lanes_t *l);
 /* A message to fill (s->hdr, s->iov, s->xfer_id), then hand to kvx_ucx_send; NULL: no memory. */
 kvx_send_t *kvx_ucx_send_get(kvx_ucx_ep_t *ep);
 /* Send s: hdr_len bytes of s->hdr and the payload s->iov[0..iovcnt) (memory of the region). Returns

@@ -96,6 +96,9 @@ enum kvx_msg_type {
 #define KVX_MSGF_CRC 1u    /* WRITE, READ_REQ, READ_DATA: checksums are set */
 #define KVX_MSGF_PROOF 2u  /* HELLO, MD_REQ: a proof of the shared secret ends it */
 #define KVX_MSGF_SECRET 4u /* CHALLENGE: the listener requires a proof */
+/* HELLO: the writer takes READ_DATA payloads by rendezvous; HELLO_ACK: the receiver takes WRITE
+ * payloads by rendezvous. A sender sends by rendezvous only what its peer said it takes. */
+#define KVX_MSGF_RNDV 8u
 #define KVX_WIRE_HDR_LEN 16
 #define KVX_WIRE_HELLO_LEN 64
 #define KVX_WIRE_HELLO_ACK_LEN 72

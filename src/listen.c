@@ -471,12 +471,10 @@ int kvx_listen_dial_end(kvx_pairing_t *pg, const char *peer_id, const char *addr
         *md_len_p = pg->md_len;
         pg->md = NULL;
         if (kvx_pair_ep(pg) != NULL) {
-            char lanes[KVX_TRANSPORT_NAME_MAX];
-            int hw;
-            size_t seg;
-            kvx_ucx_ep_describe(pg->ucx, lanes, sizeof(lanes), &hw, &seg);
+            kvx_lanes_t lanes;
+            kvx_ucx_ep_describe(pg->ucx, &lanes);
             kvx_debug(t, "peer %s: the pairing connection to %s ran over '%s'", peer_id, addr,
-                      lanes);
+                      lanes.am);
         } else {
             kvx_debug(t, "peer %s: the pairing connection to %s closed right after its answer",
                       peer_id, addr);

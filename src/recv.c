@@ -153,9 +153,9 @@ static void kvx_recv_write(kvx_transport_t *t, const kvx_msg_t *m, const uint8_t
         status = -KVX_EFENCED;
     }
     /* a rendezvous payload is one run, received in one piece into the region, and only by a
-     * transport that chose rendezvous (KVX_PARAM_RNDV): on RDMA lanes UCX would hand the
-     * sender a remote key for the region */
-    if (m->rndv && status == 0 && kvx_conn_rndv_min(t, "") == UINT64_MAX) {
+     * transport that takes them (not KVX_RNDV_EAGER, which its HELLO_ACK said): on an RDMA lane
+     * UCX might hand the sender a remote key for the place it lands in */
+    if (m->rndv && status == 0 && !kvx_rndv_takes(t)) {
         kvx_count(t, w, KVX_CNT(drop_other));
         status = -EPROTO;
     } else if (m->rndv && status == 0 && m->u.write.nruns != 1) {
@@ -339,20 +339,6 @@ void kvx_recv_on_message(kvx_transport_t *t, const kvx_msg_t *m, const void *hdr
 
 /* ---- after UCX progress: replies ----------------------------------------------------------- */
 
-/* The smallest run of a read answered by rendezvous on rc's lane (learnt once). */
-static uint64_t kvx_recv_rndv_min(kvx_transport_t *t, kvx_rconn_t *rc)
-{
-    if (!rc->rndv_known) {
-        char tl[KVX_TRANSPORT_NAME_MAX];
-        int rma_hw;
-        size_t seg;
-        kvx_ucx_ep_describe(rc->ucx, tl, sizeof(tl), &rma_hw, &seg);
-        rc->rndv_min = kvx_conn_rndv_min(t, tl);
-        rc->rndv_known = true;
-    }
-    return rc->rndv_min;
-}
-
 /*
  * Answer read requests: each READ_DATA carries as much of the stream as a message holds, or, for
  * a run of at least the lane's rendezvous threshold, one contiguous piece of the region alone,
@@ -362,7 +348,7 @@ static uint64_t kvx_recv_rndv_min(kvx_transport_t *t, kvx_rconn_t *rc)
  */
 static unsigned kvx_recv_serve(kvx_transport_t *t, kvx_rconn_t *rc, size_t seg)
 {
-    uint64_t rndv_min = kvx_recv_rndv_min(t, rc);
+    uint64_t rndv_min = rc->rndv_min;
     unsigned n = 0;
 
     while (!kvx_list_empty(&rc->serve) && rc->sending < KVX_SEND_WINDOW && rc->pending_err == 0) {

@@ -435,41 +435,105 @@ static void kvx_ucx_list_add(char *list, size_t cap, const char *name)
     memcpy(list + len, name, n + 1);
 }
 
+/* A size as UCX's tables print it ("550999", "256K", "4M"); UINT64_MAX for "inf" or junk. */
+static uint64_t kvx_ucx_size_get(const char *p)
+{
+    char *end;
+    unsigned long long v;
+
+    if (*p < '0' || *p > '9')
+        return UINT64_MAX;
+    v = strtoull(p, &end, 10);
+    switch (*end) {
+    case 'K':
+        return (uint64_t)v << 10;
+    case 'M':
+        return (uint64_t)v << 20;
+    case 'G':
+        return (uint64_t)v << 30;
+    default:
+        return (uint64_t)v;
+    }
+}
+
+/* One row of a protocol table of UCX 1.14 and later,
+ *   "# |   550999..inf | (?) rendezvous fragmented copy-in copy-out | sysv/memory |",
+ * whose protocol is a rendezvous: where it starts, and UCX's name for it. */
+static bool kvx_ucx_rndv_row(const char *line, uint64_t *from, char *proto, size_t cap)
+{
+    const char *a = strstr(line, "| "), *b, *e;
+    size_t n;
+
+    if (a == NULL || strstr(a, "..") == NULL || (b = strstr(a + 1, "| ")) == NULL)
+        return false;
+    for (a += 2; *a == ' '; a++)
+        ;
+    for (b += 2; *b == ' '; b++)
+        ;
+    if (strncmp(b, "(?) ", 4) == 0) /* not used yet: its figures are UCX's estimates */
+        b += 4;
+    if (strncmp(b, "rendezvous", 10) != 0 || (e = strstr(b, " |")) == NULL)
+        return false;
+    while (e > b && e[-1] == ' ')
+        e--;
+    n = (size_t)(e - b) < cap - 1 ? (size_t)(e - b) : cap - 1;
+    memcpy(proto, b, n);
+    proto[n] = '\0';
+    *from = kvx_ucx_size_get(a);
+    return true;
+}
+
 /*
- * Which transport carries the data. ucp_ep_print_info lists each lane as
+ * What an endpoint's lanes are, from ucp_ep_print_info's text. It lists each lane as
  *   "lane[0]:  3:sysv/memory.0 md[2] -> md[2]/sysv/sysdev[255] am am_bw#0 keepalive"  (1.13)
  *   "lane[0]:  3:sysv/memory.0 md[2] -> md[2]/sysv/sysdev[255] seg 4294967295 am keepalive"
- * (1.19, whose protocols v2 tag only the am lane). kvx's messages travel on the am_bw lanes, or
- * the am lane when none is tagged am_bw. The size of one message on that lane: a shared-memory
- * FIFO element (MM_SEG_SIZE, kvx's 32k unless set otherwise) or a tcp segment (TCP_TX_SEG_SIZE,
- * kvx's 60k); a message larger than that is split by UCX and reassembled by copying.
+ * (1.19, whose protocols v2 tag only the am lane; rendezvous lanes are tagged rma_bw#N in both).
+ * kvx's messages travel on the am_bw lanes, or the am lane when none is tagged am_bw. Where UCX
+ * itself would switch an active message to rendezvous on this endpoint: 1.13 prints it as
+ *   "am_send: 0..<egr/short>..61433..<egr/zcopy>..87903..<rndv>..(inf)"
+ * and 1.14 and later in a protocol table per kind of send, whose row names the protocol
+ * ("rendezvous zero-copy read from remote" on an RDMA lane, "rendezvous fragmented copy-in
+ * copy-out" over tcp or shared memory); kvx's sends name their endpoint, so the table "active
+ * message by ucp_am_send* with reply flag from host memory" is theirs.
  */
-void kvx_ucx_ep_describe(kvx_ucx_ep_t *e, char *transport, size_t len, int *rma_hw, size_t *seg)
+void kvx_ucx_lanes_parse(const char *text, kvx_lanes_t *l)
 {
-    static const char *const mm[] = {"UCX_SYSV_SEG_SIZE", "UCX_POSIX_SEG_SIZE", "UCX_MM_SEG_SIZE",
-                                     NULL};
-    static const char *const tcp[] = {"UCX_TCP_TX_SEG_SIZE", "UCX_TX_SEG_SIZE", NULL};
-    char *text = NULL, *line, *save = NULL;
-    size_t size = 0;
     char am_bw[KVX_TRANSPORT_NAME_MAX] = "", am[KVX_TRANSPORT_NAME_MAX] = "";
-    FILE *f;
+    const char *line = text, *next;
+    bool table = false;
 
-    *rma_hw = 0;
-    *seg = 8192;
-    transport[0] = '\0';
-    if (e->ep == NULL) /* closed already (its shared endpoint closed for both users) */
-        return;
-    f = open_memstream(&text, &size);
-    if (f == NULL)
-        return;
-    ucp_ep_print_info(e->ep, f);
-    fclose(f);
-    for (line = strtok_r(text, "\n", &save); line != NULL; line = strtok_r(NULL, "\n", &save)) {
-        char tl[32];
-        const char *p = strstr(line, "lane[");
-        size_t ll = strlen(line);
+    memset(l, 0, sizeof(*l));
+    l->ucx_rndv = UINT64_MAX;
+    for (; line != NULL && *line != '\0'; line = next) {
+        char buf[512], tl[32];
+        const char *p;
+        size_t ll;
 
-        if (p == NULL || (p = strchr(p, ':')) == NULL)
+        next = strchr(line, '\n');
+        ll = next != NULL ? (size_t)(next - line) : strlen(line);
+        if (next != NULL)
+            next++;
+        if (ll >= sizeof(buf))
+            continue; /* no line kvx reads is that long */
+        memcpy(buf, line, ll);
+        buf[ll] = '\0';
+        if ((p = strstr(buf, "am_send:")) != NULL) { /* 1.13 */
+            const char *r = strstr(p, "..<rndv>");
+            if (r != NULL) {
+                while (r > p && r[-1] >= '0' && r[-1] <= '9')
+                    r--;
+                l->ucx_rndv = kvx_ucx_size_get(r);
+            }
+            continue;
+        }
+        if (strstr(buf, "active message by ucp_am_send*") != NULL) { /* 1.14 and later */
+            table = strstr(buf, "* with reply flag from host memory") != NULL;
+            continue;
+        }
+        if (table && l->ucx_proto[0] == '\0' &&
+            kvx_ucx_rndv_row(buf, &l->ucx_rndv, l->ucx_proto, sizeof(l->ucx_proto)))
+            continue;
+        if ((p = strstr(buf, "lane[")) == NULL || (p = strchr(p, ':')) == NULL)
             continue;
         /* "  3:sysv/memory.0" -> "sysv" */
         while (*++p == ' ')
@@ -478,17 +542,47 @@ void kvx_ucx_ep_describe(kvx_ucx_ep_t *e, char *transport, size_t len, int *rma_
             p++;
         if (*p != ':' || sscanf(p + 1, "%31[^/ ]", tl) != 1)
             continue;
-        if (strstr(line, " am_bw") != NULL)
+        if (strstr(buf, " am_bw") != NULL)
             kvx_ucx_list_add(am_bw, sizeof(am_bw), tl);
-        if (strstr(line, " am ") != NULL || (ll > 3 && strcmp(line + ll - 3, " am") == 0))
+        if (strstr(buf, " am ") != NULL || (ll > 3 && strcmp(buf + ll - 3, " am") == 0))
             kvx_ucx_list_add(am, sizeof(am), tl);
+        if (strstr(buf, " rma_bw#") != NULL)
+            kvx_ucx_list_add(l->rndv, sizeof(l->rndv), tl);
     }
+    snprintf(l->am, sizeof(l->am), "%s", am_bw[0] != '\0' ? am_bw : am);
+}
+
+/*
+ * Which transport carries the data, and the size of one message on it: a shared-memory FIFO
+ * element (MM_SEG_SIZE, kvx's 32k unless set otherwise) or a tcp segment (TCP_TX_SEG_SIZE,
+ * kvx's 60k); a message larger than that is split by UCX and reassembled by copying.
+ */
+void kvx_ucx_ep_describe(kvx_ucx_ep_t *e, kvx_lanes_t *l)
+{
+    static const char *const mm[] = {"UCX_SYSV_SEG_SIZE", "UCX_POSIX_SEG_SIZE", "UCX_MM_SEG_SIZE",
+                                     NULL};
+    static const char *const tcp[] = {"UCX_TCP_TX_SEG_SIZE", "UCX_TX_SEG_SIZE", NULL};
+    char *text = NULL;
+    size_t size = 0;
+    FILE *f;
+
+    memset(l, 0, sizeof(*l));
+    l->ucx_rndv = UINT64_MAX;
+    l->seg = 8192;
+    if (e->ep == NULL) /* closed already (its shared endpoint closed for both users) */
+        return;
+    f = open_memstream(&text, &size);
+    if (f == NULL)
+        return;
+    ucp_ep_print_info(e->ep, f);
+    fclose(f);
+    kvx_ucx_lanes_parse(text, l);
     free(text);
-    snprintf(transport, len, "%s", am_bw[0] != '\0' ? am_bw : am);
-    if (strncmp(transport, "sysv", 4) == 0 || strncmp(transport, "posix", 5) == 0)
-        *seg = kvx_ucx_env_size(mm, 32768);
-    else if (strncmp(transport, "tcp", 3) == 0)
-        *seg = kvx_ucx_env_size(tcp, 61440);
+    l->seg = 8192;
+    if (strncmp(l->am, "sysv", 4) == 0 || strncmp(l->am, "posix", 5) == 0)
+        l->seg = kvx_ucx_env_size(mm, 32768);
+    else if (strncmp(l->am, "tcp", 3) == 0)
+        l->seg = kvx_ucx_env_size(tcp, 61440);
 }
 
 /* A receiving connection's endpoint on which its HELLO did not come (kvx_ucx_ep_accept; such an

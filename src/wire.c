@@ -6,7 +6,11 @@
  *
  * Every message starts with a common header, little-endian:
  *    0 u8 version (2)   1 u8 type   2 u16 flags   4 u32 connection id   8 u64 token
- * (the id and token the receiving side gave that connection; zero in HELLO). Then, by type:
+ * (the id and token the receiving side gave that connection; zero in HELLO). Flags: CRC (1)
+ * on WRITE, READ_REQ and READ_DATA: checksums are set; PROOF (2) on HELLO and MD_REQ, MD: a proof
+ * of the secret ends it; SECRET (4) on CHALLENGE; RNDV (8) on HELLO: the writer takes READ_DATA
+ * payloads by rendezvous, on HELLO_ACK: the receiver takes WRITE payloads by rendezvous (each
+ * side sends by rendezvous only what the other said it takes). Then, by type:
  *   HELLO      16 capability[16] 32 u32 conn id 36 u32 endpoint sequence 40 u64 token
  *              48 u64 generation
  *              56 u8 name length 57 u8[3] 0 60 u32 worker address length 64 name, address
@@ -147,12 +151,14 @@ int kvx_wire_decode(const void *hdr, size_t hdr_len, size_t data_len, kvx_msg_t 
     if (fixed == 0 || hdr_len < fixed)
         return -EBADMSG;
     /* flags each type may carry */
-    if ((m->type == KVX_MSG_HELLO && (m->flags & ~KVX_MSGF_PROOF)) ||
+    if ((m->type == KVX_MSG_HELLO && (m->flags & ~(KVX_MSGF_PROOF | KVX_MSGF_RNDV))) ||
+        (m->type == KVX_MSG_HELLO_ACK && (m->flags & ~KVX_MSGF_RNDV)) ||
         ((m->type == KVX_MSG_MD_REQ || m->type == KVX_MSG_MD) && (m->flags & ~KVX_MSGF_PROOF)) ||
         (m->type == KVX_MSG_CHALLENGE && (m->flags & ~KVX_MSGF_SECRET)) ||
         ((m->type == KVX_MSG_WRITE || m->type == KVX_MSG_READ_REQ) && (m->flags & ~KVX_MSGF_CRC)) ||
         (m->type == KVX_MSG_READ_DATA && (m->flags & ~KVX_MSGF_CRC)) ||
-        (m->type != KVX_MSG_HELLO && m->type != KVX_MSG_WRITE && m->type != KVX_MSG_READ_REQ &&
+        (m->type != KVX_MSG_HELLO && m->type != KVX_MSG_HELLO_ACK && m->type != KVX_MSG_WRITE &&
+         m->type != KVX_MSG_READ_REQ &&
          m->type != KVX_MSG_READ_DATA && m->type != KVX_MSG_MD_REQ && m->type != KVX_MSG_MD &&
          m->type != KVX_MSG_CHALLENGE && m->flags != 0))
         return -EBADMSG;

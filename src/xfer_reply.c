@@ -127,9 +127,9 @@ static void kvx_xfer_read_rndv(kvx_conn_t *c, kvx_xfer_t *x, kvx_rreq_t *q, cons
     kvx_rrx_t *rx;
     int r;
 
-    if (kvx_conn_rndv_min(t, "") == UINT64_MAX) {
-        /* this transport did not choose rendezvous: no payload moves that way into its blocks
-         * (on RDMA lanes UCX would hand the target a remote key for them) */
+    if (!kvx_rndv_takes(t)) {
+        /* this transport chose KVX_RNDV_EAGER and said so in its HELLO: no payload moves that
+         * way into its blocks (on an RDMA lane UCX might hand the target a remote key for them) */
         kvx_debug(t, "transfer %llu: a rendezvous reply refused (this transport is eager)",
                   (unsigned long long)x->id);
         t->rcounters.drop_other++;
@@ -276,7 +276,7 @@ void kvx_xfer_on_message(kvx_transport_t *t, const kvx_msg_t *m, const uint8_t *
             if (rc == 1)
                 c->reqs++;
         }
-        c->wired = true;
+        kvx_conn_wired(c, m->flags);
         t->conn_event = true;
         for (int l = 0; l < KVX_PRIO_LEVELS; l++)
             for (kvx_list_t *n = c->queue[l].next; n != &c->queue[l]; n = n->next) {

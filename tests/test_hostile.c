@@ -21,6 +21,8 @@
  *  7. a HELLO naming another writer's worker address: that writer's rendezvous writes still land,
  *     also when the connection it made closed before the writer came (unproven, with a secret);
  *     and after 17 more such HELLOs the receiver's own connection to that writer is answered;
+ *  8. a target made with KVX_RNDV_EAGER: its handshake says it takes no rendezvous payload, and
+ *     one sent anyway is refused at its header (-EPROTO, counted), while an eager write lands;
  *  4. kvx itself with forged metadata (num_blocks doubled, base moved): writes and reads beyond
  *     the real region are refused.
  * Afterwards the target still serves a real kvx peer. argv[1]: shm, tcp, or netns (the target in
@@ -51,6 +53,7 @@ static ucp_worker_h worker;
 static ucp_ep_h ep;
 static struct {
     int hello_acks, acks, read_data;
+    uint16_t ack_flags; /* the last HELLO_ACK's: KVX_MSGF_RNDV when the target takes rendezvous */
     uint32_t rconn_id;
     uint64_t token, epoch; /* the last HELLO_ACK's: a fence of this writer bumps the epoch */
     int32_t last_ack_status, last_read_status;
@@ -68,6 +71,7 @@ static ucs_status_t on_reply(void *arg, const void *hdr, size_t hdr_len, void *d
         return UCS_OK;
     if (m.type == KVX_MSG_HELLO_ACK) {
         seen.hello_acks++;
+        seen.ack_flags = m.flags;
         seen.rconn_id = m.u.hello_ack.rconn_id;
         seen.token = m.u.hello_ack.token;
         seen.epoch = m.u.hello_ack.epoch;
@@ -285,6 +289,7 @@ static void message_attacks(const kvx_md_t *md)
     for (int i = 0; i < 200 && seen.hello_acks == 0; i++)
         progress_for(10);
     KT_EQ(seen.hello_acks, 1);
+    KT_EQ(seen.ack_flags, KVX_MSGF_RNDV); /* the target takes rendezvous payloads, and says so */
 
     for (size_t i = 0; i < sizeof(data); i++)
         data[i] = (uint8_t)(i * 13);
@@ -775,6 +780,87 @@ static void impersonate_unproven(void)
     kt_region_free(&wr);
 }
 
+/* ---- 8: a rendezvous write to a target that takes none ---------------------------------------- */
+
+/* A target made with KVX_RNDV_EAGER says in its HELLO_ACK that it takes no rendezvous payload (no
+ * KVX_MSGF_RNDV), and kvx never sends it one; a peer that sends one anyway has it refused at its
+ * header (the write fails -EPROTO, counted in drop_other), its payload never moves, and an eager
+ * write on the same connection still lands. The target is a transport in this process. */
+static void eager_target(void)
+{
+    kt_region_t tr = kt_region_alloc(NB, BL);
+    kvx_params_t p = {.field_mask = KVX_PARAM_REGION | KVX_PARAM_AGENT_NAME |
+                                    KVX_PARAM_NUM_THREADS | KVX_PARAM_RNDV,
+                      .base = tr.base,
+                      .num_blocks = NB,
+                      .block_len = BL,
+                      .agent_name = "eager-target",
+                      .num_threads = 1,
+                      .rndv_mode = KVX_RNDV_EAGER};
+    ucp_ep_params_t ep_params = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
+                                               UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
+                                 .err_mode = UCP_ERR_HANDLING_MODE_PEER};
+    ucp_request_param_t cp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                              .flags = UCP_EP_CLOSE_FLAG_FORCE};
+    kvx_transport_attr_t a0 = {.field_mask = KVX_TRANSPORT_ATTR_RECV}, a1 = a0;
+    static uint8_t data[BL];
+    uint8_t *raw, h[4096];
+    kvx_transport_t *target;
+    ucp_ep_h first = ep;
+    kvx_md_t tmd;
+    size_t len, n;
+    int acks;
+
+    kt_fill_all(&tr, 0x36, 8);
+    KT_OK(kvx_transport_create(&p, &target));
+    raw = kt_metadata(target, &len);
+    KT_OK(kvx_md_decode(raw, len, &tmd));
+    ep_params.address = (const ucp_address_t *)tmd.worker_addr;
+    KT_CHECK(ucp_ep_create(worker, &ep_params, &ep) == UCS_OK);
+    progress_for(50);
+    seen.hello_acks = 0;
+    seen.ack_flags = 0xffff;
+    n = hello(h, &tmd, tmd.capability);
+    send_raw(h, n, NULL, 0, UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY);
+    for (int i = 0; i < 300 && seen.hello_acks == 0; i++)
+        progress_for(10);
+    KT_EQ(seen.hello_acks, 1);
+    KT_EQ(seen.ack_flags, 0); /* it takes no rendezvous payload, and says so */
+    KT_OK(kvx_transport_query(target, &a0));
+    for (size_t i = 0; i < sizeof(data); i++)
+        data[i] = (uint8_t)(i * 7 + 1);
+    acks = seen.acks;
+    n = write_hdr(h, seen.rconn_id, seen.token, 0, 3 * BL, BL, 0);
+    send_raw(h, n, data, BL, UCP_AM_SEND_FLAG_RNDV | UCP_AM_SEND_FLAG_REPLY);
+    for (int i = 0; i < 300 && seen.acks == acks; i++)
+        progress_for(10);
+    KT_EQ(seen.acks, acks + 1);
+    KT_ERR(seen.last_ack_status, -EPROTO);
+    n = write_hdr(h, seen.rconn_id, seen.token, 0, 2 * BL, BL, 0);
+    send_raw(h, n, data, BL, UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY);
+    for (int i = 0; i < 300 && seen.acks == acks + 1; i++)
+        progress_for(10);
+    KT_EQ(seen.acks, acks + 2);
+    KT_EQ(seen.last_ack_status, 0);
+    KT_OK(kvx_transport_query(target, &a1));
+    kt_log("a rendezvous write to a target that takes none: %s, %llu refused, %llu received by "
+           "rendezvous; an eager one: landed",
+           kvx_strerror(-EPROTO), (unsigned long long)(a1.recv.drop_other - a0.recv.drop_other),
+           (unsigned long long)(a1.recv.rndv_landed - a0.recv.rndv_landed));
+    KT_EQ(a1.recv.drop_other - a0.recv.drop_other, 1);
+    KT_EQ(a1.recv.rndv_landed - a0.recv.rndv_landed, 0);
+    KT_EQ(a1.recv.rndv_failed - a0.recv.rndv_failed, 0);
+    KT_EQ(a1.recv.bytes_landed - a0.recv.bytes_landed, BL);
+    KT_EQ(kt_check(&tr, 3, 0x36, 3, 8), 0); /* the refused one: unchanged */
+    KT_CHECK(memcmp(tr.base + 2 * BL, data, BL) == 0);
+    keep_req(ucp_ep_close_nbx(ep, &cp));
+    ep = first;
+    progress_for(50);
+    kvx_transport_destroy(target);
+    free(raw);
+    kt_region_free(&tr);
+}
+
 /* A child attacker announces a 256 KiB rendezvous write (the whole region) and is killed before
  * it progresses again: the receive the target started ends (it sees the connection fail), and
  * nothing of the target's outside the region moves. */
@@ -871,6 +957,7 @@ static int attack(void)
     impersonate(&md);
     KT_EQ(kt_target_canaries(&tg), 0);
     impersonate_unproven();
+    eager_target();
     attacker_stop();
     rndv_vanish(&md);
     KT_EQ(kt_target_canaries(&tg), 0);

@@ -126,42 +126,6 @@ static void run(uint64_t block_len, uint64_t num_blocks, const char *want_tl, ui
     free(ri);
 }
 
-/* A target that did not choose rendezvous (the default) refuses a rendezvous write (on RDMA
- * lanes, receiving it would hand the writer a remote key for the region): the write fails with
- * -EPROTO, nothing of it lands, and the target counts it. */
-static void refused_by_default(void)
-{
-    const uint64_t bl = 65536, nb = 16;
-    kt_target_args_t ta = {.num_blocks = nb, .block_len = bl, .salt = 0x7c, .threads = 1};
-    kt_target_t tg;
-    kt_region_t r = kt_region_alloc(nb, bl);
-    kvx_transport_t *t;
-    kvx_recv_counters_t c0, c1;
-    kvx_completion_t c;
-    uint32_t idx[4] = {0, 1, 2, 3};
-    uint64_t id;
-
-    unsetenv("KT_RNDV");
-    tg = kt_target_start(&ta);
-    setenv("KT_RNDV", "always", 1);
-    t = kt_transport(&r, NULL, 1);
-    kt_fill_all(&r, 0x13, 5);
-    KT_OK(kvx_peer_add(t, "target", tg.md, tg.md_len, NULL));
-    kt_target_counters(&tg, &c0);
-    KT_OK(kvx_xfer_write(t, "target", idx, idx, 4, NULL, &id));
-    KT_EQ(kt_poll_n(t, "target", &c, 1, 10000), 1);
-    kt_target_counters(&tg, &c1);
-    kt_log("a rendezvous write to a target that did not choose rendezvous: %s, %llu dropped",
-           kvx_strerror(c.status), (unsigned long long)(c1.drop_other - c0.drop_other));
-    KT_ERR(c.status, -EPROTO);
-    KT_EQ(c1.bytes_landed - c0.bytes_landed, 0);
-    KT_EQ(c1.drop_other - c0.drop_other, 1);
-    KT_EQ(kt_target_verify(&tg, idx, idx, 4, 0x7c, 0), 0); /* its own blocks, unchanged */
-    kvx_transport_destroy(t);
-    kt_region_free(&r);
-    KT_EQ(kt_target_stop(&tg), 0);
-}
-
 /* One run of 512 MiB (blocks consecutive on both sides) with a stall limit of 100 ms: kvx posts it
  * in pieces that each complete well within the limit, so a large transfer that keeps moving
  * never trips it (posted whole, it took 250-350 ms over tcp here and failed). */
@@ -224,8 +188,6 @@ int main(int argc, char **argv)
     kvx_log_set(NULL, NULL, KVX_LOG_OFF);
     run(65536, 256, want, 2);
     run(1 << 20, 64, want, 3);
-    if (rndv)
-        refused_by_default();
     large_run();
     kt_log("settings applied:\n%s", applied);
     KT_CHECK(strstr(applied, setting) != NULL);

@@ -962,9 +962,9 @@ class TestReceiver(unittest.TestCase):
 
     def test_rendezvous(self):
         """rndv="always" on both sides: every run of a write and of a read goes by rendezvous,
-        each byte checked; a default transport refuses a rendezvous payload (its region was never
-        registered), and bad rndv arguments raise ValueError. With KVX_TEST_RNDV=always (ctest
-        python_rndv) the transports that choose nothing take rendezvous too."""
+        each byte checked; peers agree on how payloads travel (a default receiver takes a
+        rendezvous payload, one made with rndv="eager" says it takes none and gets the same write
+        in eager messages), and bad rndv arguments raise ValueError."""
         rx, tx = self.pair({"rndv": "always"}, {"rndv": "always", "rndv_thresh": 4096})
         self.add(tx, rx)
         src, dst = [1, 2, 9], [30, 31, 40]
@@ -982,26 +982,17 @@ class TestReceiver(unittest.TestCase):
         for bad in ({"rndv": "sometimes"}, {"rndv_thresh": -1}, {"rndv_thresh": 1 << 32}):
             with self.assertRaises(ValueError):
                 Local("bad-rndv", 2, 4096, **bad)
-        tx.region[3 * BL:4 * BL] = block_pattern(BL, SALT, 3, 9)  # none of the receiver's
-        if rndv_env.forced():
-            plain = Local("plain-receiver")
-            self.addCleanup(plain.close)
-            tx.t.add_remote_peer("P", plain.t.get_agent_metadata(), plain.t.base_addr, NB, BL)
-            self.assertIsNotNone(tx.t.write_blocks("P", [3], [3]))
-            self.assertEqual(poll_until(tx.t, 1, "P")[1], [])
-            self.assertEqual(plain.t.counters()["rndv_landed"], 1)
-            self.assertTrue(plain.block(3) == block_pattern(BL, SALT, 3, 9))
-        else:
-            plain = Local("plain-receiver")
-            self.addCleanup(plain.close)
-            tx.t.add_remote_peer("P", plain.t.get_agent_metadata(), plain.t.base_addr, NB, BL)
-            tid = tx.t.write_blocks("P", [3], [3])
-            self.assertIsNotNone(tid)
-            done, failed = poll_until(tx.t, 1, "P")
-            self.assertEqual((done, failed), ([], [tid]))
-            self.assertEqual(tx.t.failure(tid).status, -errno.EPROTO)
-            self.assertEqual(plain.t.counters()["drop_other"], 1)
-            self.assertTrue(plain.block(3) == block_pattern(BL, SALT, 3, 0))  # untouched
+        tx.region[3 * BL:4 * BL] = block_pattern(BL, SALT, 3, 9)  # none of the receivers'
+        for name, kw, by_rndv in (("default-receiver", {}, 1),
+                                  ("eager-receiver", {"rndv": "eager"}, 0)):
+            other = Local(name, **kw)
+            self.addCleanup(other.close)
+            tx.t.add_remote_peer(name, other.t.get_agent_metadata(), other.t.base_addr, NB, BL)
+            self.assertIsNotNone(tx.t.write_blocks(name, [3], [3]))
+            self.assertEqual(poll_until(tx.t, 1, name)[1], [])
+            oc = other.t.counters()
+            self.assertEqual((oc["rndv_landed"], oc["drop_other"]), (by_rndv, 0), name)
+            self.assertTrue(other.block(3) == block_pattern(BL, SALT, 3, 9), name)
 
     def test_fence_and_later_writes(self):
         rx, tx = self.pair()
