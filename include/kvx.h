@@ -986,16 +986,37 @@ KVX_API int kvx_stats_query(kvx_transport_t *transport, const char *peer_id, kvx
  */
 KVX_API int kvx_peer_list(kvx_transport_t *transport, char *buf, size_t *len_p);
 
+/** What an event descriptor watches (kvx_transport_event_fd_ex): a mask of these bits. */
+enum kvx_event_kind {
+    KVX_EVENT_COMPLETIONS = 1u << 0, /**< kvx_transport_poll(transport, NULL, ...) */
+    KVX_EVENT_NOTICES = 1u << 1,     /**< kvx_notice_poll */
+    KVX_EVENT_PEER_EVENTS = 1u << 2, /**< kvx_peer_event_poll */
+    KVX_EVENT_ALL = (1u << 3) - 1    /**< all three: kvx_transport_event_fd's */
+};
+
 /**
  * A descriptor for an event loop (epoll, poll, select, asyncio's add_reader): it is readable
- * while kvx_transport_poll(transport, NULL, ...), kvx_notice_poll or kvx_peer_event_poll has
- * something to return, and stops being readable once all three have been drained. It is
+ * while a poll of one of the kinds in kinds (kvx_event_kind bits) has something to return, and
+ * stops being readable once those kinds have been drained; what waits of another kind leaves it
+ * as it is, so a loop that takes only its own kinds sleeps while other kinds wait. It is
  * level-triggered in that sense: a loop that wakes and drains only part of what is waiting is
- * woken again. kvx owns it: the caller must not read, write or close it; it stays valid until
- * kvx_transport_destroy. Completions arrive through the progress thread (num_threads > 0); with
- * num_threads = 0 only the application's own calls make progress, so nothing becomes readable by
- * itself. Waiting on it costs nothing while idle. Returns 0 and sets *fd_p, or -EINVAL,
- * -ESHUTDOWN, or the negative errno of eventfd(2) (the first call creates it).
+ * woken again. There is one per mask of kinds: asking for the same kinds again gives the same
+ * descriptor (the first call creates it). kvx owns it: the caller must not read, write or close
+ * it; it stays valid until kvx_transport_destroy. Closing the transport makes every one readable
+ * for good, so that a loop asleep on it wakes and sees -ESHUTDOWN. Completions arrive through
+ * the progress thread (num_threads > 0); with num_threads = 0 only the application's own calls
+ * make progress, so nothing becomes readable by itself. Waiting on it costs nothing while idle.
+ * Returns 0 and sets *fd_p; -EINVAL (kinds 0 or with an unknown bit, a NULL argument: nothing
+ * created), -ESHUTDOWN, or the negative errno of eventfd(2).
+ */
+KVX_API int kvx_transport_event_fd_ex(kvx_transport_t *transport, unsigned kinds, int *fd_p);
+
+/**
+ * kvx_transport_event_fd_ex(transport, KVX_EVENT_ALL, fd_p): a descriptor readable while
+ * kvx_transport_poll(transport, NULL, ...), kvx_notice_poll or kvx_peer_event_poll has something
+ * to return, and not once all three have been drained. A loop that drains only some kinds must
+ * wait on the descriptor of those kinds instead: this one stays readable while the others wait.
+ * Returns as kvx_transport_event_fd_ex does.
  */
 KVX_API int kvx_transport_event_fd(kvx_transport_t *transport, int *fd_p);
 

@@ -246,7 +246,7 @@ void kvx_xfer_complete(kvx_xfer_t *x, int status)
         kvx_list_add_tail(&x->t->ready, &p->ready_link);
     if (x->t->waiters > 0)
         kvx_notify_waiters(x->t);
-    if (x->t->ev_fd >= 0)
+    if (x->t->ev_used)
         kvx_events_update(x->t);
 }
 
@@ -263,7 +263,7 @@ void kvx_xfer_release(kvx_xfer_t *x)
         p->nxfers--;
         if (kvx_list_empty(&p->cq) && kvx_list_linked(&p->ready_link)) {
             kvx_list_del(&p->ready_link);
-            if (t->ev_fd >= 0)
+            if (t->ev_used)
                 kvx_events_update(t);
         }
     }

@@ -252,9 +252,14 @@ struct kvx_transport {
     bool cq_signaled;
     int cq_fd;
 
-    /* kvx_transport_event_fd: readable while a poll has something (-1: never asked for) */
-    int ev_fd;
-    bool ev_set;
+    /* kvx_transport_event_fd_ex: one eventfd per mask of kinds, indexed by the mask (0 unused),
+     * readable while a poll of one of its kinds has something (fd -1: never asked for) */
+    struct {
+        int fd;
+        bool set;
+    } evfd[KVX_EVENT_ALL + 1];
+    bool ev_used;      /* some event fd was asked for */
+    unsigned ev_kinds; /* the kinds that had something at the last kvx_events_update */
 
     kvx_stats_t stats; /* every peer's, cumulative (stats.c) */
 };
@@ -311,9 +316,16 @@ void kvx_idtab_release(kvx_idtab_t *tab, uint32_t id);
 
 /* ---- wake-ups (notify.c) ------------------------------------------------------------------ */
 
-/* Make the event fd readable or not, as the polls have something or not (after anything that
- * may change that: a step, a completion, a drain). Cheap when nothing changed. */
+/* Make each event fd readable or not, as the polls of its kinds have something or not (after
+ * anything that may change that: a step, a completion, a drain). Cheap when nothing changed. */
 void kvx_events_update(kvx_transport_t *t);
+/* Make a new event fd for kinds and bring it to the polls' state (lock held): its fd, or the
+ * negative errno of eventfd(2). */
+int kvx_events_open(kvx_transport_t *t, unsigned kinds);
+/* The transport closed: every event fd readable for good, so that a loop asleep on one wakes. */
+void kvx_events_closed(kvx_transport_t *t);
+/* Close every event fd (kvx_transport_destroy). */
+void kvx_events_free(kvx_transport_t *t);
 void kvx_notify_waiters(kvx_transport_t *t);
 /* Wake the progress thread if it would otherwise sleep past when_ns (0: now). */
 void kvx_kick(kvx_transport_t *t, uint64_t when_ns);

@@ -80,7 +80,7 @@ unsigned kvx_progress_step(kvx_transport_t *t)
         if (t->busy > 0)
             pthread_cond_broadcast(&t->cond);
     }
-    if (t->ev_fd >= 0) /* notices and peer events come in steps */
+    if (t->ev_used) /* notices and peer events come in steps */
         kvx_events_update(t);
     return n;
 }

@@ -1,14 +1,13 @@
 /*
  * The application's queries and waits: the arrival notices of recv.c (a query runs one progress
  * step first, so that a caller that only polls still advances), waiting for completions
- * (kvx_transport_wait, whose loop is the engine's), and the event fd that says a poll has
- * something (kvx_transport_event_fd; notify.c keeps its state).
+ * (kvx_transport_wait, whose loop is the engine's), and the event fds that say a poll has
+ * something (kvx_transport_event_fd_ex; notify.c makes them and keeps their state).
  */
 #include "kvx_engine.h"
 
 #include <errno.h>
 #include <string.h>
-#include <sys/eventfd.h>
 
 int kvx_notice_poll(kvx_transport_t *t, kvx_notice_t *out, size_t max)
 {
@@ -27,31 +26,34 @@ int kvx_notice_poll(kvx_transport_t *t, kvx_notice_t *out, size_t max)
     return (int)n;
 }
 
-int kvx_transport_event_fd(kvx_transport_t *t, int *fd_p)
+int kvx_transport_event_fd_ex(kvx_transport_t *t, unsigned kinds, int *fd_p)
 {
     int rc = 0;
 
-    if (t == NULL || fd_p == NULL)
+    if (t == NULL || fd_p == NULL || kinds == 0 || (kinds & ~(unsigned)KVX_EVENT_ALL) != 0)
         return -EINVAL;
     kvx_lock(t);
     if (t->closed) {
         rc = -ESHUTDOWN;
         goto out;
     }
-    if (t->ev_fd < 0) {
-        t->ev_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-        if (t->ev_fd < 0) {
-            rc = -errno;
-            kvx_error(t, "event fd: eventfd: %s", strerror(errno));
+    if (t->evfd[kinds].fd < 0) {
+        rc = kvx_events_open(t, kinds);
+        if (rc < 0) {
+            kvx_error(t, "event fd: eventfd: %s", strerror(-rc));
             goto out;
         }
-        t->ev_set = false;
-        kvx_events_update(t);
+        rc = 0;
     }
-    *fd_p = t->ev_fd;
+    *fd_p = t->evfd[kinds].fd;
 out:
     kvx_unlock(t);
     return rc;
+}
+
+int kvx_transport_event_fd(kvx_transport_t *t, int *fd_p)
+{
+    return kvx_transport_event_fd_ex(t, KVX_EVENT_ALL, fd_p);
 }
 
 int kvx_transport_wait(kvx_transport_t *t, const char *peer_id, int timeout_ms)

@@ -258,7 +258,8 @@ int kvx_transport_create(const kvx_params_t *params, kvx_transport_t **transport
     t->next_deadline_ns = UINT64_MAX;
     t->next_seq = 1;
     t->wake_fd = -1;
-    t->ev_fd = -1;
+    for (unsigned m = 0; m <= KVX_EVENT_ALL; m++)
+        t->evfd[m].fd = -1;
     t->spin_ns = KVX_SPIN_NS;
     t->cq_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC | EFD_SEMAPHORE);
     if (t->cq_fd < 0) {
@@ -471,12 +472,7 @@ int kvx_transport_close(kvx_transport_t *t)
     kvx_old_md_free(t);
     close(t->cq_fd);
     t->cq_fd = -1;
-    if (t->ev_fd >= 0 && !t->ev_set) { /* a loop waiting on it wakes, and its calls say closed */
-        uint64_t one = 1;
-        if (write(t->ev_fd, &one, sizeof(one)) < 0)
-            kvx_warn(t, "event fd: %m");
-        t->ev_set = true;
-    }
+    kvx_events_closed(t); /* a loop waiting on one wakes, and its calls say closed */
     t->close_done = true;
     pthread_cond_broadcast(&t->cond);
     kvx_info(t, "closed");
@@ -490,8 +486,7 @@ void kvx_transport_destroy(kvx_transport_t *t)
         return;
     kvx_transport_close(t);
     kvx_ucx_free(t); /* an owned region lives until here */
-    if (t->ev_fd >= 0)
-        close(t->ev_fd);
+    kvx_events_free(t);
     pthread_cond_destroy(&t->cond);
     pthread_mutex_destroy(&t->lock);
     kvx_transport_free_params(t);
@@ -671,7 +666,7 @@ int kvx_transport_poll(kvx_transport_t *t, const char *peer_id, kvx_completion_t
     /* An application that polls in a loop drives UCX itself, and the progress thread steps
      * aside; one that waits on the event fd polls once per wake-up and sleeps: the thread must
      * not step aside for it (it would add up to a millisecond to every wake-up). */
-    if (t->ev_fd < 0)
+    if (!t->ev_used)
         atomic_store_explicit(&t->app_poll_ns, kvx_now_ns(), memory_order_relaxed);
     if (peer_id != NULL) {
         kvx_peer_t *p = kvx_peer_lookup(t, peer_id);

@@ -1,13 +1,16 @@
 /*
- * The event fd and the statistics: a loop that waits only on kvx_transport_event_fd gets every
+ * The event fds and the statistics: a loop that waits only on kvx_transport_event_fd gets every
  * completion (it is readable while poll has something, and not once drained), notices and
- * closing wake it too; kvx_stats_query counts every transfer by op and status, in its latency
- * histogram and its bytes, for the peer and the transport. Real peers, every byte checked.
+ * closing wake it too; the fd of each mask of kinds (kvx_transport_event_fd_ex) is readable
+ * exactly while its kinds have something, whatever waits of the others; kvx_stats_query counts
+ * every transfer by op and status, in its latency histogram and its bytes, for the peer and the
+ * transport. Real peers, every byte checked.
  */
 #include "harness.h"
 
 #include <errno.h>
 #include <poll.h>
+#include <signal.h>
 #include <string.h>
 
 #define NB 64
@@ -29,6 +32,131 @@ static uint64_t sum(const uint64_t *v, size_t n)
     return s;
 }
 
+/* Each of fds[1..KVX_EVENT_ALL] (the fd of that mask) is readable exactly when its mask shares a
+ * kind with kinds. */
+static void expect_fds(const int *fds, unsigned kinds, const char *when)
+{
+    for (unsigned m = 1; m <= KVX_EVENT_ALL; m++) {
+        bool r = readable(fds[m], 0);
+        if (r != ((m & kinds) != 0))
+            KT_FAIL("%s: the fd of kinds %u is %sreadable", when, m, r ? "" : "not ");
+    }
+}
+
+/* The progress thread sets the fds of an arrival one after the other, under t's lock: once one
+ * is readable, a call that takes the lock returns after it has set them all. */
+static void settle(kvx_transport_t *t)
+{
+    kvx_stats_t st = {.field_mask = KVX_STATS_EVENTS};
+    KT_OK(kvx_stats_query(t, NULL, &st));
+}
+
+/* Every mask's fd of t (and the checks of bad kinds, which change nothing). */
+static void open_fds(kvx_transport_t *t, int *fds)
+{
+    const unsigned bad[] = {0, KVX_EVENT_ALL + 1, KVX_EVENT_COMPLETIONS | 8, 1u << 31, ~0u};
+    size_t nfd = kt_count_entries("/proc/self/fd");
+    int fd = -2, all;
+
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        KT_ERR(kvx_transport_event_fd_ex(t, bad[i], &fd), -EINVAL);
+    KT_ERR(kvx_transport_event_fd_ex(NULL, KVX_EVENT_ALL, &fd), -EINVAL);
+    KT_ERR(kvx_transport_event_fd_ex(t, KVX_EVENT_NOTICES, NULL), -EINVAL);
+    KT_EQ(fd, -2);                                 /* not written */
+    KT_EQ(kt_count_entries("/proc/self/fd"), nfd); /* nothing made */
+    for (unsigned m = 1; m <= KVX_EVENT_ALL; m++) {
+        KT_OK(kvx_transport_event_fd_ex(t, m, &fds[m]));
+        for (unsigned k = 1; k < m; k++)
+            KT_CHECK(fds[k] != fds[m]); /* one per mask */
+    }
+    KT_EQ(kt_count_entries("/proc/self/fd"), nfd + KVX_EVENT_ALL);
+    for (unsigned m = 1; m <= KVX_EVENT_ALL; m++) { /* asked again: the same, nothing new */
+        KT_OK(kvx_transport_event_fd_ex(t, m, &fd));
+        KT_EQ(fd, fds[m]);
+    }
+    KT_OK(kvx_transport_event_fd(t, &all));
+    KT_EQ(all, fds[KVX_EVENT_ALL]);
+    KT_EQ(kt_count_entries("/proc/self/fd"), nfd + KVX_EVENT_ALL);
+    expect_fds(fds, 0, "new");
+}
+
+/*
+ * The fd of each mask of kinds, on a writer (completions, peer events) and a receiver (notices):
+ * readable exactly while a poll of its kinds has something, whatever waits of the other kinds;
+ * not once drained; readable for good once the transport closes.
+ */
+static void fds_by_kind(void)
+{
+    kt_target_args_t ta = {
+        .num_blocks = NB, .block_len = BL, .salt = 0x6e, .threads = 1, .listen = "127.0.0.1:0"};
+    kt_target_t tg = kt_target_start(&ta);
+    kt_region_t r = kt_region_alloc(NB, BL), r2 = kt_region_alloc(NB, BL);
+    kvx_transport_t *tx = kt_transport(&r, "fds-writer", 1);
+    kvx_transport_t *rx = kt_transport(&r2, "fds-receiver", 1);
+    kvx_xfer_params_t xp = {.field_mask = KVX_XFER_PARAM_FLAGS | KVX_XFER_PARAM_TAG,
+                            .flags = KVX_XFER_NOTIFY,
+                            .tag = 4};
+    int txf[KVX_EVENT_ALL + 1], rxf[KVX_EVENT_ALL + 1], fd;
+    uint32_t li = 5, ri = 9;
+    kvx_completion_t c[2];
+    kvx_notice_t nt[2];
+    kvx_peer_event_t ev[4];
+    uint8_t *md;
+    size_t md_len;
+    uint64_t id;
+
+    open_fds(tx, txf);
+    open_fds(rx, rxf);
+    kt_fill_all(&r, 0x22, 1);
+    md = kt_metadata(rx, &md_len);
+    KT_OK(kvx_peer_add(tx, "rx", md, md_len, NULL));
+    free(md);
+
+    /* a completion waits on the writer (kvx_transport_wait takes none), a notice on the
+     * receiver: each side's fds of that kind only */
+    KT_OK(kvx_xfer_write(tx, "rx", &li, &ri, 1, &xp, &id));
+    KT_EQ(kvx_transport_wait(tx, NULL, 10000), 1);
+    KT_CHECK(readable(rxf[KVX_EVENT_NOTICES], 5000));
+    settle(rx);
+    expect_fds(txf, KVX_EVENT_COMPLETIONS, "writer, a completion waiting");
+    expect_fds(rxf, KVX_EVENT_NOTICES, "receiver, a notice waiting");
+    KT_EQ(kt_check(&r2, ri, 0x22, li, 1), 0);
+    KT_EQ(kvx_notice_poll(rx, nt, 2), 1);
+    KT_EQ(nt[0].tag, 4);
+    expect_fds(rxf, 0, "receiver, drained");
+    expect_fds(txf, KVX_EVENT_COMPLETIONS, "writer, after the receiver drained");
+
+    /* a peer event while the completion still waits: both kinds; then each drained alone */
+    KT_OK(kvx_peer_connect(tx, "p", tg.listen_addr, NULL));
+    expect_fds(txf, KVX_EVENT_COMPLETIONS, "writer, paired by address");
+    kt_kill(&tg.proc, SIGKILL);
+    KT_EQ(kt_wait(&tg.proc), 128 + SIGKILL);
+    KT_CHECK(readable(txf[KVX_EVENT_PEER_EVENTS], 10000));
+    settle(tx);
+    expect_fds(txf, KVX_EVENT_COMPLETIONS | KVX_EVENT_PEER_EVENTS, "writer, an event too");
+    KT_EQ(kvx_transport_poll(tx, NULL, c, 2), 1);
+    KT_EQ(c[0].id, id);
+    KT_EQ(c[0].status, 0);
+    expect_fds(txf, KVX_EVENT_PEER_EVENTS, "writer, completions drained");
+    KT_EQ(kvx_peer_event_poll(tx, ev, 4), 1);
+    KT_EQ(ev[0].type, KVX_PEER_EVENT_DOWN);
+    expect_fds(txf, 0, "writer, drained");
+    KT_EQ(kvx_peer_remove(tx, "p"), 1);
+    KT_OK(kvx_peer_remove(tx, "rx"));
+
+    /* closing makes every one readable, for good; none is made any more */
+    KT_OK(kvx_transport_close(tx));
+    expect_fds(txf, KVX_EVENT_ALL, "writer, closed");
+    expect_fds(txf, KVX_EVENT_ALL, "writer, closed, again");
+    KT_ERR(kvx_transport_event_fd_ex(tx, KVX_EVENT_NOTICES, &fd), -ESHUTDOWN);
+    expect_fds(rxf, 0, "receiver, its writer closed");
+    kvx_transport_destroy(tx);
+    kvx_transport_destroy(rx);
+    free(tg.md);
+    kt_region_free(&r);
+    kt_region_free(&r2);
+}
+
 int main(void)
 {
     kt_target_args_t ta = {.num_blocks = NB, .block_len = BL, .salt = 0x5e, .threads = 1};
@@ -47,6 +175,7 @@ int main(void)
     KT_ERR(kvx_transport_event_fd(t, NULL), -EINVAL);
     KT_ERR(kvx_stats_query(t, "nobody", &ps), -ENOENT);
     KT_ERR(kvx_stats_query(t, "", &ps), -EINVAL);
+    fds_by_kind();
     KT_OK(kvx_transport_event_fd(t, &fd));
     KT_OK(kvx_transport_event_fd(t, &fd2));
     KT_EQ(fd, fd2); /* one fd per transport */

@@ -1,20 +1,24 @@
-"""asyncio without a thread or a timer: await a transport's completions on its event fd.
+"""asyncio without a thread or a timer: await a transport's completions, arrival notices or
+peer events on its event fds.
 
     import kvx.aio
     result = await kvx.aio.poll_async(transport)          # PollResult(done, failed)
     notices = await kvx.aio.notices_async(transport)      # tuple of kvx.Notice
+    events = await kvx.aio.peer_events_async(transport)   # list of dicts, as poll_peer_events()
 
-The loop watches kvx_transport_event_fd (add_reader): it is readable while poll() has
-completions, poll_notices() has notices or poll_peer_events() has events, so the loop sleeps in
-its own selector while nothing happens, and wakes when the progress thread (num_threads > 0)
-queues something. These helpers drain what they return; one task per transport should await
-them (two tasks racing for the same completions each get a part).
+Each awaiter watches the event fd of its own kind (kvx_transport_event_fd_ex, add_reader): the
+completions fd is readable while poll() has something, the notices fd while poll_notices() has,
+the peer events fd while poll_peer_events() has. So the loop sleeps in its own selector while
+nothing of that kind happens, whatever waits of the other kinds undrained, and wakes when the
+progress thread (num_threads > 0) queues something. These awaiters drain what they return; one
+task per transport and kind should await them (two tasks racing for the same completions each
+get a part).
 """
 
 import asyncio
 from typing import Optional
 
-from .metrics import event_fd
+from .metrics import EVENT_COMPLETIONS, EVENT_NOTICES, EVENT_PEER_EVENTS, event_fd
 
 
 async def _readable(fd: int, timeout: Optional[float]) -> bool:
@@ -39,8 +43,8 @@ async def _readable(fd: int, timeout: Optional[float]) -> bool:
         loop.remove_reader(fd)
 
 
-async def _until(take, transport, timeout: Optional[float]):
-    fd = event_fd(transport)
+async def _until(take, transport, timeout: Optional[float], kinds: int):
+    fd = event_fd(transport, kinds)
     loop = asyncio.get_running_loop()
     end = None if timeout is None else loop.time() + timeout
     while True:
@@ -59,13 +63,19 @@ async def poll_async(transport, timeout: Optional[float] = None):
     """Wait until some transfer of any peer has finished, then return transport.poll()
     (PollResult(done, failed), every peer's). With a timeout (seconds) it may return an empty
     result. RuntimeError once the transport is closed."""
-    return await _until(lambda: _nonempty(transport.poll()), transport, timeout) or \
-        transport.poll()
+    return await _until(lambda: _nonempty(transport.poll()), transport, timeout,
+                        EVENT_COMPLETIONS) or transport.poll()
 
 
 async def notices_async(transport, timeout: Optional[float] = None) -> tuple:
     """Wait until an arrival notice is queued, then return transport.poll_notices()."""
-    return await _until(transport.poll_notices, transport, timeout) or ()
+    return await _until(transport.poll_notices, transport, timeout, EVENT_NOTICES) or ()
+
+
+async def peer_events_async(transport, timeout: Optional[float] = None) -> list:
+    """Wait until a peer paired by address has an event (down, restarted, reconnected), then
+    return transport.poll_peer_events()."""
+    return await _until(transport.poll_peer_events, transport, timeout, EVENT_PEER_EVENTS) or []
 
 
 def _nonempty(r):

@@ -21,6 +21,9 @@ OPS = ("write", "read")
 LATENCY_BUCKETS = 25  # KVX_LATENCY_BUCKETS: bucket i <= 2**i microseconds, the last above
 STATS_XFERS, STATS_LATENCY, STATS_EVENTS = 1 << 0, 1 << 1, 1 << 2
 TRANSPORT_ATTR_AGENT_NAME = 1 << 0
+# kvx_event_kind: what an event fd watches (event_fd's kinds, a mask of these)
+EVENT_COMPLETIONS, EVENT_NOTICES, EVENT_PEER_EVENTS = 1 << 0, 1 << 1, 1 << 2
+EVENT_ALL = EVENT_COMPLETIONS | EVENT_NOTICES | EVENT_PEER_EVENTS
 
 
 class Stats(ctypes.Structure):
@@ -47,6 +50,7 @@ def _fn(lib, name):
             "kvx_stats_query": [t, ctypes.c_char_p, ctypes.POINTER(Stats)],
             "kvx_peer_list": [t, ctypes.c_char_p, ctypes.POINTER(ctypes.c_size_t)],
             "kvx_transport_event_fd": [t, ctypes.POINTER(ctypes.c_int)],
+            "kvx_transport_event_fd_ex": [t, ctypes.c_uint, ctypes.POINTER(ctypes.c_int)],
         }[name]
         _declared.add(name)
     return f
@@ -99,11 +103,16 @@ def peer_ids(transport) -> list:
         size = want
 
 
-def event_fd(transport) -> int:
-    """kvx_transport_event_fd: readable while poll(), poll_notices() or poll_peer_events() has
-    something to return; kvx owns it (never read, write or close it)."""
+def event_fd(transport, kinds: int = EVENT_ALL) -> int:
+    """kvx_transport_event_fd_ex: a descriptor readable while a poll of one of kinds (a mask of
+    EVENT_COMPLETIONS: poll(), EVENT_NOTICES: poll_notices(), EVENT_PEER_EVENTS:
+    poll_peer_events()) has something to return, whatever waits of the other kinds; the same
+    one for the same kinds. kvx owns it (never read, write or close it). ValueError for kinds
+    that are not such a mask."""
+    if not isinstance(kinds, int) or not 0 < kinds <= EVENT_ALL:
+        raise ValueError(f"event_fd: kinds must be a mask of EVENT_* bits, not {kinds!r}")
     fd = ctypes.c_int(-1)
-    _call(transport, "kvx_transport_event_fd", ctypes.byref(fd))
+    _call(transport, "kvx_transport_event_fd_ex", kinds, ctypes.byref(fd))
     return fd.value
 
 

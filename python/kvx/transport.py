@@ -963,7 +963,9 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
         """A descriptor readable while poll(), poll_notices() or poll_peer_events() has
         something to return (kvx_transport_event_fd; level-triggered). kvx owns it: never read,
         write or close it; it stays valid until the transport is freed. For event loops: select,
-        epoll, asyncio's add_reader, or poll_async()."""
+        epoll, asyncio's add_reader, or poll_async(). A loop that drains only some kinds waits
+        on kvx.metrics.event_fd(self, kinds) instead: this one stays readable while the
+        others wait."""
         from . import metrics
         return metrics.event_fd(self)
 

@@ -1,7 +1,8 @@
 """Metrics and the event fd from Python, against real peers in other processes: a real
 prometheus_client HTTP endpoint on 127.0.0.1 scraped and parsed by prometheus_client's own parser
 while transfers run, its values checked against the transfers made; an asyncio program that
-awaits two peers' completions on the event fd, without a thread or a timer, and stays idle.
+awaits two peers' completions on the event fd, without a thread or a timer, and stays idle; and
+each awaiter (poll_async, notices_async) asleep while another kind waits undrained.
 
 Run: PYTHONPATH=python /usr/bin/python3 -m pytest tests/python/test_metrics.py
 """
@@ -10,6 +11,8 @@ import asyncio
 import http.server
 import os
 import resource
+import selectors
+import signal
 import sys
 import threading
 import time
@@ -21,7 +24,7 @@ import kvx  # noqa: E402
 import kvx.aio  # noqa: E402
 import kvx.metrics  # noqa: E402
 from peer_proc import block_pattern  # noqa: E402
-from test_kvx import BL, SALT, Local, Target  # noqa: E402
+from test_kvx import BL, NB, SALT, Local, Target, poll_until  # noqa: E402
 
 try:
     import prometheus_client
@@ -177,6 +180,126 @@ class TestAsyncio(unittest.TestCase):
             a.quit()
             b.quit()
 
+
+class CountingSelector(selectors.DefaultSelector):
+    """The loop's selector, counting its select() calls: each is one turn of the loop (it
+    returns when a watched fd is readable, a timer is due, or at once while callbacks are
+    ready), so an awaiter that spins on a readable fd shows as thousands of them."""
+
+    def __init__(self):
+        super().__init__()
+        self.selects = self.readable = 0
+
+    def select(self, timeout=None):
+        ready = super().select(timeout)
+        self.selects += 1
+        self.readable += bool(ready)  # of those, the turns a readable fd ended
+        return ready
+
+
+def until(cond, timeout=10.0):
+    end = time.monotonic() + timeout
+    while not cond() and time.monotonic() < end:
+        time.sleep(0.002)
+    return cond()
+
+
+class TestAsyncioSleeps(unittest.TestCase):
+    """An awaiter of one kind (completions, arrival notices, peer events) sleeps while another
+    kind waits undrained: each waits on the event fd of its own kind. Over one second of
+    poll_async(timeout=1.0) or notices_async(timeout=1.0), at most WAKES_MAX turns of the loop
+    and CPU_MAX of the process's CPU (every thread's: kvx's progress threads included). A fd
+    shared by every kind made them spin: 345-712 ms of CPU and 8,000-16,000 turns."""
+
+    WAKES_MAX, CPU_MAX = 50, 0.100
+
+    def asleep(self, label, waiter):
+        """Await waiter() on a fresh loop and measure only that await: its turns of the loop
+        (CountingSelector), the process's CPU time and the wall time. Returns its result."""
+        sel = CountingSelector()
+        loop = asyncio.SelectorEventLoop(sel)
+
+        async def main():
+            s0, f0 = sel.selects, sel.readable
+            c0, w0 = time.process_time(), time.monotonic()
+            r = await waiter()
+            cpu, wall = time.process_time() - c0, time.monotonic() - w0
+            return r, sel.selects - s0, sel.readable - f0, cpu, wall
+
+        try:
+            r, wakes, by_fd, cpu, wall = loop.run_until_complete(main())
+        finally:
+            loop.close()
+        print(f"{label}: {wakes} wake-ups ({by_fd} by a readable fd), {cpu * 1000:.1f} ms of CPU"
+              f" in {wall:.2f} s")
+        self.assertGreaterEqual(wall, 0.95, label)
+        self.assertLessEqual(wakes, self.WAKES_MAX, label)
+        self.assertLessEqual(cpu, self.CPU_MAX, label)
+        return r
+
+    def test_notice_and_completion_waiting(self):
+        rx, tx = Local("aio-rx"), Local("aio-tx")
+        self.addCleanup(rx.close)
+        self.addCleanup(tx.close)
+        m = kvx.metrics
+        fds = [m.event_fd(rx.t, k) for k in range(1, m.EVENT_ALL + 1)]
+        self.assertEqual(len(set(fds)), m.EVENT_ALL)  # one per mask of kinds
+        self.assertEqual(fds[m.EVENT_ALL - 1], rx.t.fileno())
+        self.assertEqual(m.event_fd(rx.t, m.EVENT_NOTICES), fds[m.EVENT_NOTICES - 1])
+        for bad in (0, m.EVENT_ALL + 1, -1, 1.0):
+            with self.assertRaises(ValueError):
+                m.event_fd(rx.t, bad)
+        tx.t.add_remote_peer("R", rx.t.get_agent_metadata(), rx.t.base_addr, NB, BL)
+        tid = tx.t.write_blocks("R", [3, 4], [10, 11], tag=5, notify=True)
+        self.assertIsNotNone(tid)
+        # the completion waits in tx's queue (wait() does not take it), the notice in rx's
+        # (counted when queued; counters() takes nothing)
+        self.assertTrue(tx.t.wait(None, 10))
+        self.assertTrue(until(lambda: rx.t.counters()["notices"] == 1))
+        for d, s in ((10, 3), (11, 4)):
+            self.assertEqual(rx.block(d), block_pattern(BL, SALT, s, 0), f"block {d}")
+        r = self.asleep("poll_async, a notice waiting",
+                        lambda: kvx.aio.poll_async(rx.t, timeout=1.0))
+        self.assertEqual((r.done, r.failed), ((), ()))
+        n = self.asleep("notices_async, a completion waiting",
+                        lambda: kvx.aio.notices_async(tx.t, timeout=1.0))
+        self.assertEqual(n, ())
+        # each still waits for its own awaiter, which returns it at once
+        self.assertEqual(asyncio.run(kvx.aio.notices_async(rx.t, timeout=5)),
+                         (kvx.Notice("aio-tx", 5, 2, 2 * BL),))
+        r = asyncio.run(kvx.aio.poll_async(tx.t, timeout=5))
+        self.assertEqual((r.done, r.failed), ((tid,), ()))
+
+    def test_peer_events_waiting(self):
+        a = Target("aio-listener", salt=3)
+        self.addCleanup(a.quit)
+        d = Local("aio-dialer")
+        self.addCleanup(d.close)
+        addr = a.listen("127.0.0.1:0")
+        d.t.connect("L", addr)
+        tid = d.t.write_blocks("L", [1], [2])
+        self.assertEqual(poll_until(d.t, 1, "L"), ([tid], []))
+        self.assertEqual(a.verify([2], [1], SALT, 0), [])
+        # the listener dies and another comes at its address: "down", then "restarted" wait
+        os.kill(a.pid, signal.SIGKILL)
+        a.proc.join(10)
+        self.assertTrue(until(lambda: d.t.peer_info("L")["state"] == "reconnecting"))
+        b = Target("aio-listener-2", salt=4)
+        self.addCleanup(b.quit)
+        self.assertEqual(b.listen(addr), addr)
+        self.assertTrue(until(lambda: d.t.peer_info("L")["state"] == "connected"))
+        r = self.asleep("poll_async, peer events waiting",
+                        lambda: kvx.aio.poll_async(d.t, timeout=1.0))
+        self.assertEqual((r.done, r.failed), ((), ()))
+        n = self.asleep("notices_async, peer events waiting",
+                        lambda: kvx.aio.notices_async(d.t, timeout=1.0))
+        self.assertEqual(n, ())
+        ev = asyncio.run(kvx.aio.peer_events_async(d.t, timeout=5))
+        self.assertEqual([(e["peer_id"], e["event"]) for e in ev],
+                         [("L", "down"), ("L", "restarted")])
+        tid = d.t.write_blocks("L", [5], [6])  # the peer that came back takes writes
+        self.assertEqual(poll_until(d.t, 1, "L"), ([tid], []))
+        self.assertEqual(b.verify([6], [5], SALT, 0), [])
 
 class TestAsyncioClose(unittest.TestCase):
     def test_close_while_awaiting(self):

@@ -33,7 +33,7 @@ struct opts {
     int peers;
     int client_index, clients;
     bool json, verify, loopback, same_block, quiet, wait;
-    bool wait_fd;   /* sleep in poll(2) on kvx_transport_event_fd instead */
+    bool wait_fd;   /* sleep in poll(2) on the completions' event fd instead */
     bool integrity; /* the initiator's transport checksums what it moves (CRC-32C) */
     int rndv_mode;  /* --rndv: kvx_params_t.rndv_mode and rndv_thresh, both sides */
     uint64_t rndv_thresh;

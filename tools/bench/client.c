@@ -233,7 +233,7 @@ void run_size(int *ctl, uint64_t size, result_t *res_out, int *nres)
             if (n == 0 && o.wait_fd) {
                 struct pollfd pfd = {.events = POLLIN};
                 if (evfd < 0)
-                    CHECK_KVX(kvx_transport_event_fd(t, &evfd));
+                    CHECK_KVX(kvx_transport_event_fd_ex(t, KVX_EVENT_COMPLETIONS, &evfd));
                 pfd.fd = evfd;
                 poll(&pfd, 1, 100);
             }

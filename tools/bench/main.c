@@ -123,7 +123,7 @@ static void usage(void)
            "      --max-region BYTES  server: the most its regions may take together (default 4G)\n"
            "      --wait            sleep in kvx_transport_wait instead of spinning on poll\n"
            "                        (for more busy threads than cores)\n"
-           "      --wait-fd         sleep in poll(2) on kvx_transport_event_fd instead (an event\n"
+           "      --wait-fd         sleep in poll(2) on the completions' event fd (an event\n"
            "                        loop's way); with --inflight 1 the rows' seen p50/p99 are\n"
            "                        submit-to-seen times, wake-up included\n"
            "      --hol             head-of-line latency: urgent transfers of --hol-blocks blocks\n"
