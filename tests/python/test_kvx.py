@@ -154,6 +154,27 @@ class TestPairing(unittest.TestCase):
             loc.close()
             a.quit()
 
+    def test_connect_to_a_silent_listener_gives_up_after_5_s(self):
+        """connect() waits 5 s for the listener's answer (kvx.h, kvx_peer_connect; README,
+        "Python"), then raises PeerUnreachableError (ETIMEDOUT) with nothing added. The
+        listener here is a TCP socket that takes connections and never answers."""
+        import socket
+        loc = Local("dialer", 2, 4096)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            s.listen(8)
+            t0 = time.monotonic()
+            with self.assertRaises(kvx.PeerUnreachableError) as e:
+                loc.t.connect("silent", f"127.0.0.1:{s.getsockname()[1]}")
+            waited = time.monotonic() - t0
+        try:
+            self.assertEqual(e.exception.errno, errno.ETIMEDOUT)
+            self.assertGreaterEqual(waited, 4.9)
+            self.assertLess(waited, 8.0)  # 5 s, and a loaded machine's lateness
+            self.assertIsNone(loc.t.peer_info("silent"))
+        finally:
+            loc.close()
+
     def test_restarted_listener_comes_back(self):
         a = Target("first", salt=3)
         loc = Local("dialer")
