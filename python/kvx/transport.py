@@ -569,22 +569,35 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
 
     @property
     def available(self) -> bool:
+        """True while this transport can move data: libkvx was loaded, UCX started, and close()
+        has not been called. False once closed, and from the start when unavailable
+        (unavailable_reason says why)."""
         return self._handle is not None and not self._closed
 
     @property
     def base_addr(self) -> int:
+        """The region's address in this process, as peers pass it to add_remote_peer (which
+        checks it against the metadata). For an owned region, where kvx mapped it (0 when
+        unavailable). Unchanged by close()."""
         return self._base_addr
 
     @property
     def num_blocks(self) -> int:
+        """How many blocks the region holds (the view's first dimension); block indices run
+        0..num_blocks-1."""
         return self._num_blocks
 
     @property
     def block_len(self) -> int:
+        """Bytes per block (the view's second dimension times its item size). Peers must use
+        the same block length: add_remote_peer refuses another (ValueError)."""
         return self._block_len
 
     @property
     def config_fingerprint(self) -> str:
+        """config_fingerprint(config_fields): 16 hex digits of the config's sha256, or "" when
+        none was given. Two transports whose fingerprints are both non-empty and differ refuse
+        to pair (add_remote_peer and connect raise ValueError)."""
         return self._config_fingerprint
 
     def _why(self) -> str:
@@ -619,6 +632,13 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
     # ---- metadata and peers ----------------------------------------------------------------
 
     def get_agent_metadata(self) -> bytes:
+        """The bytes a peer passes to add_remote_peer to reach this transport
+        (kvx_transport_metadata): UCX's address of this transport's worker, the region's
+        geometry, the config fingerprint, a generation and the capability that lets a peer
+        write into and read from the region, signed with the secret when one is set. About 360
+        bytes (README, "Python"), whatever num_blocks. Hand them only to peers that may use the
+        region. After fence(retire=True) it returns the new metadata. RuntimeError when the
+        transport is closed or unavailable."""
         h = self._h()
         n = ctypes.c_size_t(0)
         rc = self._lib.kvx_transport_metadata(h, None, ctypes.byref(n))

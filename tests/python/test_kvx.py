@@ -379,6 +379,48 @@ class TestOffline(unittest.TestCase):
         self.assertIn("`TypeError`", row)
         self.assertNotIn("`ValueError`", row)
 
+    def test_version_agrees_everywhere(self):
+        """kvx.__version__ is libkvx's (kvx_version()), CMake's project version, and the
+        version pip installs (pyproject.toml, kvx_build.py)."""
+        import re
+        import kvx_build
+        root = os.path.join(os.path.dirname(__file__), "..", "..")
+        with open(os.path.join(root, "CMakeLists.txt")) as f:
+            cmake = re.search(r"project\(kvx VERSION (\S+)", f.read()).group(1)
+        with open(os.path.join(root, "python", "pyproject.toml")) as f:
+            pyproject = re.search(r'^version = "([^"]+)"', f.read(), re.M).group(1)
+        self.assertRegex(kvx.__version__, r"^\d+\.\d+\.\d+$")
+        self.assertEqual({kvx.version(), cmake, pyproject, kvx_build.VERSION},
+                         {kvx.__version__})
+
+    def test_package_docstring_example_runs(self):
+        """The example in kvx's docstring is a program: it runs as written."""
+        import textwrap
+        lines = kvx.__doc__.split("\n")
+        first = next(i for i, line in enumerate(lines) if line.startswith("    "))
+        end = next(i for i in range(first, len(lines))
+                   if lines[i] and not lines[i].startswith("    "))
+        code = textwrap.dedent("\n".join(lines[first:end]))
+        self.assertIn("KvxTransport(", code)
+        exec(compile(code, "kvx.__doc__", "exec"), {})
+
+    def test_public_names_have_docstrings(self):
+        import inspect
+        import kvx.aio
+        import kvx.metrics
+        missing = []
+        for cls in (kvx.KvxTransport, kvx.metrics.KvxCollector):
+            for name, v in vars(cls).items():
+                f = v.fget if isinstance(v, property) else getattr(v, "__func__", v)
+                if not name.startswith("_") and callable(f) and not inspect.getdoc(f):
+                    missing.append(f"{cls.__name__}.{name}")
+        for mod in (kvx, kvx.metrics, kvx.aio):
+            for name, v in vars(mod).items():
+                if not name.startswith("_") and inspect.isfunction(v) and \
+                        v.__module__ == mod.__name__ and not inspect.getdoc(v):
+                    missing.append(f"{mod.__name__}.{name}")
+        self.assertEqual(missing, [])
+
     def test_backends(self):
         """["UCX"] (or None) is what kvx does; any other backend is refused by name."""
         for bad, named in ((["MOONCAKE"], "'MOONCAKE'"), (["LIBFABRIC"], "'LIBFABRIC'"),
