@@ -1,8 +1,25 @@
 """kvx: move KV-cache blocks between serving engines over UCX (ctypes binding of libkvx).
 
+Two engines in one process, for the shape of it (each is usually a process of its own, and the
+metadata travels over the engines' own channel):
+
+    import mmap
     from kvx import KvxTransport
-    t = KvxTransport("engine-a", memoryview(region).cast("B", (num_blocks, block_len)))
-    peer.add_remote_peer("a", t.get_agent_metadata(), t.base_addr, t.num_blocks, t.block_len)
+    num_blocks, block_len = 16, 4096
+    regions = [mmap.mmap(-1, num_blocks * block_len) for _ in range(2)]
+    a, b = (KvxTransport(name, memoryview(r).cast("B", (num_blocks, block_len)))
+            for name, r in zip(("engine-a", "engine-b"), regions))
+    b.add_remote_peer("a", a.get_agent_metadata(), a.base_addr, a.num_blocks, a.block_len)
+    regions[1][:block_len] = b"x" * block_len
+    tid = b.write_blocks("a", [0], [5])           # b's block 0 into a's block 5
+    r = b.poll("a")
+    while not r.done and not r.failed:            # done or failed: each id comes out once
+        b.wait("a", timeout=5.0)
+        r = b.poll("a")
+    assert r.done == (tid,), b.failure(tid)
+    assert regions[0][5 * block_len:6 * block_len] == b"x" * block_len
+    b.close()
+    a.close()
 
 libkvx is looked up in $KVX_LIBRARY, the build tree of a source checkout, the install prefix,
 then the dynamic linker's path. kvx.vllm_plugin makes vLLM's P2P tier use KvxTransport.
@@ -16,6 +33,9 @@ from ._lib import load as _load
 
 _TRANSPORT_NAMES = ("KvxTransport", "PollResult", "Notice", "Failure", "KvxError",
                     "PeerUnreachableError", "config_fingerprint", "FAILURES_KEPT")
+
+#: This package's version: libkvx's it is made for (kvx_version(), CMake's project version).
+__version__ = "0.1.0"
 
 __all__ = list(_TRANSPORT_NAMES) + ["version", "EFENCED", "EINCOMPAT", "PRIO_LOW", "PRIO_NORMAL",
                                     "PRIO_HIGH"]

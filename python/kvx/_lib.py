@@ -67,6 +67,10 @@ EINCOMPAT = ERRNO_OFFSET + 1
 PEER_STATES = {0: "connected", 1: "failed", 2: "removed", 3: "reconnecting", 4: "wiring"}
 PEER_EVENTS = {1: "down", 2: "restarted", 3: "reconnected"}
 PEER_ID_MAX = 255
+SECRET_MAX = 1024
+NOTICES_MAX = 1 << 20
+NET_DEVICES_MAX = 255  # kvx_params_t.net_devices, without the NUL
+BLOCKS_MAX = 2**32 - 1  # indices are 32-bit
 
 LOG_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p)
 

@@ -2,7 +2,11 @@
 
     from prometheus_client import REGISTRY
     from kvx.metrics import KvxCollector
-    REGISTRY.register(KvxCollector(transport))   # vLLM's /metrics then shows kvx's metrics
+    REGISTRY.register(KvxCollector(t1, t2))   # every transport of the process in one collector:
+                                              # vLLM's /metrics then shows kvx's metrics
+or, where transports are made in different places, each joins the registry's one collector:
+
+    kvx.metrics.register(t)                   # REGISTRY's kvx collector, made on first use
 
 prometheus_client (Debian's python3-prometheus-client) is needed only by KvxCollector.collect's
 caller; importing this module does not require it. Metric names follow Prometheus conventions:
@@ -11,6 +15,8 @@ transport (agent), peer, op, status or cause.
 """
 
 import ctypes
+import threading
+import weakref
 from typing import Optional
 
 from . import _lib
@@ -126,7 +132,12 @@ def _agent(transport) -> str:
 class KvxCollector:
     """A prometheus_client collector of kvx transports: register it with a registry
     (prometheus_client.REGISTRY, vLLM's, or your own) and every scrape reads the transports'
-    current statistics. Closed transports are skipped. Metrics:
+    current statistics, each metric family once, with one agent label per transport. One
+    collector per registry holds every transport of the process: KvxCollector(t1, t2, ...),
+    add(t) as transports come, or register(t), which does that for you. A second KvxCollector
+    in the same registry is refused by the registry at register() (ValueError, "Duplicated
+    timeseries"), since the Prometheus text format allows one HELP and TYPE per family. A
+    closed transport is skipped, and dropped from the collector. Metrics:
 
       kvx_transfers_total{agent,peer,op,status}       transfers that ended, by final status
       kvx_transfer_bytes_total{agent,peer,op}          bytes of successful transfers
@@ -142,51 +153,35 @@ class KvxCollector:
     """
 
     def __init__(self, *transports):
-        self._transports = list(transports)
+        self._lock = threading.Lock()
+        self._transports = tuple(transports)  # replaced, never changed: collect() reads it
 
     def add(self, transport) -> None:
-        self._transports.append(transport)
+        """Collect this transport's metrics too (once, however often it is added)."""
+        with self._lock:
+            if not any(t is transport for t in self._transports):
+                self._transports += (transport,)
 
     def remove(self, transport) -> None:
-        self._transports = [t for t in self._transports if t is not transport]
+        """Stop collecting this transport's metrics (nothing happens if it was not added)."""
+        with self._lock:
+            self._transports = tuple(t for t in self._transports if t is not transport)
+
+    @property
+    def transports(self) -> tuple:
+        """The transports collected, in the order they were added."""
+        return self._transports
 
     def describe(self):
-        return []  # no fixed set: peers come and go (prometheus_client then calls collect)
+        """The metric families without samples: a registry takes their names at register()
+        and refuses a second collector of the same names."""
+        return list(_families().values())
 
     def collect(self):
-        from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
-                                            HistogramMetricFamily)
-        xfers = CounterMetricFamily("kvx_transfers", "kvx transfers that ended, by final status",
-                                    labels=("agent", "peer", "op", "status"))
-        nbytes = CounterMetricFamily("kvx_transfer_bytes", "bytes of successful kvx transfers",
-                                     labels=("agent", "peer", "op"))
-        lat = HistogramMetricFamily("kvx_transfer_duration_seconds",
-                                    "kvx transfers' time from submission to completion",
-                                    labels=("agent", "peer"))
-        inflight = GaugeMetricFamily("kvx_transfers_in_flight", "kvx transfers not yet ended",
-                                     labels=("agent", "peer"))
-        recon = CounterMetricFamily("kvx_peer_reconnections",
-                                    "peers paired by address that paired again",
-                                    labels=("agent", "peer"))
-        fences = CounterMetricFamily("kvx_fences", "kvx_fence calls that fenced a connection",
-                                     labels=("agent",))
-        recv = {
-            "bytes_landed": CounterMetricFamily("kvx_received_bytes",
-                                                "bytes peers wrote into the region",
-                                                labels=("agent",)),
-            "writes_landed": CounterMetricFamily("kvx_received_writes",
-                                                 "write messages applied to the region",
-                                                 labels=("agent",)),
-            "bytes_served": CounterMetricFamily("kvx_served_bytes",
-                                                "bytes peers read from the region",
-                                                labels=("agent",)),
-            "notices": CounterMetricFamily("kvx_notices", "arrival notices queued",
-                                           labels=("agent",)),
-        }
-        drops = CounterMetricFamily("kvx_dropped_messages",
-                                    "messages the receiving side refused, by cause",
-                                    labels=("agent", "cause"))
-        for t in list(self._transports):
+        """The metric families with every transport's current figures (what a scrape calls)."""
+        fam = _families()
+        gone = []
+        for t in self._transports:
             try:
                 agent = _agent(t)
                 peers = peer_ids(t)
@@ -198,26 +193,103 @@ class KvxCollector:
                         continue
                 total = stats(t)
                 counters = t.counters()
-            except RuntimeError:  # closed or unavailable
+            except RuntimeError:  # closed or unavailable: it will never report again
+                if not t.available:
+                    gone.append(t)
                 continue
             for p, s, info in rows:
                 for (op, st), n in s["xfers"].items():
                     if n:
-                        xfers.add_metric((agent, p, op, st), n)
+                        fam["xfers"].add_metric((agent, p, op, st), n)
                 for op, n in s["bytes"].items():
-                    nbytes.add_metric((agent, p, op), n)
+                    fam["bytes"].add_metric((agent, p, op), n)
                 cum, buckets = 0, []
                 for bound, n in s["latency"]:
                     cum += n
                     buckets.append(("+Inf" if bound == float("inf") else repr(bound), cum))
-                lat.add_metric((agent, p), buckets, s["latency_sum"])
-                recon.add_metric((agent, p), s["reconnections"])
+                fam["latency"].add_metric((agent, p), buckets, s["latency_sum"])
+                fam["reconnections"].add_metric((agent, p), s["reconnections"])
                 if info is not None:
-                    inflight.add_metric((agent, p), info.get("xfers_inflight", 0))
-            fences.add_metric((agent,), total["fences"])
-            for name, fam in recv.items():
-                fam.add_metric((agent,), counters.get(name, 0))
+                    fam["inflight"].add_metric((agent, p), info.get("xfers_inflight", 0))
+            fam["fences"].add_metric((agent,), total["fences"])
+            for name in _RECV_FAMILIES:
+                fam[name].add_metric((agent,), counters.get(name, 0))
             for name, n in counters.items():
                 if name.startswith("drop_"):
-                    drops.add_metric((agent, name[5:]), n)
-        yield from (xfers, nbytes, lat, inflight, recon, fences, *recv.values(), drops)
+                    fam["drops"].add_metric((agent, name[5:]), n)
+        for t in gone:
+            self.remove(t)
+        yield from fam.values()
+
+
+# kvx_recv_counters_t fields exported as a family of their own each
+_RECV_FAMILIES = ("bytes_landed", "writes_landed", "bytes_served", "notices")
+
+
+def _families() -> dict:
+    """kvx's metric families, empty, in the order a scrape lists them."""
+    from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
+                                        HistogramMetricFamily)
+    C = CounterMetricFamily
+    return {
+        "xfers": C("kvx_transfers", "kvx transfers that ended, by final status",
+                   labels=("agent", "peer", "op", "status")),
+        "bytes": C("kvx_transfer_bytes", "bytes of successful kvx transfers",
+                   labels=("agent", "peer", "op")),
+        "latency": HistogramMetricFamily("kvx_transfer_duration_seconds",
+                                         "kvx transfers' time from submission to completion",
+                                         labels=("agent", "peer")),
+        "inflight": GaugeMetricFamily("kvx_transfers_in_flight", "kvx transfers not yet ended",
+                                      labels=("agent", "peer")),
+        "reconnections": C("kvx_peer_reconnections", "peers paired by address that paired again",
+                           labels=("agent", "peer")),
+        "fences": C("kvx_fences", "kvx_fence calls that fenced a connection", labels=("agent",)),
+        "bytes_landed": C("kvx_received_bytes", "bytes peers wrote into the region",
+                          labels=("agent",)),
+        "writes_landed": C("kvx_received_writes", "write messages applied to the region",
+                           labels=("agent",)),
+        "bytes_served": C("kvx_served_bytes", "bytes peers read from the region",
+                          labels=("agent",)),
+        "notices": C("kvx_notices", "arrival notices queued", labels=("agent",)),
+        "drops": C("kvx_dropped_messages", "messages the receiving side refused, by cause",
+                   labels=("agent", "cause")),
+    }
+
+
+# each registry's collector made by register(): a transport joins it
+_shared: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_shared_lock = threading.Lock()
+
+
+def register(transport, registry=None) -> KvxCollector:
+    """Export transport's metrics in registry (default prometheus_client.REGISTRY), beside
+    every other transport registered there: the registry's one KvxCollector is made and
+    registered on first use, and each later transport joins it. Returns that collector. A
+    registry that already holds a KvxCollector registered by hand refuses this one (ValueError):
+    add the transport to that collector instead."""
+    if registry is None:
+        from prometheus_client import REGISTRY as registry
+    with _shared_lock:
+        c = _shared.get(registry)
+        if c is None:
+            c = KvxCollector()
+            try:
+                registry.register(c)
+            except ValueError as e:
+                raise ValueError(f"kvx.metrics.register: this registry has kvx's metrics from "
+                                 f"another KvxCollector already ({e}); add the transport to "
+                                 f"that collector (collector.add(transport))") from None
+            _shared[registry] = c
+        c.add(transport)
+    return c
+
+
+def unregister(transport, registry=None) -> None:
+    """Stop exporting transport's metrics in registry (register()'s); a closed transport goes
+    by itself at the next scrape."""
+    if registry is None:
+        from prometheus_client import REGISTRY as registry
+    with _shared_lock:
+        c = _shared.get(registry)
+    if c is not None:
+        c.remove(transport)

@@ -135,6 +135,76 @@ class _Turns:
             self._cv.notify_all()
 
 
+# ---- arguments: checked here, before libkvx sees them, so that an error names the argument and
+# the rule (kvx.h's -EINVAL says neither) ----------------------------------------------------
+
+
+def _text_arg(name: str, value, lo: int, hi: int) -> bytes:
+    """value as the bytes kvx takes for a name (kvx.h: lo..hi printable ASCII characters, no
+    spaces), or ValueError naming the argument and the rule."""
+    b = value.encode() if isinstance(value, str) else bytes(value) \
+        if isinstance(value, (bytes, bytearray)) else str(value).encode()
+    if len(b) < lo:
+        raise ValueError(f"{name}: at least {lo} byte{'s' if lo > 1 else ''}, got {len(b)}")
+    if len(b) > hi:
+        raise ValueError(f"{name}: at most {hi} bytes, got {len(b)} ({value!r})")
+    bad = next((i for i, c in enumerate(b) if not 0x21 <= c <= 0x7E), None)
+    if bad is not None:
+        raise ValueError(f"{name}: printable ASCII without spaces (0x21..0x7e), got byte "
+                         f"{b[bad]:#04x} at {bad} in {value!r}")
+    return b
+
+
+def _peer_id_arg(what: str, peer_id) -> bytes:
+    """A peer id as kvx takes it: 1..255 bytes (kvx.h KVX_PEER_ID_MAX), no NUL."""
+    b = str(peer_id).encode()
+    if not 1 <= len(b) <= _lib.PEER_ID_MAX:
+        raise ValueError(f"{what}: peer_id: 1..{_lib.PEER_ID_MAX} bytes, got {len(b)}")
+    if b"\0" in b:
+        raise ValueError(f"{what}: peer_id: no NUL byte, got {peer_id!r}")
+    return b
+
+
+def _int_arg(name: str, value, lo: int, hi: int) -> int:
+    """value as an int in lo..hi, or ValueError (TypeError for a non-integer) naming it."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name}: an integer, got {value!r}")
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # 5000.0 was always taken
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name}: an integer, got {type(value).__name__} {value!r}") from None
+    if not lo <= v <= hi:
+        raise ValueError(f"{name}: {lo}..{hi}, got {v}")
+    return v
+
+
+def _addr_arg(what: str, addr, any_port: bool) -> bytes:
+    """An address as kvx_transport_listen / kvx_peer_connect take it: "host:port", an IPv6
+    host in brackets, at most 95 bytes, a port of 1..65535 (0 too for listen: any)."""
+    b = str(addr).encode()
+    rule = (f'"host:port" (IPv6 as "[addr]:port") of at most {_lib.ADDR_MAX - 1} bytes, port '
+            f'{"0" if any_port else "1"}..65535{" (0: any)" if any_port else ""}')
+    if b.startswith(b"["):
+        host, sep, port = b[1:].partition(b"]:")
+    else:
+        host, sep, port = b.rpartition(b":")
+        if b":" in host:
+            sep = b""  # an IPv6 address without brackets
+    if not (1 <= len(b) < _lib.ADDR_MAX and sep and host and port.isdigit() and len(port) <= 5
+            and (1 if not any_port else 0) <= int(port) <= 65535 and b"\0" not in b):
+        raise ValueError(f"{what}: addr must be {rule}, got {addr!r}")
+    return b
+
+
+def _region_args(what: str, pid: str, base_addr, num_blocks, block_len) -> tuple:
+    """add_remote_peer's checks before the call: peer_id's length, the region's integers."""
+    _peer_id_arg(what, pid)
+    return tuple(_int_arg(f"{what}: {n}", v, 0, 2**64 - 1) for n, v in
+                 (("base_addr", base_addr), ("num_blocks", num_blocks), ("block_len", block_len)))
+
+
 def _superseded(pid) -> RuntimeError:
     return RuntimeError(f"registration for peer {pid} was superseded (a later "
                         f"remove_remote_peer or add of that id was called before it took effect)")
@@ -337,10 +407,8 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
         no work by this process (its progress thread may sleep). Other keyword arguments are
         __init__'s. The region stays valid while this object or any view of it is alive, after
         close() included; it is freed once all are gone. Unavailable (no UCX): .view is None."""
-        nb, bl = int(num_blocks), int(block_len)
-        if nb <= 0 or bl <= 0:
-            raise ValueError(f"KvxTransport.owned: num_blocks and block_len must be positive, "
-                             f"not {num_blocks} x {block_len}")
+        nb = _int_arg("KvxTransport.owned: num_blocks", num_blocks, 1, _lib.BLOCKS_MAX)
+        bl = _int_arg("KvxTransport.owned: block_len", block_len, 1, 2**64 - 1)
         t = cls.__new__(cls)
         t._owned = (nb, bl)
         t.__init__(agent_name, None, **kwargs)
@@ -391,6 +459,39 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
     def _init(self, deadline_ms: Optional[int], stall_ms: Optional[int],
               keepalive_ms: Optional[int], secret, net_devices, integrity, notice_queue,
               rndv=None, rndv_thresh=None) -> None:
+        # every argument kvx_transport_create would refuse (-EINVAL) is refused here first, by
+        # name and rule, whether or not libkvx can be loaded
+        if self._num_blocks > _lib.BLOCKS_MAX:
+            raise ValueError(f"KvxTransport: num_blocks: at most {_lib.BLOCKS_MAX} (block "
+                             f"indices are 32-bit), got {self._num_blocks}")
+        if self._num_blocks * self._block_len >= 2**64:
+            raise ValueError(f"KvxTransport: num_blocks x block_len: under 2**64 bytes, got "
+                             f"{self._num_blocks} x {self._block_len}")
+        name = None if self._agent_name is None else \
+            _text_arg("KvxTransport: agent_name", self._agent_name, 1, _lib.NAME_MAX)
+        durations = [(bit, n, _int_arg(f"KvxTransport: {n}", v, 0, _lib.MS_MAX))
+                     for n, v, bit in (("deadline_ms", deadline_ms, _lib.PARAM_DEADLINE),
+                                       ("stall_ms", stall_ms, _lib.PARAM_STALL),
+                                       ("keepalive_ms", keepalive_ms, _lib.PARAM_KEEPALIVE))
+                     if v is not None]
+        sec = None
+        if secret is not None:
+            sec = secret.encode() if isinstance(secret, str) else bytes(secret)
+            if not 1 <= len(sec) <= _lib.SECRET_MAX:
+                raise ValueError(f"KvxTransport: secret: 1..{_lib.SECRET_MAX} bytes, got "
+                                 f"{len(sec)}")
+        devices = None if net_devices is None else \
+            _text_arg("KvxTransport: net_devices", net_devices, 1, _lib.NET_DEVICES_MAX)
+        notices = None if notice_queue is None else \
+            _int_arg("KvxTransport: notice_queue", notice_queue, 1, _lib.NOTICES_MAX)
+        mode = thresh = None
+        if rndv is not None or rndv_thresh is not None:
+            mode = "auto" if rndv is None else str(rndv)
+            if mode not in _lib.RNDV_MODES:
+                raise ValueError(f"KvxTransport: rndv: one of {sorted(_lib.RNDV_MODES)}, got "
+                                 f"{rndv!r}")
+            thresh = 0 if rndv_thresh is None else \
+                _int_arg("KvxTransport: rndv_thresh", rndv_thresh, 0, 0xFFFFFFFF)
         lib = _lib.load()
         if lib is None:
             # available stays False, as the NIXL transport does when NIXL is missing
@@ -410,51 +511,37 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
         p.backends = arr
         p.num_backends = len(backends)
         p.num_threads = max(0, int(self._num_threads))
-        if self._agent_name is not None:
+        if name is not None:
             p.field_mask |= _lib.PARAM_AGENT_NAME
-            p.agent_name = str(self._agent_name).encode()
-        for name, value, bit in (("deadline_ms", deadline_ms, _lib.PARAM_DEADLINE),
-                                 ("stall_ms", stall_ms, _lib.PARAM_STALL),
-                                 ("keepalive_ms", keepalive_ms, _lib.PARAM_KEEPALIVE)):
-            if value is None:
-                continue
-            if not 0 <= int(value) <= _lib.MS_MAX:
-                raise ValueError(f"KvxTransport: {name} must be 0..{_lib.MS_MAX}, not {value}")
+            p.agent_name = name
+        for bit, n, v in durations:
             p.field_mask |= bit
-            setattr(p, name, int(value))
-        if secret is not None:
-            sec = secret.encode() if isinstance(secret, str) else bytes(secret)
-            if not 1 <= len(sec) <= 1024:
-                raise ValueError("KvxTransport: secret must be 1..1024 bytes")
+            setattr(p, n, v)
+        if sec is not None:
             p.field_mask |= _lib.PARAM_SECRET
             p.secret = sec
             p.secret_len = len(sec)
-        if net_devices is not None:
+        if devices is not None:
             p.field_mask |= _lib.PARAM_NET_DEVICES
-            p.net_devices = str(net_devices).encode()
+            p.net_devices = devices
         if integrity:
             p.field_mask |= _lib.PARAM_INTEGRITY
             p.integrity = 1
-        if notice_queue is not None:
+        if notices is not None:
             p.field_mask |= _lib.PARAM_NOTICES
-            p.notice_queue = int(notice_queue)
-        if rndv is not None or rndv_thresh is not None:
-            mode = "auto" if rndv is None else str(rndv)
-            if mode not in _lib.RNDV_MODES:
-                raise ValueError(f"KvxTransport: rndv must be one of {sorted(_lib.RNDV_MODES)}, "
-                                 f"not {rndv!r}")
-            thresh = 0 if rndv_thresh is None else int(rndv_thresh)
-            if not 0 <= thresh <= 0xFFFFFFFF:
-                raise ValueError(f"KvxTransport: rndv_thresh must be 0..2^32-1, not {rndv_thresh}")
+            p.notice_queue = notices
+        if mode is not None:
             p.field_mask |= _lib.PARAM_RNDV
             p.rndv_mode = _lib.RNDV_MODES[mode]
             p.rndv_thresh = thresh
         h = ctypes.c_void_p()
         rc = lib.kvx_transport_create(ctypes.byref(p), ctypes.byref(h))
-        if rc == -errno.EINVAL:
-            raise ValueError(f"KvxTransport: invalid arguments (agent name {self._agent_name!r}, "
-                             f"backends {self._backends}, region {self._num_blocks} x "
-                             f"{self._block_len}): {_lib.strerror(rc)}")
+        if rc == -errno.EINVAL:  # every rule is checked above: a libkvx with other rules
+            raise ValueError(f"KvxTransport: kvx_transport_create refused the arguments "
+                             f"(agent_name {self._agent_name!r}, backends {self._backends}, "
+                             f"region {self._num_blocks} x {self._block_len}, net_devices "
+                             f"{net_devices!r}, notice_queue {notice_queue!r}): "
+                             f"{_lib.strerror(rc)}")
         if rc < 0:  # UCX could not start here: available is False
             self.unavailable_reason = (
                 f"kvx_transport_create: {_lib.strerror(rc)} ({rc}) in this environment "
@@ -482,22 +569,35 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
 
     @property
     def available(self) -> bool:
+        """True while this transport can move data: libkvx was loaded, UCX started, and close()
+        has not been called. False once closed, and from the start when unavailable
+        (unavailable_reason says why)."""
         return self._handle is not None and not self._closed
 
     @property
     def base_addr(self) -> int:
+        """The region's address in this process, as peers pass it to add_remote_peer (which
+        checks it against the metadata). For an owned region, where kvx mapped it (0 when
+        unavailable). Unchanged by close()."""
         return self._base_addr
 
     @property
     def num_blocks(self) -> int:
+        """How many blocks the region holds (the view's first dimension); block indices run
+        0..num_blocks-1."""
         return self._num_blocks
 
     @property
     def block_len(self) -> int:
+        """Bytes per block (the view's second dimension times its item size). Peers must use
+        the same block length: add_remote_peer refuses another (ValueError)."""
         return self._block_len
 
     @property
     def config_fingerprint(self) -> str:
+        """config_fingerprint(config_fields): 16 hex digits of the config's sha256, or "" when
+        none was given. Two transports whose fingerprints are both non-empty and differ refuse
+        to pair (add_remote_peer and connect raise ValueError)."""
         return self._config_fingerprint
 
     def _why(self) -> str:
@@ -532,6 +632,13 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
     # ---- metadata and peers ----------------------------------------------------------------
 
     def get_agent_metadata(self) -> bytes:
+        """The bytes a peer passes to add_remote_peer to reach this transport
+        (kvx_transport_metadata): UCX's address of this transport's worker, the region's
+        geometry, the config fingerprint, a generation and the capability that lets a peer
+        write into and read from the region, signed with the secret when one is set. About 360
+        bytes (README, "Python"), whatever num_blocks. Hand them only to peers that may use the
+        region. After fence(retire=True) it returns the new metadata. RuntimeError when the
+        transport is closed or unavailable."""
         h = self._h()
         n = ctypes.c_size_t(0)
         rc = self._lib.kvx_transport_metadata(h, None, ctypes.byref(n))
@@ -557,11 +664,14 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
         calls them and however long each takes: a call waits for the earlier ones on that id.
         An add that a later call on its id superseded before it took effect raises
         RuntimeError("registration for peer ... was superseded ..."): that later call decides
-        what the peer is. RuntimeError("KvxTransport is closed") after close()."""
+        what the peer is. RuntimeError("KvxTransport is closed") after close(). ValueError, with
+        nothing done, for a peer_id that is not 1..255 bytes, or a base_addr, num_blocks or
+        block_len outside 0..2**64-1."""
         self._h()
         pid = str(peer_id)
+        region = _region_args("add_remote_peer", pid, base_addr, num_blocks, block_len)
         ticket = self._turns.take(pid)
-        self._registration(pid, ticket, bytes(agent_metadata), base_addr, num_blocks, block_len)
+        self._registration(pid, ticket, bytes(agent_metadata), *region)
 
     def _registration(self, pid: str, ticket: int, md: bytes, base_addr, num_blocks,
                       block_len) -> None:
@@ -574,8 +684,7 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
             h = self._h()
             # a re-add forgets the old connection's transfers, as remove does (C purges them)
             pp = _lib.PeerParams(_lib.PEER_PARAM_EXPECT_REGION | _lib.PEER_PARAM_FLAGS,
-                                 int(base_addr) & (2**64 - 1), int(num_blocks) & (2**64 - 1),
-                                 int(block_len) & (2**64 - 1), _lib.PEER_ADD_PURGE)
+                                 base_addr, num_blocks, block_len, _lib.PEER_ADD_PURGE)
             rc = self._lib.kvx_peer_add(h, pid.encode(), md, len(md), ctypes.byref(pp))
             # asked while the turn is ours: once it ends, a later call may run and be gone
             later = not self._turns.latest(pid, ticket)
@@ -587,6 +696,10 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
             return
         if rc == -errno.ESHUTDOWN:
             raise _closed_error()
+        if rc == -errno.EINVAL:  # the arguments' own rules were checked before the call
+            raise ValueError(f"add_remote_peer({pid!r}): base_addr {base_addr:#x}, num_blocks "
+                             f"{num_blocks} or block_len {block_len} disagree with the metadata's "
+                             f"region: {_lib.strerror(rc)}")
         if -rc in _VALUE_ERRORS:
             raise ValueError(f"add_remote_peer({pid!r}): {_lib.strerror(rc)}")
         raise PeerUnreachableError(-rc, f"add_remote_peer({pid!r}): {_lib.strerror(rc)}")
@@ -595,9 +708,17 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
         """Listen for peers that pair by address (connect) at "host:port" (port 0: any), on
         UCX's connection manager; binds only there. Returns the address bound, with its port.
         A connecting transport receives this one's metadata (only after proving the shared
-        secret, if one is set). KvxError if the address is bad, taken, or already listening."""
+        secret, if one is set). KvxError if the address is bad (its message names the rule;
+        errno EINVAL), taken, or already listening."""
         h = self._h()
-        self._check("listen", self._lib.kvx_transport_listen(h, str(addr).encode()))
+        try:
+            b = _addr_arg("listen", addr, True)
+        except ValueError as e:
+            raise KvxError(str(e), -errno.EINVAL) from None
+        rc = self._lib.kvx_transport_listen(h, b)
+        if rc == -errno.EINVAL:  # the form is right: the host is no address of this machine's
+            raise KvxError(f"listen: addr {addr!r}: the host does not resolve", rc)
+        self._check("listen", rc)
         a = _lib.TransportAttr()
         a.field_mask = _lib.TRANSPORT_ATTR_LISTEN
         self._check("listen", self._lib.kvx_transport_query(h, ctypes.byref(a)))
@@ -610,20 +731,26 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
         nothing answers there, or not within 5 s). Such a peer heals: when its connection fails,
         kvx pairs with the address again by itself (peer_info's state is "reconnecting"
         meanwhile, and transfers submitted then wait, within their deadlines), and
-        poll_peer_events() tells what happened."""
+        poll_peer_events() tells what happened. ValueError, with nothing done, for a peer_id
+        that is not 1..255 bytes or an addr not of the form "host:port" (port 1..65535)."""
         h = self._h()
         pid = str(peer_id)
+        _peer_id_arg("connect", pid)
+        baddr = _addr_arg(f"connect({peer_id!r})", addr, False)
         ticket = self._turns.take(pid)
         try:
             self._turns.begin(pid, ticket)
             pp = _lib.PeerParams(_lib.PEER_PARAM_FLAGS, 0, 0, 0, _lib.PEER_ADD_PURGE)
-            rc = self._lib.kvx_peer_connect(h, pid.encode(), str(addr).encode(), ctypes.byref(pp))
+            rc = self._lib.kvx_peer_connect(h, pid.encode(), baddr, ctypes.byref(pp))
         finally:
             self._turns.end(pid, ticket)
         if rc == 0:
             return
         if rc == -errno.ESHUTDOWN:
             raise _closed_error()
+        if rc == -errno.EINVAL:  # the form was checked: the name did not resolve
+            raise ValueError(f"connect({peer_id!r}): addr {addr!r}: the host does not resolve: "
+                             f"{_lib.strerror(rc)}")
         if -rc in _VALUE_ERRORS:
             raise ValueError(f"connect({peer_id!r}, {addr!r}): {_lib.strerror(rc)}")
         raise PeerUnreachableError(-rc, f"connect({peer_id!r}, {addr!r}): {_lib.strerror(rc)}")
@@ -648,6 +775,12 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
         self._h()
         pid = str(peer_id)
         md = bytes(agent_metadata)
+        try:
+            region = _region_args("add_remote_peer_async", pid, base_addr, num_blocks, block_len)
+        except (TypeError, ValueError) as e:  # the future holds it, as add_remote_peer's outcome
+            f = concurrent.futures.Future()
+            f.set_exception(e)
+            return f
         with self._executor_lock:
             if self._closing:
                 raise _closed_error()
@@ -658,8 +791,7 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
             # their order, so a worker never waits for one queued behind it
             ticket = self._turns.take(pid)
             try:
-                f = self._executor.submit(self._registration, pid, ticket, md, base_addr,
-                                          num_blocks, block_len)
+                f = self._executor.submit(self._registration, pid, ticket, md, *region)
             except BaseException:
                 self._turns.begin(pid, ticket)
                 self._turns.end(pid, ticket)
@@ -681,6 +813,7 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
             return None
         self._h()
         pid = str(peer_id)
+        _peer_id_arg("remove_remote_peer", pid)
         ticket = self._turns.take(pid)
         try:
             self._turns.begin(pid, ticket)
@@ -890,11 +1023,15 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
         if writer is not None:
             info = self.peer_info(writer)
             name = (info["agent_name"] if info else str(writer)).encode()
-        if name is not None and not 1 <= len(name) <= 63:
-            raise ValueError(f"fence: a writer name is 1..63 bytes, not {writer!r}")
+        if name is not None and not 1 <= len(name) <= _lib.NAME_MAX:
+            raise ValueError(f"fence: writer: an agent name of 1..{_lib.NAME_MAX} bytes, got "
+                             f"{len(name)} ({writer!r})")
         tl = [] if tags is None else [int(x) for x in tags]
-        if len(tl) > _lib.FENCE_TAGS_MAX or any(not 0 <= x < 2**64 for x in tl):
-            raise ValueError(f"fence: at most {_lib.FENCE_TAGS_MAX} tags of 0..2**64-1")
+        if len(tl) > _lib.FENCE_TAGS_MAX:
+            raise ValueError(f"fence: tags: at most {_lib.FENCE_TAGS_MAX}, got {len(tl)}")
+        bad = [x for x in tl if not 0 <= x < 2**64]
+        if bad:
+            raise ValueError(f"fence: tags: each 0..2**64-1, got {bad[0]}")
         arr = (ctypes.c_uint64 * len(tl))(*tl) if tl else None
         return self._check("fence", self._lib.kvx_fence_ex(
             h, name, arr, len(tl), _lib.FENCE_RETIRE if retire else 0))
@@ -981,7 +1118,7 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
         RuntimeError("KvxTransport is closed")."""
         h = self._h()
         ms = -1 if timeout is None else min(max(0, int(timeout * 1000)), 2**31 - 1)
-        pid = None if peer_id is None else str(peer_id).encode()
+        pid = None if peer_id is None else _peer_id_arg("wait", peer_id)
         return self._check("wait", self._lib.kvx_transport_wait(h, pid, ms)) > 0
 
     def cancel(self, transfer_ids: Iterable[int], mode: str = "immediate") -> list:

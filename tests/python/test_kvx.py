@@ -25,6 +25,7 @@ import numpy as np  # Debian's python3-numpy: the NumPy index paths are part of 
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kvx  # noqa: E402
+import kvx.metrics  # noqa: E402
 import rndv_env  # noqa: E402
 
 rndv_env.apply()  # also when run by unittest, which loads no conftest.py
@@ -154,6 +155,27 @@ class TestPairing(unittest.TestCase):
             loc.close()
             a.quit()
 
+    def test_connect_to_a_silent_listener_gives_up_after_5_s(self):
+        """connect() waits 5 s for the listener's answer (kvx.h, kvx_peer_connect; README,
+        "Python"), then raises PeerUnreachableError (ETIMEDOUT) with nothing added. The
+        listener here is a TCP socket that takes connections and never answers."""
+        import socket
+        loc = Local("dialer", 2, 4096)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            s.listen(8)
+            t0 = time.monotonic()
+            with self.assertRaises(kvx.PeerUnreachableError) as e:
+                loc.t.connect("silent", f"127.0.0.1:{s.getsockname()[1]}")
+            waited = time.monotonic() - t0
+        try:
+            self.assertEqual(e.exception.errno, errno.ETIMEDOUT)
+            self.assertGreaterEqual(waited, 4.9)
+            self.assertLess(waited, 8.0)  # 5 s, and a loaded machine's lateness
+            self.assertIsNone(loc.t.peer_info("silent"))
+        finally:
+            loc.close()
+
     def test_restarted_listener_comes_back(self):
         a = Target("first", salt=3)
         loc = Local("dialer")
@@ -238,8 +260,166 @@ class TestOffline(unittest.TestCase):
             kvx.KvxTransport("v", memoryview(bytearray(8192)).cast("B", (4, 2048))[::2])
         with self.assertRaisesRegex(ValueError, "buffer"):
             kvx.KvxTransport("v", 12345)
-        with self.assertRaisesRegex(ValueError, "invalid arguments"):
+        with self.assertRaisesRegex(ValueError, "agent_name: printable ASCII without spaces"):
             kvx.KvxTransport("has space", memoryview(bytearray(8192)).cast("B", (2, 4096)))
+
+    def test_constructor_errors_name_the_argument_and_the_rule(self):
+        """What kvx_transport_create refuses (-EINVAL, docs/errors.md) is refused before the
+        call, by a ValueError (TypeError for a non-integer) that names the argument and says
+        the rule and the value given."""
+        def view():
+            return memoryview(bytearray(8192)).cast("B", (2, 4096))
+
+        for kw, exc, msg in (
+                ({"agent_name": "a" * 64}, ValueError, r"agent_name: at most 63 bytes, got 64"),
+                ({"agent_name": ""}, ValueError, r"agent_name: at least 1 byte, got 0"),
+                ({"agent_name": "tab\there"}, ValueError,
+                 r"agent_name: printable ASCII without spaces \(0x21..0x7e\), got byte 0x09 at 3"),
+                ({"agent_name": "é"}, ValueError, r"agent_name: printable ASCII .* got byte 0xc3"),
+                ({"notice_queue": 0}, ValueError, r"notice_queue: 1..1048576, got 0"),
+                ({"notice_queue": 2**20 + 1}, ValueError, r"notice_queue: 1..1048576, got 1048577"),
+                ({"notice_queue": "8"}, TypeError, r"notice_queue: an integer, got str '8'"),
+                ({"net_devices": ""}, ValueError, r"net_devices: at least 1 byte, got 0"),
+                ({"net_devices": "lo, eth0"}, ValueError, r"net_devices: printable ASCII"),
+                ({"net_devices": "x" * 256}, ValueError, r"net_devices: at most 255 bytes, got 256"),
+                ({"secret": b""}, ValueError, r"secret: 1..1024 bytes, got 0"),
+                ({"secret": b"s" * 1025}, ValueError, r"secret: 1..1024 bytes, got 1025"),
+                ({"deadline_ms": -1}, ValueError, r"deadline_ms: 0..1000000000000, got -1"),
+                ({"stall_ms": 10**12 + 1}, ValueError, r"stall_ms: 0..1000000000000, got 10+1"),
+                ({"keepalive_ms": 1.5}, TypeError, r"keepalive_ms: an integer, got float 1.5"),
+                ({"rndv": "sometimes"}, ValueError, r"rndv: one of \['always', 'auto', 'eager'\]"),
+                ({"rndv_thresh": 2**32}, ValueError, r"rndv_thresh: 0..4294967295, got 4294967296"),
+        ):
+            args = {"agent_name": "args", **kw}
+            with self.subTest(**{k: repr(v)[:20] for k, v in kw.items()}):
+                with self.assertRaisesRegex(exc, "^KvxTransport: " + msg):
+                    kvx.KvxTransport(args.pop("agent_name"), view(), **args)
+        with self.assertRaisesRegex(ValueError, r"owned: num_blocks: 1..4294967295, got 4294967296"):
+            kvx.KvxTransport.owned("owner", 2**32, 4096)
+        with self.assertRaisesRegex(ValueError, r"owned: block_len: 1..\d+, got 0"):
+            kvx.KvxTransport.owned("owner", 4, 0)
+        # the limits themselves are taken
+        loc = Local("a" * 63, 2, 4096, num_threads=0, notice_queue=2**20, net_devices="lo",
+                    secret=b"s" * 1024, deadline_ms=10**12, keepalive_ms=5000.0)
+        self.assertTrue(loc.t.available)
+        loc.close()
+
+    def test_method_errors_name_the_argument_and_the_rule(self):
+        """What kvx_peer_add, kvx_peer_connect, kvx_transport_listen, kvx_peer_remove,
+        kvx_transport_wait and kvx_fence refuse (-EINVAL) is refused before the call, naming the
+        argument and the rule; nothing changes."""
+        loc = Local("methods", 2, 4096, num_threads=0)
+        other = Local("other", 2, 4096, num_threads=0)
+        t = loc.t
+        md = other.t.get_agent_metadata()
+        try:
+            for pid, n in (("", 0), ("p" * 256, 256)):
+                with self.assertRaisesRegex(ValueError, rf"^add_remote_peer: peer_id: 1..255 "
+                                                        rf"bytes, got {n}$"):
+                    t.add_remote_peer(pid, md, t.base_addr, 2, 4096)
+                with self.assertRaisesRegex(ValueError, rf"^add_remote_peer_async: peer_id: "
+                                                        rf"1..255 bytes, got {n}$"):
+                    t.add_remote_peer_async(pid, md, t.base_addr, 2, 4096).result(5)
+                with self.assertRaisesRegex(ValueError, rf"^connect: peer_id: 1..255 bytes, "
+                                                        rf"got {n}$"):
+                    t.connect(pid, "127.0.0.1:1")
+                with self.assertRaisesRegex(ValueError, rf"^remove_remote_peer: peer_id: "
+                                                        rf"1..255 bytes, got {n}$"):
+                    t.remove_remote_peer(pid)
+                with self.assertRaisesRegex(ValueError, rf"^wait: peer_id: 1..255 bytes, got {n}$"):
+                    t.wait(pid, 0)
+            for name, args in (("base_addr", (-1, 2, 4096)), ("num_blocks", (0, 2**64, 4096)),
+                               ("block_len", (0, 2, -4096))):
+                with self.assertRaisesRegex(ValueError, rf"^add_remote_peer: {name}: "
+                                                        rf"0..18446744073709551615, got -?\d+$"):
+                    t.add_remote_peer("p", md, *args)
+            with self.assertRaisesRegex(ValueError, r"^add_remote_peer\('p'\): base_addr 0x1, "
+                                                    r"num_blocks 2 or block_len 4096 disagree "
+                                                    r"with the metadata's region"):
+                t.add_remote_peer("p", md, 1, 2, 4096)
+            self.assertEqual(kvx.metrics.peer_ids(t), [])
+            t.add_remote_peer("p", md, other.t.base_addr, 2, 4096)  # the right region is taken
+            t.remove_remote_peer("p")
+            for addr in ("127.0.0.1", "127.0.0.1:", ":80", "127.0.0.1:0", "127.0.0.1:65536",
+                         "::1:80", "[::1]80", "h" * 96 + ":80", "127.0.0.1:8x"):
+                with self.assertRaisesRegex(ValueError, r'^connect\(\'p\'\): addr must be '
+                                                        r'"host:port" .* port 1..65535, got'):
+                    t.connect("p", addr)
+            for addr in ("127.0.0.1:65536", "127.0.0.1", "[::1]"):
+                with self.assertRaisesRegex(kvx.KvxError, r'^listen: addr must be "host:port" '
+                                                          r'.* port 0..65535 \(0: any\), got') as e:
+                    t.listen(addr)
+                self.assertEqual(e.exception.errno, errno.EINVAL)
+            with self.assertRaisesRegex(ValueError, r"^fence: writer: an agent name of 1..63 "
+                                                    r"bytes, got 64"):
+                t.fence("w" * 64)
+            with self.assertRaisesRegex(ValueError, r"^fence: tags: at most 16, got 17"):
+                t.fence("w", range(17))
+            with self.assertRaisesRegex(ValueError, r"^fence: tags: each 0..2\*\*64-1, got -1"):
+                t.fence("w", [-1])
+            self.assertEqual(kvx.metrics.peer_ids(t), [])
+        finally:
+            loc.close()
+            other.close()
+
+    def test_read_blocks_has_no_notify(self):
+        """Arrival notices are for writes (kvx.h: KVX_XFER_NOTIFY on a read is -EINVAL):
+        read_blocks has no notify parameter, so notify=True is Python's TypeError for an
+        unexpected keyword, as docs/errors.md says."""
+        loc = Local("nonotify", 2, 4096, num_threads=0)
+        try:
+            with self.assertRaisesRegex(TypeError, r"read_blocks\(\) got an unexpected keyword "
+                                                   r"argument 'notify'"):
+                loc.t.read_blocks("p", [0], [0], notify=True)
+        finally:
+            loc.close()
+        errors_md = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "errors.md")
+        with open(errors_md) as f:
+            row = next(line for line in f if "`KVX_XFER_NOTIFY` on a read" in line)
+        self.assertIn("`TypeError`", row)
+        self.assertNotIn("`ValueError`", row)
+
+    def test_version_agrees_everywhere(self):
+        """kvx.__version__ is libkvx's (kvx_version()), CMake's project version, and the
+        version pip installs (pyproject.toml, kvx_build.py)."""
+        import re
+        import kvx_build
+        root = os.path.join(os.path.dirname(__file__), "..", "..")
+        with open(os.path.join(root, "CMakeLists.txt")) as f:
+            cmake = re.search(r"project\(kvx VERSION (\S+)", f.read()).group(1)
+        with open(os.path.join(root, "python", "pyproject.toml")) as f:
+            pyproject = re.search(r'^version = "([^"]+)"', f.read(), re.M).group(1)
+        self.assertRegex(kvx.__version__, r"^\d+\.\d+\.\d+$")
+        self.assertEqual({kvx.version(), cmake, pyproject, kvx_build.VERSION},
+                         {kvx.__version__})
+
+    def test_package_docstring_example_runs(self):
+        """The example in kvx's docstring is a program: it runs as written."""
+        import textwrap
+        lines = kvx.__doc__.split("\n")
+        first = next(i for i, line in enumerate(lines) if line.startswith("    "))
+        end = next(i for i in range(first, len(lines))
+                   if lines[i] and not lines[i].startswith("    "))
+        code = textwrap.dedent("\n".join(lines[first:end]))
+        self.assertIn("KvxTransport(", code)
+        exec(compile(code, "kvx.__doc__", "exec"), {})
+
+    def test_public_names_have_docstrings(self):
+        import inspect
+        import kvx.aio
+        import kvx.metrics
+        missing = []
+        for cls in (kvx.KvxTransport, kvx.metrics.KvxCollector):
+            for name, v in vars(cls).items():
+                f = v.fget if isinstance(v, property) else getattr(v, "__func__", v)
+                if not name.startswith("_") and callable(f) and not inspect.getdoc(f):
+                    missing.append(f"{cls.__name__}.{name}")
+        for mod in (kvx, kvx.metrics, kvx.aio):
+            for name, v in vars(mod).items():
+                if not name.startswith("_") and inspect.isfunction(v) and \
+                        v.__module__ == mod.__name__ and not inspect.getdoc(v):
+                    missing.append(f"{mod.__name__}.{name}")
+        self.assertEqual(missing, [])
 
     def test_backends(self):
         """["UCX"] (or None) is what kvx does; any other backend is refused by name."""

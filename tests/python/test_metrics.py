@@ -136,6 +136,101 @@ class TestPrometheus(unittest.TestCase):
         self.assertEqual([f for f in registry.collect() if f.samples], [])
 
 
+@unittest.skipIf(prometheus_client is None, "python3-prometheus-client is not installed")
+class TestSeveralTransports(unittest.TestCase):
+    """Three transports of one process in one registry: each metric family once (one HELP and
+    one TYPE line: the Prometheus text format allows no more), an agent label per transport,
+    and every transport's figures right; whether one KvxCollector holds all three or each
+    transport joined the registry's collector with kvx.metrics.register."""
+
+    BL = 4096
+
+    def setUp(self):
+        self.loc = {n: Local(f"engine-{n}", 8, self.BL, num_threads=1) for n in "abc"}
+        t = {n: loc.t for n, loc in self.loc.items()}
+        for src, dst in (("b", "a"), ("c", "a"), ("c", "b"), ("a", "c")):
+            t[src].add_remote_peer(dst, t[dst].get_agent_metadata(), t[dst].base_addr, 8, self.BL)
+        # b writes 1 block into a; c writes 2 into a and 3 into b; a reads 4 from c
+        ids = {"b": [t["b"].write_blocks("a", [0], [0])],
+               "c": [t["c"].write_blocks("a", [1, 2], [1, 2]),
+                     t["c"].write_blocks("b", [0, 1, 2], [4, 5, 6])],
+               "a": [t["a"].read_blocks("c", [4, 5, 6, 7], [0, 1, 2, 3])]}
+        for n, want in ids.items():
+            self.assertNotIn(None, want)
+            self.assertEqual(wait_all(t[n], want), (set(want), set()))
+        self.t = t
+
+    def tearDown(self):
+        for loc in self.loc.values():
+            loc.close()
+
+    def check(self, registry):
+        text = prometheus_client.generate_latest(registry).decode()
+        for kind in ("# HELP ", "# TYPE "):
+            names = [line.split()[2] for line in text.splitlines() if line.startswith(kind)]
+            self.assertEqual(len(names), len(set(names)), f"{kind}lines repeated: {names}")
+            self.assertEqual(len(names), 11, names)
+        fams = list(text_string_to_metric_families(text))
+        self.assertEqual(len(fams), len({f.name for f in fams}))
+        m = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in fams for s in f.samples}
+
+        def v(name, **labels):
+            return m.get((name, tuple(sorted(labels.items()))))
+
+        bl = self.BL
+        for agent, peer, op, n, nbytes in (("engine-b", "a", "write", 1, bl),
+                                           ("engine-c", "a", "write", 1, 2 * bl),
+                                           ("engine-c", "b", "write", 1, 3 * bl),
+                                           ("engine-a", "c", "read", 1, 4 * bl)):
+            self.assertEqual(v("kvx_transfers_total", agent=agent, peer=peer, op=op,
+                               status="ok"), n)
+            self.assertEqual(v("kvx_transfer_bytes_total", agent=agent, peer=peer, op=op),
+                             nbytes)
+            self.assertEqual(v("kvx_transfer_duration_seconds_count", agent=agent, peer=peer), n)
+            self.assertEqual(v("kvx_transfers_in_flight", agent=agent, peer=peer), 0)
+        for agent, landed, served in (("engine-a", 3 * bl, 0), ("engine-b", 3 * bl, 0),
+                                      ("engine-c", 0, 4 * bl)):
+            self.assertEqual(v("kvx_received_bytes_total", agent=agent), landed)
+            self.assertEqual(v("kvx_served_bytes_total", agent=agent), served)
+            self.assertEqual(v("kvx_fences_total", agent=agent), 0)
+            self.assertEqual(v("kvx_dropped_messages_total", agent=agent, cause="range"), 0)
+        self.assertEqual({s.labels["agent"] for f in fams for s in f.samples
+                          if f.name == "kvx_received_bytes"},
+                         {"engine-a", "engine-b", "engine-c"})
+        return m
+
+    def test_one_collector_holds_them_all(self):
+        registry = prometheus_client.CollectorRegistry()
+        c = kvx.metrics.KvxCollector(self.t["a"], self.t["b"])
+        registry.register(c)
+        c.add(self.t["c"])
+        c.add(self.t["c"])  # once only
+        self.assertEqual(len(c.transports), 3)
+        self.check(registry)
+        # a second collector of kvx's metrics in the same registry is refused at register()
+        with self.assertRaisesRegex(ValueError, "Duplicated timeseries.*kvx_"):
+            registry.register(kvx.metrics.KvxCollector(self.t["a"]))
+        with self.assertRaisesRegex(ValueError, r"another KvxCollector already .*"
+                                                r"collector\.add\(transport\)"):
+            kvx.metrics.register(self.t["a"], registry)
+        # a closed transport's series go, and so does the transport
+        self.loc["c"].close()
+        text = prometheus_client.generate_latest(registry).decode()
+        self.assertNotIn('agent="engine-c"', text)
+        self.assertIn('agent="engine-b"', text)
+        self.assertEqual(c.transports, (self.t["a"], self.t["b"]))
+
+    def test_each_transport_joins_the_registrys_collector(self):
+        registry = prometheus_client.CollectorRegistry()
+        got = {kvx.metrics.register(t, registry) for t in self.t.values()}
+        self.assertEqual(len(got), 1)  # one collector for the registry
+        self.check(registry)
+        kvx.metrics.unregister(self.t["c"], registry)
+        text = prometheus_client.generate_latest(registry).decode()
+        self.assertNotIn('agent="engine-c"', text)
+        self.assertEqual(text.count("# HELP kvx_transfers_total "), 1)
+
+
 class TestAsyncio(unittest.TestCase):
     def test_completions_on_the_event_fd(self):
         a, b = Target("aio-a", salt=5), Target("aio-b", salt=6)

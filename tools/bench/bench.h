@@ -52,6 +52,8 @@ struct opts {
                           * default; 0: both the default */
     double hol_every_us; /* one urgent transfer submitted every ... */
     double hol_seconds;  /* per phase */
+    double load_1m;      /* the host's 1-minute load average when kvx-bench started */
+    int cores;           /* online CPUs */
 };
 extern struct opts o;
 
@@ -67,6 +69,22 @@ void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 static inline uint64_t now_ns(void) { return kvx_tool_now_ns(); }
 void *region_alloc(uint64_t bytes);
 const char *fmt_size(uint64_t v, char *buf, size_t len);
+
+/* ---- how results read (client.c) ------------------------------------------------------------ */
+
+/* Fewer latency samples than this make no p99: the tables show the slowest one instead, marked
+ * "max" (with 5 samples, "p99" is the maximum anyway; with 99 it is the second slowest). */
+#define P99_MIN_SAMPLES 100
+
+/* A latency given in us, as ms with 3 significant digits: 201867.5 -> "202", 8.5 -> "0.0085". */
+const char *fmt_ms(double us, char *buf, size_t len);
+/* The p99 cell of a table: the p99 in ms, or with fewer than P99_MIN_SAMPLES samples the
+ * maximum followed by " max"; "-" with no sample. */
+const char *fmt_p99(double p99_us, double max_us, uint64_t samples, char *buf, size_t len);
+/* The host is busy, by bench/compare's rule: its 1-minute load average when kvx-bench started
+ * is over half its cores. busy_warning prints the warning line, if so, to out. */
+bool host_busy(void);
+void busy_warning(FILE *out);
 
 /* ---- control channel (ctl.c): framed messages over TCP ------------------------------------- */
 
@@ -110,7 +128,8 @@ int server_run(int lfd, bool once);
 typedef struct result {
     const char *op;
     uint64_t size, blocks;
-    double gbps, xfers_per_s, p50_us, p99_us, submit_ns_per_block;
+    double gbps, xfers_per_s, p50_us, p99_us, max_us, submit_ns_per_block;
+    uint64_t lat_n; /* latency samples behind p50/p99 (an aggregate: the fewest of its rows') */
     double seen_p50_us, seen_p99_us; /* submit to the poll that returned it (one in flight) */
     double init_cpu_s_per_gb, target_cpu_s_per_gb; /* both processes, warm-up included */
     double create_ms, peer_add_ms;

@@ -24,6 +24,40 @@ static int cmp_u64(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+const char *fmt_ms(double us, char *buf, size_t len)
+{
+    double ms = us / 1e3;
+    int dec = ms >= 100 ? 0 : ms >= 10 ? 1 : ms >= 1 ? 2 : ms >= 0.1 ? 3 : 4;
+
+    snprintf(buf, len, "%.*f", dec, ms);
+    return buf;
+}
+
+const char *fmt_p99(double p99_us, double max_us, uint64_t samples, char *buf, size_t len)
+{
+    char v[32];
+
+    if (samples == 0)
+        snprintf(buf, len, "-");
+    else if (samples < P99_MIN_SAMPLES)
+        snprintf(buf, len, "%s max", fmt_ms(max_us, v, sizeof(v)));
+    else
+        fmt_ms(p99_us, buf, len);
+    return buf;
+}
+
+bool host_busy(void) { return o.load_1m > 0.5 * o.cores; }
+
+void busy_warning(FILE *out)
+{
+    if (host_busy())
+        fprintf(out,
+                "warning: busy host: load average %.2f over the last minute on %d cores (over "
+                "half of them) before this run: figures are low and noisy; compare only runs "
+                "without this warning\n",
+                o.load_1m, o.cores);
+}
+
 void progress_line(const char *what, int done, int total)
 {
     static uint64_t last;
@@ -268,6 +302,8 @@ void run_size(int *ctl, uint64_t size, result_t *res_out, int *nres)
         /* nearest rank: the smallest latency at or above p of the samples */
         res->p50_us = nlat ? (double)lat[(nlat * 50 + 99) / 100 - 1] / 1e3 : 0;
         res->p99_us = nlat ? (double)lat[(nlat * 99 + 99) / 100 - 1] / 1e3 : 0;
+        res->max_us = nlat ? (double)lat[nlat - 1] / 1e3 : 0;
+        res->lat_n = (uint64_t)nlat;
         res->submit_ns_per_block = sub_blocks ? (double)sub_cpu / (double)sub_blocks : 0;
         qsort(seen, (size_t)nseen, sizeof(*seen), cmp_u64);
         res->seen_p50_us = nseen ? (double)seen[(nseen * 50 + 99) / 100 - 1] / 1e3 : 0;
@@ -324,28 +360,33 @@ void run_size(int *ctl, uint64_t size, result_t *res_out, int *nres)
 
 void print_results(const result_t *res, int n)
 {
-    char sz[24], op[24];
+    char sz[24], op[24], rg[24], p50[32], p99[32];
+    bool maxed = false;
+    uint64_t fewest = UINT64_MAX;
 
     if (o.json) {
         for (int i = 0; i < n; i++) {
             const result_t *r = &res[i];
             printf("{\"tool\":\"kvx-bench\",\"op\":\"%s\",\"block_size\":%llu,"
-                   "\"blocks_per_xfer\":%llu,\"pattern\":\"%s\",\"iters\":%d,\"inflight\":%d,"
-                   "\"peers\":%d,\"initiators\":%d,\"initiator\":%d,\"threads\":%d,"
-                   "\"bytes\":%llu,\"gbps\":%.4f,\"xfers_per_s\":%.1f,\"p50_us\":%.2f,"
-                   "\"p99_us\":%.2f,\"seen_p50_us\":%.2f,\"seen_p99_us\":%.2f,"
+                   "\"blocks_per_xfer\":%llu,\"region_bytes\":%llu,\"pattern\":\"%s\","
+                   "\"iters\":%d,\"inflight\":%d,\"peers\":%d,\"initiators\":%d,"
+                   "\"initiator\":%d,\"threads\":%d,\"bytes\":%llu,\"gbps\":%.4f,"
+                   "\"xfers_per_s\":%.1f,\"p50_us\":%.2f,\"p99_us\":%.2f,\"max_us\":%.2f,"
+                   "\"latency_samples\":%llu,\"seen_p50_us\":%.2f,\"seen_p99_us\":%.2f,"
                    "\"submit_ns_per_block\":%.1f,\"init_cpu_s_per_gb\":%.4f,"
                    "\"target_cpu_s_per_gb\":%.4f,\"create_ms\":%.3f,"
                    "\"metadata_bytes\":%zu,\"peer_add_ms\":%.3f,\"transport\":\"%s\","
-                   "\"start_ns\":%llu,\"end_ns\":%llu,\"xfers\":%llu,\"verified\":%s,"
-                   "\"bad_blocks\":%llu}\n",
+                   "\"start_ns\":%llu,\"end_ns\":%llu,\"xfers\":%llu,\"load_avg_1m\":%.2f,"
+                   "\"cores\":%d,\"host_busy\":%s,\"verified\":%s,\"bad_blocks\":%llu}\n",
                    r->op, (unsigned long long)r->size, (unsigned long long)r->blocks,
-                   pattern_name(o.pattern), o.iters, o.inflight, o.naddrs, o.clients, r->initiator,
-                   o.threads, (unsigned long long)r->bytes, r->gbps, r->xfers_per_s, r->p50_us,
-                   r->p99_us, r->seen_p50_us, r->seen_p99_us, r->submit_ns_per_block,
-                   r->init_cpu_s_per_gb, r->target_cpu_s_per_gb, r->create_ms, r->md_bytes,
-                   r->peer_add_ms, r->transport, (unsigned long long)r->start_ns,
-                   (unsigned long long)r->end_ns, (unsigned long long)r->xfers,
+                   (unsigned long long)o.region, pattern_name(o.pattern), o.iters, o.inflight,
+                   o.naddrs, o.clients, r->initiator, o.threads, (unsigned long long)r->bytes,
+                   r->gbps, r->xfers_per_s, r->p50_us, r->p99_us, r->max_us,
+                   (unsigned long long)r->lat_n, r->seen_p50_us, r->seen_p99_us,
+                   r->submit_ns_per_block, r->init_cpu_s_per_gb, r->target_cpu_s_per_gb,
+                   r->create_ms, r->md_bytes, r->peer_add_ms, r->transport,
+                   (unsigned long long)r->start_ns, (unsigned long long)r->end_ns,
+                   (unsigned long long)r->xfers, o.load_1m, o.cores, host_busy() ? "true" : "false",
                    !o.verify ? "null"
                    : r->bad  ? "false"
                              : "true",
@@ -354,17 +395,20 @@ void print_results(const result_t *res, int n)
         fflush(stdout);
         return;
     }
+    busy_warning(stdout);
+    fmt_size(o.region, rg, sizeof(rg));
     if (o.load_s > 0)
-        printf("kvx-bench %s: load for %.0f s, random writes each read back and compared, "
-               "%d peer(s), %d initiator(s), progress thread %s\n",
-               kvx_version(), o.load_s, o.naddrs, o.clients, o.threads ? "on" : "off");
+        printf("kvx-bench %s: load for %.0f s, random writes each read back and compared, a %s "
+               "region on each side, %d peer(s), %d initiator(s), progress thread %s\n",
+               kvx_version(), o.load_s, rg, o.naddrs, o.clients, o.threads ? "on" : "off");
     else
-        printf("kvx-bench %s: %s blocks, %d iteration(s) after %d warm-up, %d in flight per "
-               "peer, %d peer(s), %d initiator(s), progress thread %s\n",
-               kvx_version(), pattern_name(o.pattern), o.iters, o.warmup, o.inflight, o.naddrs,
+        printf("kvx-bench %s: %s blocks of a %s region on each side, %d iteration(s) after %d "
+               "warm-up, %d in flight per peer, %d peer(s), %d initiator(s), progress thread "
+               "%s\n",
+               kvx_version(), pattern_name(o.pattern), rg, o.iters, o.warmup, o.inflight, o.naddrs,
                o.clients, o.threads ? "on" : "off");
-    printf("%-8s %6s %8s %10s %10s %9s %9s %10s %7s %7s  %-10s %s\n", "op", "block", "blocks",
-           "GB/s", "xfers/s", "p50 us", "p99 us", "sub ns/blk", "cpu/GB", "tgt/GB", "transport",
+    printf("%-8s %6s %8s %10s %10s %9s %10s %10s %8s %8s  %-10s %s\n", "op", "block", "blocks",
+           "GB/s", "xfers/s", "p50 ms", "p99 ms", "sub ns/blk", "cpu s/GB", "tgt s/GB", "transport",
            "verified");
     for (int i = 0; i < n; i++) {
         const result_t *r = &res[i];
@@ -375,30 +419,42 @@ void print_results(const result_t *res, int n)
             snprintf(op, sizeof(op), "%s", r->op);
         if (o.clients > 1 && r->initiator == 0)
             op[strlen(r->op) + 1] = '0', op[strlen(r->op) + 2] = '\0';
-        printf("%-8s %6s %8llu %10.3f %10.1f %9.1f %9.1f %10.1f %7.3f %7.3f  %-10s %s\n", op,
+        if (r->lat_n > 0 && r->lat_n < P99_MIN_SAMPLES) {
+            maxed = true;
+            fewest = r->lat_n < fewest ? r->lat_n : fewest;
+        }
+        printf("%-8s %6s %8llu %10.3f %10.1f %9s %10s %10.1f %8.3f %8.3f  %-10s %s\n", op,
                fmt_size(r->size, sz, sizeof(sz)), (unsigned long long)r->blocks, r->gbps,
-               r->xfers_per_s, r->p50_us, r->p99_us, r->submit_ns_per_block, r->init_cpu_s_per_gb,
-               r->target_cpu_s_per_gb, r->transport,
+               r->xfers_per_s, r->lat_n ? fmt_ms(r->p50_us, p50, sizeof(p50)) : "-",
+               fmt_p99(r->p99_us, r->max_us, r->lat_n, p99, sizeof(p99)), r->submit_ns_per_block,
+               r->init_cpu_s_per_gb, r->target_cpu_s_per_gb, r->transport,
                !o.verify ? "off"
                : r->bad  ? "NO"
                          : "yes");
     }
+    printf("p50/p99: submit to completion, ms. cpu s/GB, tgt s/GB: CPU seconds (all threads, "
+           "warm-up included) of the initiator and of the target(s) per GB (10^9 bytes) moved\n");
+    if (maxed)
+        printf("max: %llu transfer(s) measured, under the %d a p99 needs: the p99 column shows "
+               "the slowest (-n sets the count)\n",
+               (unsigned long long)fewest, P99_MIN_SAMPLES);
     for (int i = 0; i < n && (o.wait || o.wait_fd); i++) /* the wake-up's cost, measured */
         if (res[i].seen_p50_us > 0)
-            printf("%s %s: submit to seen by the application (one in flight, %s): p50 %.1f us, "
-                   "p99 %.1f us\n",
+            printf("%s %s: submit to seen by the application (one in flight, %s): p50 %s ms, "
+                   "p99 %s ms\n",
                    res[i].op, fmt_size(res[i].size, sz, sizeof(sz)),
                    o.wait_fd ? "asleep on the event fd"
                    : o.wait  ? "asleep in kvx_transport_wait"
                              : "spinning on poll",
-                   res[i].seen_p50_us, res[i].seen_p99_us);
+                   fmt_ms(res[i].seen_p50_us, p50, sizeof(p50)),
+                   fmt_ms(res[i].seen_p99_us, p99, sizeof(p99)));
     if (n > 0)
         printf("set-up: create %.2f ms, metadata %zu bytes, pairing by address %.2f ms "
                "(kvx_peer_connect, median of 5)\n",
                res[0].create_ms, res[0].md_bytes, res[0].peer_add_ms);
     if (o.clients > 1)
         printf("rows op#k: initiator k; op*: all initiators together (their bytes over the span "
-               "from the first start to the last end)\n");
+               "from the first start to the last end; latency: the worst initiator's)\n");
     for (int i = 0; i < n; i++)
         if (strcmp(res[i].op, "load") == 0 && (o.clients == 1 || res[i].initiator < 0))
             printf("load: %llu transfers (half writes, half reads of them back), %llu bytes, "
@@ -451,6 +507,8 @@ int collect_initiators(FILE **outs, int m, result_t *res, int cap)
             r->xfers_per_s = json_num(line, "xfers_per_s");
             r->p50_us = json_num(line, "p50_us");
             r->p99_us = json_num(line, "p99_us");
+            r->max_us = json_num(line, "max_us");
+            r->lat_n = (uint64_t)json_num(line, "latency_samples");
             r->submit_ns_per_block = json_num(line, "submit_ns_per_block");
             r->init_cpu_s_per_gb = json_num(line, "init_cpu_s_per_gb");
             r->target_cpu_s_per_gb = json_num(line, "target_cpu_s_per_gb");
@@ -483,12 +541,16 @@ int collect_initiators(FILE **outs, int m, result_t *res, int cap)
             a->xfers_per_s = 0;
             a->start_ns = UINT64_MAX;
             a->end_ns = 0;
+            a->lat_n = UINT64_MAX;
         }
         a->bytes += res[i].bytes;
         a->xfers += res[i].xfers;
         a->bad += res[i].bad;
         a->xfers_per_s += res[i].xfers_per_s;
         a->p99_us = res[i].p99_us > a->p99_us ? res[i].p99_us : a->p99_us;
+        a->max_us = res[i].max_us > a->max_us ? res[i].max_us : a->max_us;
+        a->p50_us = res[i].p50_us > a->p50_us ? res[i].p50_us : a->p50_us;
+        a->lat_n = res[i].lat_n < a->lat_n ? res[i].lat_n : a->lat_n;
         a->start_ns = res[i].start_ns < a->start_ns ? res[i].start_ns : a->start_ns;
         a->end_ns = res[i].end_ns > a->end_ns ? res[i].end_ns : a->end_ns;
         a->gbps = (double)a->bytes / (double)(a->end_ns - a->start_ns);

@@ -316,6 +316,7 @@ int run_hol(int *ctl)
                "\"idle_p50_us\":%.2f,\"idle_p99_us\":%.2f,\"idle_max_us\":%.2f,"
                "\"bulk_alone_gbps\":%.4f,\"bulk_alone_xfers\":%llu,\"submit_max_us\":%.2f,"
                "\"poll_max_us\":%.2f,\"transport\":\"%s\",\"priorities\":%s,"
+               "\"load_avg_1m\":%.2f,\"cores\":%d,\"host_busy\":%s,"
                "\"verified\":%s,\"bad_blocks\":%llu}\n",
                op, (unsigned long long)h.size, (unsigned long long)h.ublocks,
                (unsigned long long)h.nbulk, o.hol_bulk, o.hol_every_us, o.hol_seconds,
@@ -330,8 +331,9 @@ int run_hol(int *ctl)
                o.hol_prio == 1   ? "\"on\""
                : o.hol_prio == 2 ? "\"high\""
                                  : "\"off\"",
-               ver, (unsigned long long)bad);
+               o.load_1m, o.cores, host_busy() ? "true" : "false", ver, (unsigned long long)bad);
     } else {
+        busy_warning(stdout);
         printf("kvx-bench %s --hol: %s urgent %s(s) of %llu block(s) every %.0f us, while %d "
                "whole-region writes (%llu blocks, %s) stream to the same peer; %.1f s per phase, "
                "transport %s, priorities %s\n",
@@ -342,18 +344,29 @@ int run_hol(int *ctl)
                o.hol_prio == 1   ? "urgent high, bulk low"
                : o.hol_prio == 2 ? "urgent high, bulk default"
                                  : "off");
-        printf("%-22s %9s %10s %10s %10s %9s %10s\n", "phase", "urgent", "p50 us", "p99 us",
-               "max us", "late", "bulk GB/s");
-        printf("%-22s %9llu %10.1f %10.1f %10.1f %9llu %10s\n", "urgent, idle",
-               (unsigned long long)idle.urgent, idle.p50_us, idle.p99_us, idle.max_us,
-               (unsigned long long)idle.late, "-");
+        char a[32], b[32], c[32];
+        printf("%-22s %9s %10s %10s %10s %9s %10s\n", "phase", "urgent", "p50 ms", "p99 ms",
+               "max ms", "late", "bulk GB/s");
+        printf("%-22s %9llu %10s %10s %10s %9llu %10s\n", "urgent, idle",
+               (unsigned long long)idle.urgent,
+               idle.urgent ? fmt_ms(idle.p50_us, a, sizeof(a)) : "-",
+               fmt_p99(idle.p99_us, idle.max_us, idle.urgent, b, sizeof(b)),
+               idle.urgent ? fmt_ms(idle.max_us, c, sizeof(c)) : "-", (unsigned long long)idle.late,
+               "-");
         printf("%-22s %9s %10s %10s %10s %9s %10.3f\n", "bulk alone", "-", "-", "-", "-", "-",
                alone.bulk_gbps);
-        printf("%-22s %9llu %10.1f %10.1f %10.1f %9llu %10.3f\n", "urgent with bulk",
-               (unsigned long long)both.urgent, both.p50_us, both.p99_us, both.max_us,
-               (unsigned long long)both.late, both.bulk_gbps);
-        printf("with bulk: the longest urgent submit call %.1f us, the longest poll call %.1f us\n",
-               both.submit_max_us, both.poll_max_us);
+        printf("%-22s %9llu %10s %10s %10s %9llu %10.3f\n", "urgent with bulk",
+               (unsigned long long)both.urgent,
+               both.urgent ? fmt_ms(both.p50_us, a, sizeof(a)) : "-",
+               fmt_p99(both.p99_us, both.max_us, both.urgent, b, sizeof(b)),
+               both.urgent ? fmt_ms(both.max_us, c, sizeof(c)) : "-", (unsigned long long)both.late,
+               both.bulk_gbps);
+        if (idle.urgent < P99_MIN_SAMPLES || both.urgent < P99_MIN_SAMPLES)
+            printf("max: under the %d urgent transfers a p99 needs: the p99 column shows the "
+                   "slowest\n",
+                   P99_MIN_SAMPLES);
+        printf("with bulk: the longest urgent submit call %s ms, the longest poll call %s ms\n",
+               fmt_ms(both.submit_max_us, a, sizeof(a)), fmt_ms(both.poll_max_us, b, sizeof(b)));
         printf("ratios: urgent p50 %.1fx, p99 %.1fx of idle; bulk %.2fx of alone; verified %s\n",
                idle.p50_us > 0 ? both.p50_us / idle.p50_us : 0,
                idle.p99_us > 0 ? both.p99_us / idle.p99_us : 0,

@@ -187,7 +187,14 @@ int main(int argc, char **argv)
                                        {0, 0, 0, 0}};
     bool listen_mode = false;
     const char *listen_at = NULL;
+    double load[1];
     int c;
+
+    /* before this run's own processes add to it: what else keeps the host busy */
+    o.load_1m = getloadavg(load, 1) == 1 ? load[0] : 0;
+    o.cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (o.cores < 1)
+        o.cores = 1;
 
     while ((c = getopt_long(argc, argv, "s:r:b:P:o:n:w:q:t:T:N:I:p:h", lo, NULL)) != -1) {
         switch (c) {
