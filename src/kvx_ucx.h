@@ -132,9 +132,6 @@ int kvx_ucx_send(kvx_send_t *s, size_t hdr_len, size_t iovcnt, unsigned *refs);
  * the sender it is done. */
 int kvx_ucx_recv(kvx_ucx_ep_t *ep, void *desc, void *dest, size_t len, void *cookie,
                  unsigned *refs);
-/* Register the application's region with UCX once, at creation, so that no rendezvous pays a
- * registration (an owned region is registered already). 0 or a negative errno. */
-int kvx_ucx_region_register(kvx_transport_t *t, void *base, size_t len);
 /* Wrap a header already built into a message with no payload and send it. */
 int kvx_ucx_send_ctl(kvx_ucx_ep_t *ep, const void *hdr, size_t hdr_len, unsigned *refs);
 /* pairing by address (UCX's connection manager) */

@@ -343,11 +343,6 @@ int kvx_transport_create(const kvx_params_t *params, kvx_transport_t **transport
             goto err_ucx;
         t->base = base;
         t->owned = true;
-    } else if (t->rndv_mode == KVX_RNDV_ALWAYS) {
-        /* once, so that no rendezvous pays a registration */
-        rc = kvx_ucx_region_register(t, t->base, t->region_len);
-        if (rc < 0)
-            goto err_ucx;
     }
     rc = kvx_metadata_build(t);
     if (rc < 0)

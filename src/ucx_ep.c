@@ -747,19 +747,15 @@ int kvx_ucx_send(kvx_send_t *s, size_t hdr_len, size_t iovcnt, unsigned *refs)
         return -ENOTCONN;
     }
     if (s->rndv && iovcnt == 1) {
-        /* one contiguous piece, from the registered region: UCX's rendezvous takes it from
-         * there (its handle spares a registration per message) */
-        ucp_mem_h mh = kvx_ucx_memh(e->t->ucx, s->iov[0].base, s->iov[0].len);
-        /* the receiver takes it only on the endpoint it would close to end it (REPLY: UCX
-         * names the endpoint it came on, kvx_ucx_recv) */
+        /* one contiguous piece: UCX's rendezvous takes it from there. No memory handle is
+         * passed: on an RDMA lane UCX registers what the send needs and packs its remote key,
+         * not one of the whole region (docs/security.md, "Rendezvous and remote keys"). The
+         * receiver takes it only on the endpoint it would close to end it (REPLY: UCX names the
+         * endpoint it came on, kvx_ucx_recv) */
         p.flags = UCP_AM_SEND_FLAG_RNDV | UCP_AM_SEND_FLAG_REPLY;
         p.datatype = ucp_dt_make_contig(1);
         buf = s->iov[0].base;
         count = s->iov[0].len;
-        if (mh != NULL) {
-            p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
-            p.memh = mh;
-        }
     }
     e->inflight++; /* first, as for receives: counted while UCX may hold it */
     req = ucp_am_send_nbx(e->ep, KVX_AM_ID, s->hdr, hdr_len, buf, count, &p);
@@ -845,7 +841,6 @@ int kvx_ucx_recv(kvx_ucx_ep_t *e, void *desc, void *dest, size_t len, void *cook
         .cb.recv_am = kvx_ucx_recv_cb,
         .datatype = ucp_dt_make_contig(1),
     };
-    ucp_mem_h mh = kvx_ucx_memh(u, dest, len);
     void *req;
 
     /* only what came on e itself: closing e is what ends the receive (UCX cannot cancel it),
@@ -869,10 +864,8 @@ int kvx_ucx_recv(kvx_ucx_ep_t *e, void *desc, void *dest, size_t len, void *cook
     rx->ep = e;
     rx->cookie = cookie;
     p.user_data = rx;
-    if (mh != NULL) {
-        p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
-        p.memh = mh;
-    }
+    /* no memory handle, as for sends: a remote key UCX sends for this receive (a put-based
+     * rendezvous on an RDMA lane) covers what UCX registers for it, not the whole region */
     /* counted first: the callback may run before this returns */
     (*refs)++;
     e->inflight++;

@@ -38,9 +38,6 @@ struct kvx_ucx {
     size_t waddr_len;
     int efd;
     ucp_mem_h region;  /* an owned region UCX allocated, or NULL */
-    ucp_mem_h reg;     /* the application's region, registered (kvx_ucx_region_register), or NULL */
-    uint8_t *reg_base; /* the region either handle covers, for the sends and receives in it */
-    size_t reg_len;
     int seg_id; /* ... its System V segment, listed as this process's (seg_listed) */
     bool seg_listed;
     struct kvx_ucx_sn {
@@ -167,6 +164,5 @@ void kvx_ucx_drop_links(kvx_ucx_t *u);    /* after the worker went */
 void kvx_ucx_free_rxs(kvx_ucx_t *u);      /* the receive records to reuse */
 
 /* ucx_mem.c: the registered region's handle for [p, p + len), or NULL (UCX then registers). */
-ucp_mem_h kvx_ucx_memh(const kvx_ucx_t *u, const void *p, size_t len);
 
 #endif /* KVX_UCX_INT_H */

@@ -93,45 +93,7 @@ int kvx_ucx_region_alloc(kvx_transport_t *t, size_t len, void **base_p, const vo
     *base_p = attr.address;
     *rkey_p = u->rkey;
     *rkey_len_p = u->rkey_len;
-    u->reg_base = attr.address;
-    u->reg_len = len;
     return 0;
-}
-
-int kvx_ucx_region_register(kvx_transport_t *t, void *base, size_t len)
-{
-    kvx_ucx_t *u = t->ucx;
-    ucp_mem_map_params_t mp = {
-        .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH,
-        .address = base,
-        .length = len,
-    };
-    uint64_t t0 = kvx_now_ns();
-    ucs_status_t s;
-
-    if (u->region != NULL || u->reg != NULL || len == 0)
-        return 0; /* an owned region is registered: UCX allocated it */
-    s = ucp_mem_map(u->ctx, &mp, &u->reg);
-    if (s != UCS_OK) {
-        kvx_error(t, "ucx: registering the region (%zu bytes): %s", len, ucs_status_string(s));
-        u->reg = NULL;
-        return kvx_ucx_errno(s);
-    }
-    u->reg_base = base;
-    u->reg_len = len;
-    kvx_debug(t, "ucx: the region (%zu bytes) registered in %.3f ms", len,
-              (double)(kvx_now_ns() - t0) / 1e6);
-    return 0;
-}
-
-/* The handle of the registered region holding [p, p + len), or NULL. */
-ucp_mem_h kvx_ucx_memh(const kvx_ucx_t *u, const void *p, size_t len)
-{
-    uintptr_t a = (uintptr_t)p, b = (uintptr_t)u->reg_base;
-
-    if (u->reg_base == NULL || a < b || len > u->reg_len || a - b > u->reg_len - len)
-        return NULL;
-    return u->reg != NULL ? u->reg : u->region;
 }
 
 void kvx_ucx_region_free(kvx_transport_t *t)
@@ -148,11 +110,6 @@ void kvx_ucx_region_free(kvx_transport_t *t)
     if (u->region != NULL)
         ucp_mem_unmap(u->ctx, u->region);
     u->region = NULL;
-    if (u->reg != NULL)
-        ucp_mem_unmap(u->ctx, u->reg);
-    u->reg = NULL;
-    u->reg_base = NULL;
-    u->reg_len = 0;
 }
 
 /* Whether [p, p + len) lies inside one shared mapping of this process (a System V segment or a
