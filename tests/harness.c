@@ -839,6 +839,24 @@ size_t kt_count_entries(const char *dir)
     return n;
 }
 
+size_t kt_count_maps(size_t *sysv_p)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    char line[4096];
+    size_t n = 0, sysv = 0;
+
+    KT_CHECK(f != NULL);
+    while (fgets(line, sizeof(line), f) != NULL) {
+        if (strstr(line, " /SYSV") != NULL)
+            sysv++;
+        else
+            n++;
+    }
+    fclose(f);
+    *sysv_p = sysv;
+    return n;
+}
+
 size_t kt_count_lines(const char *path)
 {
     FILE *f = fopen(path, "r");

@@ -114,6 +114,9 @@ void kt_cont(kt_proc_t *p);
  * mappings) of this process, for leak checks. */
 size_t kt_count_entries(const char *dir);
 size_t kt_count_lines(const char *path);
+/* Mappings of this process (/proc/self/maps) other than System V shared-memory segments, and
+ * those in *sysv_p: UCX's shared-memory transports attach their peers' segments. */
+size_t kt_count_maps(size_t *sysv_p);
 
 /* Framed messages over a socket. */
 void kt_send(int fd, const void *buf, size_t len);

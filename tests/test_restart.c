@@ -209,6 +209,7 @@ int main(void)
     kt_target_t tg;
     char addr[KVX_ADDR_MAX];
     uint64_t gen, fds0 = 0, maps0 = 0;
+    size_t sysv0 = 0, sysv_kept = 0;
     double worst_fail = 0, worst_back = 0;
 
     r = kt_region_alloc(NB, BL);
@@ -310,17 +311,25 @@ int main(void)
         KT_EQ(c[0].status, 0);
         for (int k = 0; k < 16; k++)
             KT_EQ(kt_check(&r, back[k], 0x33, li[k], (uint64_t)round), 0);
+        /* UCX keeps a dead peer's shared-memory FIFO attached when it saw that FIFO full: the
+         * discarded endpoint's flush never completes (uct_mm_ep_flush answers NO_RESOURCE for
+         * ever; UCX 1.13.1 and 1.19.1). kvx cannot release it, so System V mappings are counted
+         * apart (at most a FIFO and a descriptor segment per target that died) */
         if (round == 5) {
             fds0 = kt_count_entries("/proc/self/fd");
-            maps0 = kt_count_lines("/proc/self/maps");
+            maps0 = kt_count_maps(&sysv0);
         } else if (round > 5) {
+            size_t sysv, maps = kt_count_maps(&sysv);
             KT_CHECK(kt_count_entries("/proc/self/fd") <= fds0);
-            KT_CHECK(kt_count_lines("/proc/self/maps") <= maps0 + 2); /* + the allocator's own */
+            KT_CHECK(maps <= maps0 + 2); /* + the allocator's own */
+            KT_CHECK(sysv <= sysv0 + 2 * (size_t)(round - 5));
+            sysv_kept = sysv - sysv0;
         }
     }
     kt_log("%d restarts: in-flight writes out within %.1f ms of the kill at worst; the peer back "
-           "and a write landed within %.1f ms of the restart at worst",
-           ROUNDS, worst_fail, worst_back);
+           "and a write landed within %.1f ms of the restart at worst; UCX kept %zu shared-memory "
+           "segments of dead targets attached over the last %d",
+           ROUNDS, worst_fail, worst_back, sysv_kept, ROUNDS - 5);
     clock_and_expectations(t, &tg, addr, gen);
     {
         kvx_transport_attr_t ta = {.field_mask = KVX_TRANSPORT_ATTR_NUM_PEERS};
