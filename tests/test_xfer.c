@@ -169,10 +169,9 @@ int main(int argc, char **argv)
     const char *mode = argc > 1 ? argv[1] : "shm";
     const char *want, *setting;
 
-    if (argc > 2 && strcmp(argv[2], "rndv") == 0) {
-        rndv = true;
+    if (argc > 2 && strcmp(argv[2], "rndv") == 0)
         setenv("KT_RNDV", "always", 1); /* the target's transport too (the harness) */
-    }
+    rndv = kt_rndv_forced();            /* so, or the whole suite run by rendezvous */
 
     if (strcmp(mode, "tcp") == 0) {
         setenv("UCX_TLS", "tcp", 1);

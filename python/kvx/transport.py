@@ -315,10 +315,14 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
     net_devices: the network devices UCX may use ("lo", "eth0"). integrity: CRC-32C of every
     piece of data this transport sends as an initiator, checked by the side that receives it.
     notice_queue: how many arrival notices may wait (1024).
-    rndv: how data travels, "auto" (with rndv_thresh, runs of at least that many bytes by
-    rendezvous: the receiver checks the header, then UCX moves the run into the region; without,
-    eager), "eager" or "always" (every run). Only a transport that chose rendezvous takes it
-    from peers; on RDMA lanes it gives them a remote key for the region (docs/security.md).
+    rndv: how data travels (README, "Rendezvous"): "auto" (the default: by rendezvous only on
+    lanes where UCX moves it by zero-copy RMA, RDMA's rc, dc and gga, for runs of at least
+    rndv_thresh or UCX's own threshold; eager on tcp and shared memory), "eager" (never, and
+    this transport takes no rendezvous payload from peers) or "always" (every run of at least
+    rndv_thresh, on every lane). Peers agree in their handshake: a side sends by rendezvous only
+    to a peer that takes it, so any two modes work together. By rendezvous the receiver checks
+    the header, then UCX moves the run into its place; on an RDMA lane UCX gives the peer a
+    remote key for the memory it registered for that transfer (docs/security.md).
     rndv_thresh: the smallest run in bytes that goes by rendezvous.
 
     Unavailable (UCX could not start, or libkvx is missing; available is False): the
