@@ -853,11 +853,11 @@ KVX_API int kvx_xfer_cancel(kvx_transport_t *transport, const uint64_t *ids, siz
  * Returns the number of the writer's connections fenced (0: none known, nothing to fence),
  * -EINVAL (ntags > KVX_FENCE_TAGS_MAX, tags NULL with ntags, a bad name), -ENOSPC, -ENOMEM or
  * -ESHUTDOWN; on error nothing is fenced. Never waits on the network, with one exception: on a
- * transport that takes rendezvous payloads (any KVX_PARAM_RNDV mode but eager), writes it covers whose payload is
- * still being received when it is called are waited for, up to 1 s (the stall limit when
- * shorter; they land: they arrived before the fence), and then their connections close, which
- * ends them: every transfer of the writer on those connections then fails (-ECONNRESET), other
- * tags' included, and the call returns at most 100 ms later. tags need only stay valid during
+ * transport that takes rendezvous payloads (any KVX_PARAM_RNDV mode but eager), writes it covers
+ * whose payload is still being received when it is called are waited for, up to 1 s (the stall
+ * limit when shorter; they land: they arrived before the fence), and then their connections close,
+ * which ends them: every transfer of the writer on those connections then fails (-ECONNRESET),
+ * other tags' included, and the call returns at most 100 ms later. tags need only stay valid during
  * the call.
  */
 KVX_API int kvx_fence(kvx_transport_t *transport, const char *writer, const uint64_t *tags,

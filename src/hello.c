@@ -301,15 +301,14 @@ static int kvx_recv_hello(kvx_transport_t *t, const uint8_t *buf, size_t len,
     rc->tcp = strncmp(lanes.am, "tcp", 3) == 0;
     /* read data by rendezvous only if the reader said it takes it, on lanes and from a size this
      * transport's mode chooses (README, "Rendezvous") */
-    rc->rndv_min = kvx_rndv_choose(
-        &(kvx_rndv_in_t){.mode = t->rndv_mode,
-                         .thresh = t->rndv_thresh,
-                         .peer_takes = (m.flags & KVX_MSGF_RNDV) != 0,
-                         .rndv_lanes = lanes.rndv,
-                         .am_lanes = lanes.am,
-                         .ucx_rndv = lanes.ucx_rndv,
-                         .ucx_proto = lanes.ucx_proto},
-        why, sizeof(why));
+    rc->rndv_min = kvx_rndv_choose(&(kvx_rndv_in_t){.mode = t->rndv_mode,
+                                                    .thresh = t->rndv_thresh,
+                                                    .peer_takes = (m.flags & KVX_MSGF_RNDV) != 0,
+                                                    .rndv_lanes = lanes.rndv,
+                                                    .am_lanes = lanes.am,
+                                                    .ucx_rndv = lanes.ucx_rndv,
+                                                    .ucx_proto = lanes.ucx_proto},
+                                   why, sizeof(why));
     rc->state = KVX_CONN_OPEN;
     w->live++;
     w->nopen++;
@@ -328,8 +327,8 @@ static int kvx_recv_hello(kvx_transport_t *t, const uint8_t *buf, size_t len,
         memcpy(ack + 56, rc->nonce, KVX_WIRE_NONCE_LEN);
     kvx_rconn_ctl(rc, ack, sizeof(ack));
     kvx_info(t, "writer %s: connection %u over %s", w->name, rc->id, lanes.am);
-    kvx_debug(t, "writer %s: connection %u: read data over %s (rendezvous lanes '%s'): %s",
-              w->name, rc->id, lanes.am, lanes.rndv, why);
+    kvx_debug(t, "writer %s: connection %u: read data over %s (rendezvous lanes '%s'): %s", w->name,
+              rc->id, lanes.am, lanes.rndv, why);
     return 0;
 }
 

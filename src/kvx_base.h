@@ -165,13 +165,13 @@ bool kvx_equal_ct(const void *a, const void *b, size_t len);
 #define KVX_RNDV_ZCOPY_MIN ((uint64_t)8192)
 
 typedef struct kvx_rndv_in {
-    int mode;                /* this transport's kvx_rndv_mode */
-    uint64_t thresh;         /* ... and its rndv_thresh (0: none set) */
-    bool peer_takes;         /* the peer said in the handshake that it takes rendezvous payloads */
-    const char *rndv_lanes;  /* the endpoint's rendezvous lanes ("" : none), kvx_lanes_t */
-    const char *am_lanes;    /* ... its active-message lanes */
-    uint64_t ucx_rndv;       /* UCX's own threshold for the endpoint (UINT64_MAX: not said) */
-    const char *ucx_proto;   /* ... and UCX's name for the protocol ("": not said) */
+    int mode;               /* this transport's kvx_rndv_mode */
+    uint64_t thresh;        /* ... and its rndv_thresh (0: none set) */
+    bool peer_takes;        /* the peer said in the handshake that it takes rendezvous payloads */
+    const char *rndv_lanes; /* the endpoint's rendezvous lanes ("" : none), kvx_lanes_t */
+    const char *am_lanes;   /* ... its active-message lanes */
+    uint64_t ucx_rndv;      /* UCX's own threshold for the endpoint (UINT64_MAX: not said) */
+    const char *ucx_proto;  /* ... and UCX's name for the protocol ("": not said) */
 } kvx_rndv_in_t;
 
 /* Whether a transport's name (len bytes) is one whose rendezvous UCX moves by zero-copy RMA, and

@@ -92,9 +92,9 @@ struct kvx_conn {
     uint64_t token;
     uint32_t rconn_id; /* ... and ours to the receiver carry its id and token */
     uint64_t rconn_token;
-    uint64_t epoch;    /* the receiver's fence epoch for us, as last heard */
-    bool crc;          /* integrity: checksums on this connection's data */
-    size_t seg;        /* a message's size on this connection's lane */
+    uint64_t epoch; /* the receiver's fence epoch for us, as last heard */
+    bool crc;       /* integrity: checksums on this connection's data */
+    size_t seg;     /* a message's size on this connection's lane */
     /* runs of at least this many bytes go by rendezvous (UINT64_MAX: none; none before the
      * HELLO_ACK says whether the receiver takes them: kvx_conn_wired) */
     uint64_t rndv_min;

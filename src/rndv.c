@@ -66,9 +66,8 @@ uint64_t kvx_rndv_choose(const kvx_rndv_in_t *in, char *why, size_t why_len)
         return in->thresh;
     }
     if (!kvx_rndv_lanes_zcopy(in->rndv_lanes)) {
-        snprintf(why, why_len,
-                 "eager: UCX's rendezvous on '%s' is a copy, not zero-copy RMA%s%s%s", lanes,
-                 in->ucx_proto[0] != '\0' ? " (UCX: \"" : "", in->ucx_proto,
+        snprintf(why, why_len, "eager: UCX's rendezvous on '%s' is a copy, not zero-copy RMA%s%s%s",
+                 lanes, in->ucx_proto[0] != '\0' ? " (UCX: \"" : "", in->ucx_proto,
                  in->ucx_proto[0] != '\0' ? "\")" : "");
         return UINT64_MAX;
     }

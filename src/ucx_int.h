@@ -37,8 +37,8 @@ struct kvx_ucx {
     ucp_address_t *waddr;
     size_t waddr_len;
     int efd;
-    ucp_mem_h region;  /* an owned region UCX allocated, or NULL */
-    int seg_id; /* ... its System V segment, listed as this process's (seg_listed) */
+    ucp_mem_h region; /* an owned region UCX allocated, or NULL */
+    int seg_id;       /* ... its System V segment, listed as this process's (seg_listed) */
     bool seg_listed;
     struct kvx_ucx_sn {
         uint64_t uid;     /* a remote worker */

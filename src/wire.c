@@ -158,9 +158,8 @@ int kvx_wire_decode(const void *hdr, size_t hdr_len, size_t data_len, kvx_msg_t 
         ((m->type == KVX_MSG_WRITE || m->type == KVX_MSG_READ_REQ) && (m->flags & ~KVX_MSGF_CRC)) ||
         (m->type == KVX_MSG_READ_DATA && (m->flags & ~KVX_MSGF_CRC)) ||
         (m->type != KVX_MSG_HELLO && m->type != KVX_MSG_HELLO_ACK && m->type != KVX_MSG_WRITE &&
-         m->type != KVX_MSG_READ_REQ &&
-         m->type != KVX_MSG_READ_DATA && m->type != KVX_MSG_MD_REQ && m->type != KVX_MSG_MD &&
-         m->type != KVX_MSG_CHALLENGE && m->flags != 0))
+         m->type != KVX_MSG_READ_REQ && m->type != KVX_MSG_READ_DATA && m->type != KVX_MSG_MD_REQ &&
+         m->type != KVX_MSG_MD && m->type != KVX_MSG_CHALLENGE && m->flags != 0))
         return -EBADMSG;
     /* only WRITE, READ_DATA and MD carry a payload */
     if (data_len != 0 && m->type != KVX_MSG_WRITE && m->type != KVX_MSG_READ_DATA &&

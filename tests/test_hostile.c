@@ -780,7 +780,8 @@ static void impersonate_unproven(void)
     kt_region_free(&wr);
 }
 
-/* ---- 8: a rendezvous write to a target that takes none ---------------------------------------- */
+/* ---- 8: a rendezvous write to a target that takes none ----------------------------------------
+ */
 
 /* A target made with KVX_RNDV_EAGER says in its HELLO_ACK that it takes no rendezvous payload (no
  * KVX_MSGF_RNDV), and kvx never sends it one; a peer that sends one anyway has it refused at its

@@ -13,13 +13,14 @@
 
 static void zcopy_names(void)
 {
-    static const char *const yes[] = {"rc_mlx5",  "rc_verbs",  "dc_mlx5",  "gga_mlx5",
-                                      "cuda_ipc", "cuda_copy", "gdr_copy", "rocm_copy",
+    static const char *const yes[] = {"rc_mlx5",  "rc_verbs",        "dc_mlx5",        "gga_mlx5",
+                                      "cuda_ipc", "cuda_copy",       "gdr_copy",       "rocm_copy",
                                       "rocm_ipc", "rc_mlx5,rc_mlx5", "rc_mlx5,dc_mlx5"};
-    static const char *const no[] = {"",          "tcp",        "sysv",     "posix",
-                                     "cma",       "self",       "ud_verbs", "ud_mlx5",
-                                     "knem",      "xpmem",      "rc",       "sysv,posix",
-                                     "rc_mlx5,tcp", "tcp,rc_mlx5", "rc_mlx5,ud_mlx5", "dc"};
+    static const char *const no[] = {
+        "",     "tcp",        "sysv",        "posix",       "cma",
+        "self", "ud_verbs",   "ud_mlx5",     "knem",        "xpmem",
+        "rc",   "sysv,posix", "rc_mlx5,tcp", "tcp,rc_mlx5", "rc_mlx5,ud_mlx5",
+        "dc"};
 
     for (size_t i = 0; i < sizeof(yes) / sizeof(yes[0]); i++)
         if (!kvx_rndv_lanes_zcopy(yes[i]))
@@ -46,8 +47,8 @@ static void choose(int mode, uint64_t thresh, bool takes, const char *rndv, cons
     kt_log("mode %d thresh %llu takes %d lanes '%s'/'%s' ucx %lld: %s", mode,
            (unsigned long long)thresh, takes, rndv, am, (long long)ucx, why);
     if (got != want)
-        KT_FAIL("'%s' (am '%s', mode %d): %llu, want %llu", rndv, am, mode,
-                (unsigned long long)got, (unsigned long long)want);
+        KT_FAIL("'%s' (am '%s', mode %d): %llu, want %llu", rndv, am, mode, (unsigned long long)got,
+                (unsigned long long)want);
     if (strstr(why, words) == NULL)
         KT_FAIL("'%s' does not say '%s'", why, words);
 }
@@ -70,7 +71,9 @@ static void choices(void)
     choose(KVX_RNDV_ALWAYS, 0, true, "rc_mlx5", "rc_mlx5", 29421, z, 0, "every run");
     /* auto: eager where UCX's rendezvous is a copy, whatever threshold UCX or the user says */
     choose(KVX_RNDV_AUTO, 0, true, "", "tcp", 87903, "", none, "is a copy, not zero-copy RMA");
-    choose(KVX_RNDV_AUTO, 0, true, "", "sysv", 550999, f, none, "(UCX: \"" "rendezvous frag");
+    choose(KVX_RNDV_AUTO, 0, true, "", "sysv", 550999, f, none,
+           "(UCX: \""
+           "rendezvous frag");
     choose(KVX_RNDV_AUTO, 4096, true, "", "sysv,posix", none, "", none, "'sysv,posix' is a copy");
     choose(KVX_RNDV_AUTO, 0, true, "cma", "sysv", none, "", none, "'cma' is a copy");
     choose(KVX_RNDV_AUTO, 0, true, "", "ud_mlx5", 16384, "", none, "'ud_mlx5' is a copy");
@@ -175,7 +178,6 @@ int main(void)
     parse("ucx 1.19.1 rc", ucx119_rc, "rc_mlx5", "rc_mlx5", 28 << 10,
           "rendezvous zero-copy read from remote");
     parse("nothing", "", "", "", UINT64_MAX, "");
-    parse("junk", "lane[0]: :\n am_send: <rndv>\n| x..y | rendezvous |\n", "", "", UINT64_MAX,
-          "");
+    parse("junk", "lane[0]: :\n am_send: <rndv>\n| x..y | rendezvous |\n", "", "", UINT64_MAX, "");
     return 0;
 }

@@ -88,8 +88,8 @@ static void pair(int wi, int ti, uint64_t round)
                     kvx_strerror(c.status));
         for (size_t i = 0; i < NB / 4; i++)
             if (kt_check(&r, li[i], 0x51, ri[i], round) != 0)
-                KT_FAIL("initiator %s, target %s: read block %u <- %u wrong", modes[wi],
-                        modes[ti], li[i], ri[i]);
+                KT_FAIL("initiator %s, target %s: read block %u <- %u wrong", modes[wi], modes[ti],
+                        li[i], ri[i]);
     }
     kt_target_counters(&tg, &c1);
     pthread_mutex_lock(&log_lock);
