@@ -101,8 +101,8 @@ void kvx_conn_fail(kvx_conn_t *c, int err)
     kvx_conn_unmap(c);         /* no copy runs outside the lock: nothing uses the mapping now */
     if (c->wired) {            /* best effort: a message the close purges is not missed */
         uint8_t bye[KVX_WIRE_HDR_LEN];
-        kvx_wire_put_hdr(bye, KVX_MSG_BYE, 0, c->rconn_id, c->rconn_token);
-        if (kvx_ucx_send_ctl(c->ucx, bye, sizeof(bye), &c->ucx_refs) == 1)
+        kvx_msg_t m = {.type = KVX_MSG_BYE, .conn_id = c->rconn_id, .token = c->rconn_token};
+        if (kvx_ucx_send_ctl(c->ucx, bye, kvx_wire_encode(&m, bye), &c->ucx_refs) == 1)
             c->reqs++;
     }
     if (linger) {
@@ -345,11 +345,18 @@ static int kvx_conn_hello(kvx_conn_t *c)
     kvx_transport_t *t = c->t;
     kvx_send_t *s;
     const void *waddr;
-    size_t waddr_len, name_len = strlen(t->log.name), len;
+    size_t waddr_len, len;
+    kvx_msg_t m = {.type = KVX_MSG_HELLO,
+                   .flags =
+                       (t->secret ? KVX_MSGF_PROOF : 0) | (kvx_rndv_takes(t) ? KVX_MSGF_RNDV : 0),
+                   .u.hello = {.capability = c->capability,
+                               .conn_id = c->id,
+                               .ep_sn = kvx_ucx_ep_sn(c->ucx),
+                               .token = c->token,
+                               .generation = t->generation}};
     int rc;
 
     kvx_ucx_local_address(t, &waddr, &waddr_len);
-    len = KVX_WIRE_HELLO_LEN + name_len + waddr_len;
     if (waddr_len > KVX_WIRE_MAX_WADDR) {
         kvx_error(t, "ucx: this worker's address is %zu bytes", waddr_len);
         return -EINVAL;
@@ -357,19 +364,10 @@ static int kvx_conn_hello(kvx_conn_t *c)
     s = kvx_ucx_send_get(c->ucx);
     if (s == NULL)
         return -ENOMEM;
-    memset(s->hdr, 0, KVX_WIRE_HELLO_LEN);
-    kvx_wire_put_hdr(s->hdr, KVX_MSG_HELLO,
-                     (t->secret ? KVX_MSGF_PROOF : 0) | (kvx_rndv_takes(t) ? KVX_MSGF_RNDV : 0), 0,
-                     0);
-    memcpy(s->hdr + 16, c->capability, 16);
-    kvx_put32(s->hdr + 32, c->id);
-    kvx_put32(s->hdr + 36, kvx_ucx_ep_sn(c->ucx));
-    kvx_put64(s->hdr + 40, c->token);
-    kvx_put64(s->hdr + 48, t->generation);
-    s->hdr[56] = (uint8_t)name_len;
-    kvx_put32(s->hdr + 60, (uint32_t)waddr_len);
-    memcpy(s->hdr + KVX_WIRE_HELLO_LEN, t->log.name, name_len);
-    memcpy(s->hdr + KVX_WIRE_HELLO_LEN + name_len, waddr, waddr_len);
+    snprintf(m.u.hello.name, sizeof(m.u.hello.name), "%s", t->log.name);
+    m.u.hello.waddr = waddr;
+    m.u.hello.waddr_len = (uint32_t)waddr_len;
+    len = kvx_wire_encode(&m, s->hdr);
     if (t->secret != NULL) {
         kvx_iov_t part = {s->hdr, len};
         kvx_hmac_sha256(t->secret, t->secret_len, &part, 1, s->hdr + len);

@@ -119,7 +119,11 @@ static void kvx_writer_fence(kvx_transport_t *t, kvx_writer_t *w, const uint64_t
     }
     for (kvx_list_t *n = w->rconns.next; n != &w->rconns; n = n->next) {
         kvx_rconn_t *rc = kvx_container_of(n, kvx_rconn_t, w_link);
-        uint8_t hdr[24] = {0};
+        kvx_msg_t f = {.type = KVX_MSG_FENCE,
+                       .conn_id = rc->peer_conn_id,
+                       .token = rc->peer_token,
+                       .u.fence.epoch = w->epoch};
+        uint8_t hdr[KVX_WIRE_FENCE_LEN];
         kvx_ctl_t *queued = NULL;
         /* the writer keeps only the newest epoch: a FENCE still queued takes the new one, so
          * that fences in a burst (1,000 tag fences) queue one message, not one each (which
@@ -128,10 +132,9 @@ static void kvx_writer_fence(kvx_transport_t *t, kvx_writer_t *w, const uint64_t
             if (kvx_container_of(l, kvx_ctl_t, link)->hdr[1] == KVX_MSG_FENCE)
                 queued = kvx_container_of(l, kvx_ctl_t, link);
         if (queued != NULL) {
-            kvx_put64(queued->hdr + 16, w->epoch);
+            kvx_wire_encode(&f, queued->hdr); /* the same message, the newer epoch */
         } else {
-            kvx_wire_put_hdr(hdr, KVX_MSG_FENCE, 0, rc->peer_conn_id, rc->peer_token);
-            kvx_put64(hdr + 16, w->epoch);
+            kvx_wire_encode(&f, hdr);
             kvx_rconn_ctl(rc, hdr, sizeof(hdr));
         }
         (*count)++;

@@ -66,7 +66,7 @@ static void kvx_recv_refuse_hello(kvx_transport_t *t, const uint8_t *buf, size_t
     kvx_msg_t m;
     kvx_writer_t *w;
     kvx_rconn_t *rc;
-    uint8_t ack[KVX_WIRE_HELLO_ACK_LEN] = {0};
+    uint8_t ack[KVX_WIRE_HELLO_ACK_LEN];
     unsigned n = 0;
 
     if (kvx_wire_decode(buf, len, 0, &m) < 0 || m.type != KVX_MSG_HELLO)
@@ -117,8 +117,11 @@ static void kvx_recv_refuse_hello(kvx_transport_t *t, const uint8_t *buf, size_t
     kvx_list_add_tail(&t->refusing, &rc->w_link);
     kvx_list_add_tail(&t->rconns, &rc->all_link);
     t->nrconns++;
-    kvx_wire_put_hdr(ack, KVX_MSG_HELLO_ACK, 0, rc->peer_conn_id, rc->peer_token);
-    kvx_put32(ack + 20, (uint32_t)-EKEYREVOKED);
+    kvx_wire_encode(&(kvx_msg_t){.type = KVX_MSG_HELLO_ACK,
+                                 .conn_id = rc->peer_conn_id,
+                                 .token = rc->peer_token,
+                                 .u.hello_ack.status = -EKEYREVOKED},
+                    ack);
     if (kvx_ucx_send_ctl(rc->ucx, ack, sizeof(ack), &rc->ucx_refs) == 1) {
         rc->sending++;
         kvx_rq_add(rc, sizeof(kvx_send_t)); /* kvx_recv_on_sent takes it back */
@@ -235,7 +238,7 @@ static int kvx_recv_hello(kvx_transport_t *t, const uint8_t *buf, size_t len,
     kvx_msg_t m;
     kvx_writer_t *w;
     kvx_rconn_t *rc;
-    uint8_t ack[KVX_WIRE_HELLO_ACK_LEN] = {0};
+    uint8_t ack[KVX_WIRE_HELLO_ACK_LEN];
     kvx_lanes_t lanes;
     char why[256];
     int err;
@@ -316,15 +319,18 @@ static int kvx_recv_hello(kvx_transport_t *t, const uint8_t *buf, size_t len,
     kvx_list_add_tail(&t->rconns, &rc->all_link);
     kvx_slot_set(rc, rc->proven ? KVX_SLOT_FRESH : KVX_SLOT_UNPROVEN, now);
     t->nrconns++;
-    kvx_wire_put_hdr(ack, KVX_MSG_HELLO_ACK, kvx_rndv_takes(t) ? KVX_MSGF_RNDV : 0,
-                     rc->peer_conn_id, rc->peer_token);
-    kvx_put32(ack + 16, rc->id);
-    kvx_put32(ack + 20, 0);
-    kvx_put64(ack + 24, rc->token);
-    kvx_put64(ack + 32, w->epoch);
-    memcpy(ack + 40, t->seg_token, KVX_SEG_TOKEN_LEN); /* zero unless the region is owned */
-    if (!rc->proven) /* the writer's PROOF must cover it (kvx_recv_proof) */
-        memcpy(ack + 56, rc->nonce, KVX_WIRE_NONCE_LEN);
+    kvx_wire_encode(&(kvx_msg_t){.type = KVX_MSG_HELLO_ACK,
+                                 .flags = kvx_rndv_takes(t) ? KVX_MSGF_RNDV : 0,
+                                 .conn_id = rc->peer_conn_id,
+                                 .token = rc->peer_token,
+                                 .u.hello_ack = {.rconn_id = rc->id,
+                                                 .token = rc->token,
+                                                 .epoch = w->epoch,
+                                                 /* zero unless the region is owned */
+                                                 .seg_token = t->seg_token,
+                                                 /* the writer's PROOF must cover it */
+                                                 .nonce = rc->proven ? NULL : rc->nonce}},
+                    ack);
     kvx_rconn_ctl(rc, ack, sizeof(ack));
     kvx_info(t, "writer %s: connection %u over %s", w->name, rc->id, lanes.am);
     kvx_debug(t, "writer %s: connection %u: read data over %s (rendezvous lanes '%s'): %s", w->name,

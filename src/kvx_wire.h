@@ -108,6 +108,10 @@ enum kvx_msg_type {
 #define KVX_WIRE_ACK_LEN 24
 #define KVX_WIRE_READ_REQ_LEN 40
 #define KVX_WIRE_READ_DATA_LEN 48
+#define KVX_WIRE_FENCE_LEN 24
+#define KVX_WIRE_NOTICE_LEN 56
+#define KVX_WIRE_NOTICE_ACK_LEN 32
+#define KVX_WIRE_CHALLENGE_LEN 32
 #define KVX_WIRE_RUN_LEN 16
 #define KVX_WIRE_ACK_ENTRY_LEN 16
 #define KVX_WIRE_MAX_RUNS 256  /* runs in one WRITE or READ_REQ */
@@ -210,6 +214,25 @@ typedef struct kvx_msg {
     } u;
 } kvx_msg_t;
 
+/* Who takes a message: the receiving side of a connection (what a writer sends it), the
+ * initiator's side (what a receiver answers), a pairing's endpoint (listen.c), or nobody (an
+ * unknown type). */
+enum kvx_wire_to { KVX_TO_NOBODY = 0, KVX_TO_RECEIVER, KVX_TO_INITIATOR, KVX_TO_PAIRING };
+typedef struct kvx_wire_type {
+    size_t fixed;   /* its fixed length (0: no such type) */
+    unsigned flags; /* the KVX_MSGF_* it may carry */
+    uint8_t to;     /* enum kvx_wire_to */
+    bool rndv;      /* its payload may come by rendezvous (WRITE, READ_DATA) */
+    const char *name;
+} kvx_wire_type_t;
+/* The one table of message types (wire.c); an unknown type gives a zero entry, named "?". */
+const kvx_wire_type_t *kvx_wire_type(unsigned type);
+/* Encode m's header at p (room: its type's fixed length, plus for HELLO the name and address,
+ * for WRITE and READ_REQ the runs, for ACK the entries): every field the decoder reads, at the
+ * same place. Variable parts are copied from m's pointers, or, for runs and entries whose pointer
+ * is NULL or p's own tail, taken as built there already. Returns the bytes written (a HELLO's
+ * proof, if any, goes after them). */
+size_t kvx_wire_encode(const kvx_msg_t *m, uint8_t *p);
 /* Decode a message header of hdr_len bytes that came with data_len bytes of payload: 0, or
  * -EBADMSG for anything malformed. Checks structure only (lengths, counts, reserved fields);
  * whether connection, token and runs are acceptable is the receiver's business. */

@@ -238,7 +238,7 @@ void kvx_listen_on_request(kvx_transport_t *t, void *conn_req)
 static void kvx_listen_accept(kvx_pairing_t *pg)
 {
     kvx_transport_t *t = pg->t;
-    uint8_t hdr[KVX_WIRE_HDR_LEN + KVX_WIRE_NONCE_LEN];
+    uint8_t hdr[KVX_WIRE_CHALLENGE_LEN];
     void *req = pg->conn_req;
     int rc;
 
@@ -249,8 +249,10 @@ static void kvx_listen_accept(kvx_pairing_t *pg)
         pg->closing = true; /* nothing to close */
         return;
     }
-    kvx_wire_put_hdr(hdr, KVX_MSG_CHALLENGE, t->secret != NULL ? KVX_MSGF_SECRET : 0, 0, 0);
-    memcpy(hdr + KVX_WIRE_HDR_LEN, pg->nonce, sizeof(pg->nonce));
+    kvx_wire_encode(&(kvx_msg_t){.type = KVX_MSG_CHALLENGE,
+                                 .flags = t->secret != NULL ? KVX_MSGF_SECRET : 0,
+                                 .u.challenge.nonce = pg->nonce},
+                    hdr);
     rc = kvx_ucx_send_pair(pg->ucx, hdr, sizeof(hdr), NULL, 0, &pg->refs);
     if (rc < 0)
         kvx_pair_close(pg, rc);
@@ -271,7 +273,7 @@ static void kvx_pair_mac(const kvx_transport_t *t, const char *label, const uint
 static void kvx_listen_answer(kvx_pairing_t *pg)
 {
     kvx_transport_t *t = pg->t;
-    uint8_t hdr[KVX_WIRE_MD_LEN] = {0}, want[KVX_PROOF_LEN];
+    uint8_t hdr[KVX_WIRE_MD_LEN], want[KVX_PROOF_LEN], mac[KVX_PROOF_LEN];
     int32_t status = 0;
     int rc;
 
@@ -282,13 +284,16 @@ static void kvx_listen_answer(kvx_pairing_t *pg)
             status = -EACCES;
         }
     }
-    kvx_wire_put_hdr(hdr, KVX_MSG_MD, status == 0 && t->secret != NULL ? KVX_MSGF_PROOF : 0, 0, 0);
-    kvx_put32(hdr + 16, (uint32_t)status);
-    kvx_put32(hdr + 20, status == 0 ? (uint32_t)t->metadata_len : 0);
-    memcpy(hdr + 24, pg->cnonce, KVX_WIRE_NONCE_LEN);
     if (status == 0 && t->secret != NULL)
         kvx_pair_mac(t, kvx_pair_md_label, pg->nonce, pg->cnonce, t->metadata, t->metadata_len,
-                     hdr + 40);
+                     mac);
+    kvx_wire_encode(&(kvx_msg_t){.type = KVX_MSG_MD,
+                                 .flags = status == 0 && t->secret != NULL ? KVX_MSGF_PROOF : 0,
+                                 .u.md = {.status = status,
+                                          .len = status == 0 ? (uint32_t)t->metadata_len : 0,
+                                          .cnonce = pg->cnonce,
+                                          .mac = status == 0 && t->secret != NULL ? mac : NULL}},
+                    hdr);
     pg->answered = true;
     pg->expires_ns = kvx_now_ns() + KVX_PAIR_TIMEOUT_NS; /* for the other side to close */
     if (kvx_pair_ep(pg) == NULL)
@@ -306,7 +311,7 @@ static void kvx_listen_answer(kvx_pairing_t *pg)
 static void kvx_connect_request(kvx_pairing_t *pg)
 {
     kvx_transport_t *t = pg->t;
-    uint8_t hdr[KVX_WIRE_MD_REQ_LEN] = {0};
+    uint8_t hdr[KVX_WIRE_MD_REQ_LEN], proof[KVX_PROOF_LEN];
     int rc;
 
     if (pg->secret_needed && t->secret == NULL) {
@@ -319,10 +324,13 @@ static void kvx_connect_request(kvx_pairing_t *pg)
     if (kvx_pair_ep(pg) == NULL)
         return;
     kvx_debug(t, "pairing: the listener's challenge came; asking for its metadata");
-    kvx_wire_put_hdr(hdr, KVX_MSG_MD_REQ, t->secret != NULL ? KVX_MSGF_PROOF : 0, 0, 0);
     if (t->secret != NULL)
-        kvx_pair_mac(t, kvx_pair_req_label, pg->nonce, pg->cnonce, NULL, 0, hdr + KVX_WIRE_HDR_LEN);
-    memcpy(hdr + KVX_WIRE_HDR_LEN + KVX_PROOF_LEN, pg->cnonce, KVX_WIRE_NONCE_LEN);
+        kvx_pair_mac(t, kvx_pair_req_label, pg->nonce, pg->cnonce, NULL, 0, proof);
+    kvx_wire_encode(
+        &(kvx_msg_t){.type = KVX_MSG_MD_REQ,
+                     .flags = t->secret != NULL ? KVX_MSGF_PROOF : 0,
+                     .u.md_req = {.proof = t->secret != NULL ? proof : NULL, .cnonce = pg->cnonce}},
+        hdr);
     rc = kvx_ucx_send_pair(pg->ucx, hdr, sizeof(hdr), NULL, 0, &pg->refs);
     if (rc < 0)
         kvx_pair_close(pg, rc);

@@ -206,12 +206,15 @@ static void kvx_recv_write(kvx_transport_t *t, const kvx_msg_t *m, const uint8_t
 /* Answer a read request with a refusal: the reader's transfer fails with err at once. */
 static void kvx_recv_refuse_read(kvx_rconn_t *rc, const kvx_msg_t *m, int err)
 {
-    uint8_t hdr[KVX_WIRE_READ_DATA_LEN] = {0};
+    uint8_t hdr[KVX_WIRE_READ_DATA_LEN];
 
-    kvx_wire_put_hdr(hdr, KVX_MSG_READ_DATA, 0, rc->peer_conn_id, rc->peer_token);
-    kvx_put64(hdr + 16, m->u.read_req.xfer_id);
-    kvx_put64(hdr + 24, m->u.read_req.stream_off);
-    kvx_put32(hdr + 40, (uint32_t)err);
+    kvx_wire_encode(&(kvx_msg_t){.type = KVX_MSG_READ_DATA,
+                                 .conn_id = rc->peer_conn_id,
+                                 .token = rc->peer_token,
+                                 .u.read_data = {.xfer_id = m->u.read_req.xfer_id,
+                                                 .stream_off = m->u.read_req.stream_off,
+                                                 .status = err}},
+                    hdr);
     kvx_rconn_ctl(rc, hdr, sizeof(hdr)); /* no room: the connection closes (kvx_rconn_doom) */
 }
 
@@ -277,7 +280,7 @@ static void kvx_recv_read_req(kvx_transport_t *t, const kvx_msg_t *m)
 static void kvx_recv_notice(kvx_transport_t *t, const kvx_msg_t *m)
 {
     kvx_rconn_t *rc = kvx_rconn_of(t, m);
-    uint8_t hdr[32] = {0};
+    uint8_t hdr[KVX_WIRE_NOTICE_ACK_LEN];
     int32_t status = 0;
 
     if (rc == NULL)
@@ -301,9 +304,12 @@ static void kvx_recv_notice(kvx_transport_t *t, const kvx_msg_t *m)
         if (t->waiters > 0)
             kvx_notify_waiters(t);
     }
-    kvx_wire_put_hdr(hdr, KVX_MSG_NOTICE_ACK, 0, rc->peer_conn_id, rc->peer_token);
-    kvx_put64(hdr + 16, m->u.notice.xfer_id);
-    kvx_put32(hdr + 24, (uint32_t)status);
+    kvx_wire_encode(
+        &(kvx_msg_t){.type = KVX_MSG_NOTICE_ACK,
+                     .conn_id = rc->peer_conn_id,
+                     .token = rc->peer_token,
+                     .u.notice_ack = {.xfer_id = m->u.notice.xfer_id, .status = status}},
+        hdr);
     kvx_rconn_ctl(rc, hdr, sizeof(hdr));
 }
 
@@ -387,14 +393,15 @@ static unsigned kvx_recv_serve(kvx_transport_t *t, kvx_rconn_t *rc, size_t seg)
         s->stream_off += len;
         if (s->crc)
             crc = kvx_crc32c_parts(m->iov, niov);
-        kvx_wire_put_hdr(m->hdr, KVX_MSG_READ_DATA, s->crc ? KVX_MSGF_CRC : 0, rc->peer_conn_id,
-                         rc->peer_token);
-        kvx_put64(m->hdr + 16, s->xfer_id);
-        kvx_put64(m->hdr + 24, off);
-        kvx_put32(m->hdr + 32, (uint32_t)len);
-        kvx_put32(m->hdr + 36, crc);
-        kvx_put32(m->hdr + 40, 0);
-        kvx_put32(m->hdr + 44, 0);
+        kvx_wire_encode(&(kvx_msg_t){.type = KVX_MSG_READ_DATA,
+                                     .flags = s->crc ? KVX_MSGF_CRC : 0,
+                                     .conn_id = rc->peer_conn_id,
+                                     .token = rc->peer_token,
+                                     .u.read_data = {.xfer_id = s->xfer_id,
+                                                     .stream_off = off,
+                                                     .len = (uint32_t)len,
+                                                     .crc = crc}},
+                        m->hdr);
         rndv = m->rndv; /* m is UCX's or free again once sent */
         rc2 = kvx_ucx_send(m, KVX_WIRE_READ_DATA_LEN, niov, &rc->ucx_refs);
         if (rc2 == 1)
@@ -443,14 +450,16 @@ static unsigned kvx_recv_flush(kvx_transport_t *t, kvx_rconn_t *rc)
            rc->pending_err == 0) {
         kvx_send_t *m = kvx_ucx_send_get(rc->ucx);
         uint32_t k = rc->nacks - done < KVX_ACK_BATCH ? rc->nacks - done : KVX_ACK_BATCH;
-        size_t len = KVX_WIRE_ACK_LEN + (size_t)k * KVX_WIRE_ACK_ENTRY_LEN;
+        size_t len;
         if (m == NULL)
             break;
-        kvx_wire_put_hdr(m->hdr, KVX_MSG_ACK, 0, rc->peer_conn_id, rc->peer_token);
-        kvx_put32(m->hdr + 16, k);
-        kvx_put32(m->hdr + 20, 0);
-        memcpy(m->hdr + KVX_WIRE_ACK_LEN, rc->acks + (size_t)done * KVX_WIRE_ACK_ENTRY_LEN,
-               len - KVX_WIRE_ACK_LEN);
+        len = kvx_wire_encode(
+            &(kvx_msg_t){
+                .type = KVX_MSG_ACK,
+                .conn_id = rc->peer_conn_id,
+                .token = rc->peer_token,
+                .u.ack = {.n = k, .entries = rc->acks + (size_t)done * KVX_WIRE_ACK_ENTRY_LEN}},
+            m->hdr);
         done += k;
         n++;
         if (kvx_ucx_send(m, len, 0, &rc->ucx_refs) == 1) {

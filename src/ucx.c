@@ -110,12 +110,14 @@ static ucs_status_t kvx_ucx_am_cb(void *arg, const void *header, size_t header_l
                                   size_t length, const ucp_am_recv_param_t *param)
 {
     kvx_transport_t *t = arg;
+    const kvx_wire_type_t *ty;
     kvx_msg_t m;
 
     if (kvx_wire_decode(header, header_length, length, &m) < 0) {
         t->ucx->ops->on_drop(t, KVX_DROP_MALFORMED);
         return UCS_OK;
     }
+    ty = kvx_wire_type(m.type); /* who takes it: the codecs' table */
     t->ucx->rx_reply_ep =
         (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? param->reply_ep : NULL;
     if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
@@ -124,27 +126,17 @@ static ucs_status_t kvx_ucx_am_cb(void *arg, const void *header, size_t header_l
          * either receives the payload where it chooses (kvx_ucx_recv) or returns without it,
          * which UCX reports to the sender as done (returning UCS_OK in both cases). */
         m.rndv = true;
-        if (m.type == KVX_MSG_WRITE)
-            t->ucx->ops->on_request(t, &m, header, header_length, data, length);
-        else if (m.type == KVX_MSG_READ_DATA)
-            t->ucx->ops->on_reply(t, &m, data, length);
-        else
+        if (!ty->rndv) {
             t->ucx->ops->on_drop(t, KVX_DROP_RNDV);
-        t->ucx->rx_reply_ep = NULL;
-        return UCS_OK;
+            t->ucx->rx_reply_ep = NULL;
+            return UCS_OK;
+        }
     }
-    switch (m.type) {
-    case KVX_MSG_HELLO:
-    case KVX_MSG_WRITE:
-    case KVX_MSG_READ_REQ:
-    case KVX_MSG_NOTICE:
-    case KVX_MSG_BYE:
-    case KVX_MSG_PROOF:
+    switch (ty->to) {
+    case KVX_TO_RECEIVER:
         t->ucx->ops->on_request(t, &m, header, header_length, data, length);
         break;
-    case KVX_MSG_CHALLENGE:
-    case KVX_MSG_MD_REQ:
-    case KVX_MSG_MD: {
+    case KVX_TO_PAIRING: {
         /* only on a pairing's endpoint, which the sender names (UCP_AM_SEND_FLAG_REPLY) */
         kvx_ucx_ep_t *e = NULL;
         if (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)
@@ -157,7 +149,7 @@ static ucs_status_t kvx_ucx_am_cb(void *arg, const void *header, size_t header_l
         e->ops->on_message(e->owner, &m, data, length);
         break;
     }
-    default:
+    default: /* KVX_TO_INITIATOR: the decoder let no other type through */
         t->ucx->ops->on_reply(t, &m, data, length);
         break;
     }

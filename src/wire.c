@@ -1,6 +1,7 @@
 /*
- * What crosses the wire between two kvx transports: the headers of kvx's active messages, their
- * encoders, and a strict decoder (a fuzz target, like the metadata codec). A peer's bytes are
+ * What crosses the wire between two kvx transports: the headers of kvx's active messages, one
+ * table of their types (length, flags, who takes them), their encoder and a strict decoder (a
+ * fuzz target, like the metadata codec), each field at the same place in both. A peer's bytes are
  * hostile input: the decoder checks every length, count and reserved field before anything is
  * used, and recv.c then checks what the decoder cannot know (connection, token, region bounds).
  *
@@ -47,40 +48,38 @@
 
 static const uint8_t kvx_zero[8];
 
-static size_t kvx_wire_fixed_len(int type)
+/* Every message type: its fixed length, the flags it may carry, who takes it, whether its payload
+ * may come by rendezvous, and its name. The decoder, the backend's dispatch and the fuzzer read
+ * this one table. */
+static const kvx_wire_type_t kvx_wire_types[] = {
+    [KVX_MSG_HELLO] = {KVX_WIRE_HELLO_LEN, KVX_MSGF_PROOF | KVX_MSGF_RNDV, KVX_TO_RECEIVER, false,
+                       "HELLO"},
+    [KVX_MSG_HELLO_ACK] = {KVX_WIRE_HELLO_ACK_LEN, KVX_MSGF_RNDV, KVX_TO_INITIATOR, false,
+                           "HELLO_ACK"},
+    [KVX_MSG_WRITE] = {KVX_WIRE_WRITE_LEN, KVX_MSGF_CRC, KVX_TO_RECEIVER, true, "WRITE"},
+    [KVX_MSG_ACK] = {KVX_WIRE_ACK_LEN, 0, KVX_TO_INITIATOR, false, "ACK"},
+    [KVX_MSG_READ_REQ] = {KVX_WIRE_READ_REQ_LEN, KVX_MSGF_CRC, KVX_TO_RECEIVER, false, "READ_REQ"},
+    [KVX_MSG_READ_DATA] = {KVX_WIRE_READ_DATA_LEN, KVX_MSGF_CRC, KVX_TO_INITIATOR, true,
+                           "READ_DATA"},
+    [KVX_MSG_FENCE] = {KVX_WIRE_FENCE_LEN, 0, KVX_TO_INITIATOR, false, "FENCE"},
+    [KVX_MSG_NOTICE] = {KVX_WIRE_NOTICE_LEN, 0, KVX_TO_RECEIVER, false, "NOTICE"},
+    [KVX_MSG_NOTICE_ACK] = {KVX_WIRE_NOTICE_ACK_LEN, 0, KVX_TO_INITIATOR, false, "NOTICE_ACK"},
+    [KVX_MSG_BYE] = {KVX_WIRE_HDR_LEN, 0, KVX_TO_RECEIVER, false, "BYE"},
+    [KVX_MSG_CHALLENGE] = {KVX_WIRE_CHALLENGE_LEN, KVX_MSGF_SECRET, KVX_TO_PAIRING, false,
+                           "CHALLENGE"},
+    [KVX_MSG_MD_REQ] = {KVX_WIRE_MD_REQ_LEN, KVX_MSGF_PROOF, KVX_TO_PAIRING, false, "MD_REQ"},
+    [KVX_MSG_MD] = {KVX_WIRE_MD_LEN, KVX_MSGF_PROOF, KVX_TO_PAIRING, false, "MD"},
+    [KVX_MSG_PROOF] = {KVX_WIRE_PROOF_LEN, 0, KVX_TO_RECEIVER, false, "PROOF"},
+};
+
+const kvx_wire_type_t *kvx_wire_type(unsigned type)
 {
-    switch (type) {
-    case KVX_MSG_HELLO:
-        return KVX_WIRE_HELLO_LEN;
-    case KVX_MSG_HELLO_ACK:
-        return KVX_WIRE_HELLO_ACK_LEN;
-    case KVX_MSG_WRITE:
-        return KVX_WIRE_WRITE_LEN;
-    case KVX_MSG_ACK:
-        return KVX_WIRE_ACK_LEN;
-    case KVX_MSG_READ_REQ:
-        return KVX_WIRE_READ_REQ_LEN;
-    case KVX_MSG_READ_DATA:
-        return 48;
-    case KVX_MSG_FENCE:
-        return 24;
-    case KVX_MSG_NOTICE:
-        return 56;
-    case KVX_MSG_NOTICE_ACK:
-        return 32;
-    case KVX_MSG_BYE:
-        return KVX_WIRE_HDR_LEN;
-    case KVX_MSG_PROOF:
-        return KVX_WIRE_PROOF_LEN;
-    case KVX_MSG_CHALLENGE:
-        return KVX_WIRE_HDR_LEN + KVX_WIRE_NONCE_LEN;
-    case KVX_MSG_MD_REQ:
-        return KVX_WIRE_MD_REQ_LEN;
-    case KVX_MSG_MD:
-        return KVX_WIRE_MD_LEN;
-    default:
-        return 0;
-    }
+    static const kvx_wire_type_t none = {0, 0, KVX_TO_NOBODY, false, "?"};
+
+    if (type >= sizeof(kvx_wire_types) / sizeof(kvx_wire_types[0]) ||
+        kvx_wire_types[type].fixed == 0)
+        return &none;
+    return &kvx_wire_types[type];
 }
 
 void kvx_wire_put_hdr(uint8_t *p, int type, unsigned flags, uint32_t conn_id, uint64_t token)
@@ -137,6 +136,7 @@ static bool kvx_wire_text_ok(const uint8_t *s, size_t len)
 int kvx_wire_decode(const void *hdr, size_t hdr_len, size_t data_len, kvx_msg_t *m)
 {
     const uint8_t *p = hdr;
+    const kvx_wire_type_t *ty;
     size_t fixed;
     uint64_t total;
 
@@ -147,27 +147,17 @@ int kvx_wire_decode(const void *hdr, size_t hdr_len, size_t data_len, kvx_msg_t 
     m->flags = kvx_get16(p + 2);
     m->conn_id = kvx_get32(p + 4);
     m->token = kvx_get64(p + 8);
-    fixed = kvx_wire_fixed_len(m->type);
-    if (fixed == 0 || hdr_len < fixed)
-        return -EBADMSG;
-    /* flags each type may carry */
-    if ((m->type == KVX_MSG_HELLO && (m->flags & ~(KVX_MSGF_PROOF | KVX_MSGF_RNDV))) ||
-        (m->type == KVX_MSG_HELLO_ACK && (m->flags & ~KVX_MSGF_RNDV)) ||
-        ((m->type == KVX_MSG_MD_REQ || m->type == KVX_MSG_MD) && (m->flags & ~KVX_MSGF_PROOF)) ||
-        (m->type == KVX_MSG_CHALLENGE && (m->flags & ~KVX_MSGF_SECRET)) ||
-        ((m->type == KVX_MSG_WRITE || m->type == KVX_MSG_READ_REQ) && (m->flags & ~KVX_MSGF_CRC)) ||
-        (m->type == KVX_MSG_READ_DATA && (m->flags & ~KVX_MSGF_CRC)) ||
-        (m->type != KVX_MSG_HELLO && m->type != KVX_MSG_HELLO_ACK && m->type != KVX_MSG_WRITE &&
-         m->type != KVX_MSG_READ_REQ && m->type != KVX_MSG_READ_DATA && m->type != KVX_MSG_MD_REQ &&
-         m->type != KVX_MSG_MD && m->type != KVX_MSG_CHALLENGE && m->flags != 0))
+    ty = kvx_wire_type(m->type);
+    fixed = ty->fixed;
+    /* a known type, its fixed part whole, and only the flags it may carry */
+    if (fixed == 0 || hdr_len < fixed || (m->flags & ~ty->flags))
         return -EBADMSG;
     /* only WRITE, READ_DATA and MD carry a payload */
     if (data_len != 0 && m->type != KVX_MSG_WRITE && m->type != KVX_MSG_READ_DATA &&
         m->type != KVX_MSG_MD)
         return -EBADMSG;
     /* the pairing messages name no connection */
-    if (m->type >= KVX_MSG_CHALLENGE && m->type <= KVX_MSG_MD &&
-        (m->conn_id != 0 || m->token != 0 || hdr_len != fixed))
+    if (ty->to == KVX_TO_PAIRING && (m->conn_id != 0 || m->token != 0 || hdr_len != fixed))
         return -EBADMSG;
 
     switch (m->type) {
@@ -300,6 +290,108 @@ int kvx_wire_decode(const void *hdr, size_t hdr_len, size_t data_len, kvx_msg_t 
         return 0;
     default:
         return -EBADMSG;
+    }
+}
+
+/* The encoder: every field the decoder reads, at the same place; reserved fields zero. */
+static void kvx_wire_put_bytes(uint8_t *p, const uint8_t *src, size_t len)
+{
+    if (src != NULL)
+        memcpy(p, src, len);
+    else
+        memset(p, 0, len);
+}
+
+size_t kvx_wire_encode(const kvx_msg_t *m, uint8_t *p)
+{
+    size_t fixed = kvx_wire_type(m->type)->fixed, n;
+
+    memset(p, 0, fixed);
+    kvx_wire_put_hdr(p, m->type, m->flags, m->conn_id, m->token);
+    switch (m->type) {
+    case KVX_MSG_HELLO:
+        n = strlen(m->u.hello.name);
+        kvx_wire_put_bytes(p + 16, m->u.hello.capability, 16);
+        kvx_put32(p + 32, m->u.hello.conn_id);
+        kvx_put32(p + 36, m->u.hello.ep_sn);
+        kvx_put64(p + 40, m->u.hello.token);
+        kvx_put64(p + 48, m->u.hello.generation);
+        p[56] = (uint8_t)n;
+        kvx_put32(p + 60, m->u.hello.waddr_len);
+        memcpy(p + fixed, m->u.hello.name, n);
+        memcpy(p + fixed + n, m->u.hello.waddr, m->u.hello.waddr_len);
+        return fixed + n + m->u.hello.waddr_len; /* the proof, if any, follows: signed_len */
+    case KVX_MSG_HELLO_ACK:
+        kvx_put32(p + 16, m->u.hello_ack.rconn_id);
+        kvx_put32(p + 20, (uint32_t)m->u.hello_ack.status);
+        kvx_put64(p + 24, m->u.hello_ack.token);
+        kvx_put64(p + 32, m->u.hello_ack.epoch);
+        kvx_wire_put_bytes(p + 40, m->u.hello_ack.seg_token, KVX_SEG_TOKEN_LEN);
+        kvx_wire_put_bytes(p + 56, m->u.hello_ack.nonce, KVX_WIRE_NONCE_LEN);
+        return fixed;
+    case KVX_MSG_PROOF:
+        kvx_wire_put_bytes(p + 16, m->u.proof.mac, KVX_PROOF_LEN);
+        return fixed;
+    case KVX_MSG_WRITE: /* the runs: in place after the header (kvx_wire_run_put), or copied */
+        kvx_put64(p + 16, m->u.write.xfer_id);
+        kvx_put64(p + 24, m->u.write.tag);
+        kvx_put64(p + 32, m->u.write.epoch);
+        kvx_put32(p + 40, m->u.write.nruns);
+        n = (size_t)m->u.write.nruns * KVX_WIRE_RUN_LEN;
+        if (m->u.write.runs != NULL && m->u.write.runs != p + fixed)
+            memcpy(p + fixed, m->u.write.runs, n);
+        return fixed + n;
+    case KVX_MSG_ACK: /* the entries: in place after the header (kvx_wire_ack_put), or copied */
+        kvx_put32(p + 16, m->u.ack.n);
+        n = (size_t)m->u.ack.n * KVX_WIRE_ACK_ENTRY_LEN;
+        if (m->u.ack.entries != NULL && m->u.ack.entries != p + fixed)
+            memcpy(p + fixed, m->u.ack.entries, n);
+        return fixed + n;
+    case KVX_MSG_READ_REQ: /* the runs as for WRITE */
+        kvx_put64(p + 16, m->u.read_req.xfer_id);
+        kvx_put64(p + 24, m->u.read_req.stream_off);
+        kvx_put32(p + 32, m->u.read_req.nruns);
+        kvx_put32(p + 36, kvx_wire_prio_put(m->u.read_req.prio));
+        n = (size_t)m->u.read_req.nruns * KVX_WIRE_RUN_LEN;
+        if (m->u.read_req.runs != NULL && m->u.read_req.runs != p + fixed)
+            memcpy(p + fixed, m->u.read_req.runs, n);
+        return fixed + n;
+    case KVX_MSG_READ_DATA:
+        kvx_put64(p + 16, m->u.read_data.xfer_id);
+        kvx_put64(p + 24, m->u.read_data.stream_off);
+        kvx_put32(p + 32, m->u.read_data.len);
+        kvx_put32(p + 36, m->u.read_data.crc);
+        kvx_put32(p + 40, (uint32_t)m->u.read_data.status);
+        return fixed;
+    case KVX_MSG_FENCE:
+        kvx_put64(p + 16, m->u.fence.epoch);
+        return fixed;
+    case KVX_MSG_NOTICE:
+        kvx_put64(p + 16, m->u.notice.xfer_id);
+        kvx_put64(p + 24, m->u.notice.tag);
+        kvx_put64(p + 32, m->u.notice.epoch);
+        kvx_put64(p + 40, m->u.notice.blocks);
+        kvx_put64(p + 48, m->u.notice.bytes);
+        return fixed;
+    case KVX_MSG_NOTICE_ACK:
+        kvx_put64(p + 16, m->u.notice_ack.xfer_id);
+        kvx_put32(p + 24, (uint32_t)m->u.notice_ack.status);
+        return fixed;
+    case KVX_MSG_CHALLENGE:
+        kvx_wire_put_bytes(p + 16, m->u.challenge.nonce, KVX_WIRE_NONCE_LEN);
+        return fixed;
+    case KVX_MSG_MD_REQ:
+        kvx_wire_put_bytes(p + 16, m->u.md_req.proof, KVX_PROOF_LEN);
+        kvx_wire_put_bytes(p + 48, m->u.md_req.cnonce, KVX_WIRE_NONCE_LEN);
+        return fixed;
+    case KVX_MSG_MD:
+        kvx_put32(p + 16, (uint32_t)m->u.md.status);
+        kvx_put32(p + 20, m->u.md.len);
+        kvx_wire_put_bytes(p + 24, m->u.md.cnonce, KVX_WIRE_NONCE_LEN);
+        kvx_wire_put_bytes(p + 40, m->u.md.mac, KVX_PROOF_LEN);
+        return fixed;
+    default: /* BYE */
+        return fixed;
     }
 }
 

@@ -395,12 +395,15 @@ static ssize_t kvx_xfer_post_write(kvx_conn_t *c, kvx_xfer_t *x)
         if (s->rndv)
             break;
     }
-    kvx_wire_put_hdr(s->hdr, KVX_MSG_WRITE, c->crc ? KVX_MSGF_CRC : 0, c->rconn_id, c->rconn_token);
-    kvx_put64(s->hdr + 16, x->id);
-    kvx_put64(s->hdr + 24, x->tag);
-    kvx_put64(s->hdr + 32, x->epoch);
-    kvx_put32(s->hdr + 40, n);
-    kvx_put32(s->hdr + 44, 0);
+    kvx_wire_encode(&(kvx_msg_t){.type = KVX_MSG_WRITE,
+                                 .flags = c->crc ? KVX_MSGF_CRC : 0,
+                                 .conn_id = c->rconn_id,
+                                 .token = c->rconn_token,
+                                 .u.write = {.xfer_id = x->id,
+                                             .tag = x->tag,
+                                             .epoch = x->epoch,
+                                             .nruns = n}}, /* the runs are in place */
+                    s->hdr);
     s->xfer_id = x->id;
     rc = kvx_ucx_send(s, hdr_len, n, &c->ucx_refs);
     if (rc < 0)
@@ -454,6 +457,7 @@ static ssize_t kvx_xfer_post_read(kvx_conn_t *c, kvx_xfer_t *x)
     uint8_t hdr[KVX_WIRE_READ_REQ_LEN + KVX_WIRE_MAX_RUNS * KVX_WIRE_RUN_LEN];
     uint64_t len = 0;
     uint32_t n = 0;
+    size_t hdr_len;
     int rc;
 
     for (unsigned i = 0; i < KVX_MAX_REQS && q == NULL; i++)
@@ -474,13 +478,17 @@ static ssize_t kvx_xfer_post_read(kvx_conn_t *c, kvx_xfer_t *x)
         len += piece;
         kvx_run_step(&x->next_run, &x->run_off, piece, run_len);
     }
-    kvx_wire_put_hdr(hdr, KVX_MSG_READ_REQ, c->crc ? KVX_MSGF_CRC : 0, c->rconn_id, c->rconn_token);
-    kvx_put64(hdr + 16, x->id);
-    kvx_put64(hdr + 24, q->stream_off);
-    kvx_put32(hdr + 32, n);
-    kvx_put32(hdr + 36, kvx_wire_prio_put(x->prio)); /* the target answers by it */
-    rc = kvx_ucx_send_ctl(c->ucx, hdr, KVX_WIRE_READ_REQ_LEN + (size_t)n * KVX_WIRE_RUN_LEN,
-                          &c->ucx_refs);
+    hdr_len = kvx_wire_encode(&(kvx_msg_t){.type = KVX_MSG_READ_REQ,
+                                           .flags = c->crc ? KVX_MSGF_CRC : 0,
+                                           .conn_id = c->rconn_id,
+                                           .token = c->rconn_token,
+                                           .u.read_req = {.xfer_id = x->id,
+                                                          .stream_off = q->stream_off,
+                                                          .nruns = n,
+                                                          /* the target answers by it */
+                                                          .prio = x->prio}},
+                              hdr);
+    rc = kvx_ucx_send_ctl(c->ucx, hdr, hdr_len, &c->ucx_refs);
     if (rc < 0)
         return rc;
     if (rc == 1)
@@ -624,20 +632,22 @@ void kvx_xfer_post(kvx_conn_t *c, size_t budget)
 /* All of a write's bytes were acknowledged: done, or first the receiver's notice. */
 void kvx_xfer_write_landed(kvx_conn_t *c, kvx_xfer_t *x)
 {
-    uint8_t hdr[56];
-    uint64_t blocks = x->bytes / c->t->block_len;
+    uint8_t hdr[KVX_WIRE_NOTICE_LEN];
     int rc;
 
     if (!x->notify || x->canceled) { /* no notice for a canceled write */
         kvx_xfer_finish(x, 0);
         return;
     }
-    kvx_wire_put_hdr(hdr, KVX_MSG_NOTICE, 0, c->rconn_id, c->rconn_token);
-    kvx_put64(hdr + 16, x->id);
-    kvx_put64(hdr + 24, x->tag);
-    kvx_put64(hdr + 32, x->epoch);
-    kvx_put64(hdr + 40, blocks);
-    kvx_put64(hdr + 48, x->bytes);
+    kvx_wire_encode(&(kvx_msg_t){.type = KVX_MSG_NOTICE,
+                                 .conn_id = c->rconn_id,
+                                 .token = c->rconn_token,
+                                 .u.notice = {.xfer_id = x->id,
+                                              .tag = x->tag,
+                                              .epoch = x->epoch,
+                                              .blocks = x->bytes / c->t->block_len,
+                                              .bytes = x->bytes}},
+                    hdr);
     rc = kvx_ucx_send_ctl(c->ucx, hdr, sizeof(hdr), &c->ucx_refs);
     if (rc < 0) {
         kvx_xfer_finish(x, rc);

@@ -263,11 +263,15 @@ void kvx_xfer_on_message(kvx_transport_t *t, const kvx_msg_t *m, const uint8_t *
             !kvx_equal_ct(m->u.hello_ack.nonce, kvx_zero_nonce, KVX_WIRE_NONCE_LEN)) {
             /* the receiver asks for a proof over its fresh nonce first (a recorded HELLO has
              * none): it goes before anything else on this endpoint */
-            uint8_t pr[KVX_WIRE_PROOF_LEN];
+            uint8_t pr[KVX_WIRE_PROOF_LEN], mac[KVX_PROOF_LEN];
             int rc;
-            kvx_wire_put_hdr(pr, KVX_MSG_PROOF, 0, c->rconn_id, c->rconn_token);
             kvx_wire_proof_mac(t->secret, t->secret_len, m->u.hello_ack.nonce, c->rconn_id,
-                               c->rconn_token, pr + KVX_WIRE_HDR_LEN);
+                               c->rconn_token, mac);
+            kvx_wire_encode(&(kvx_msg_t){.type = KVX_MSG_PROOF,
+                                         .conn_id = c->rconn_id,
+                                         .token = c->rconn_token,
+                                         .u.proof.mac = mac},
+                            pr);
             rc = kvx_ucx_send_ctl(c->ucx, pr, sizeof(pr), &c->ucx_refs);
             if (rc < 0) {
                 kvx_on_conn_error(c, rc);
