@@ -25,7 +25,8 @@
  *   WRITE      16 u64 transfer id 24 u64 tag 32 u64 epoch 40 u32 runs 44 u32 0 48 runs;
  *              the payload is the runs' bytes, in order
  *   ACK        16 u32 entries 20 u32 0 24 entries {u64 transfer id, u32 bytes, i32 status}
- *   READ_REQ   16 u64 transfer id 24 u64 stream offset 32 u32 runs 36 u32 0 40 runs
+ *   READ_REQ   16 u64 transfer id 24 u64 stream offset 32 u32 runs 36 u32 priority (0 normal,
+ *              1 low, 2 high) 40 runs
  *   READ_DATA  16 u64 transfer id 24 u64 stream offset 32 u32 length 36 u32 crc32c
  *              40 i32 status 44 u32 0; the payload is length bytes (none when status < 0)
  *   FENCE      16 u64 epoch
