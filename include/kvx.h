@@ -138,11 +138,12 @@ enum kvx_params_field {
  *  side sends by rendezvous only to a peer that takes them, so any two modes work together. */
 enum kvx_rndv_mode {
     /** Rendezvous where UCX moves it by zero-copy RMA (the connection's rendezvous lanes are all
-     *  rc, dc, gga or a GPU copy engine: an RDMA READ or WRITE straight into the place the
-     *  receiver chose), for runs of at least rndv_thresh bytes if set, else of UCX's own
-     *  threshold for that endpoint (or 8 KiB when UCX says none); eager on every other lane
-     *  (tcp, shared memory, cma, ud: there UCX's rendezvous is a copy all the same). Takes
-     *  rendezvous payloads. README, "Rendezvous". */
+     *  rc, dc or gga: an RDMA READ or WRITE straight into the place the receiver chose), for
+     *  runs of at least rndv_thresh bytes if set, else of UCX's own threshold for that endpoint
+     *  (or 8 KiB when UCX says none); eager on every other lane (tcp, shared memory, cma, ud,
+     *  the GPU copy engines: there UCX's rendezvous of host memory is a copy all the same).
+     *  Before, auto with rndv_thresh sent runs over it by rendezvous on every lane: that is
+     *  KVX_RNDV_ALWAYS now. Takes rendezvous payloads. README, "Rendezvous". */
     KVX_RNDV_AUTO = 0,
     /** Every byte in eager messages, both ways: this transport sends no rendezvous payload, and
      *  its handshake tells peers it takes none (one sent anyway is refused: -EPROTO). */

@@ -192,7 +192,6 @@ static int kvx_peer_add_at(kvx_transport_t *t, const char *peer_id, const void *
         t->nconnected++;
     p->conn = c;
     p->removed = false;
-    p->purged = false;
     p->last_err = 0;
     c->peer = p;
     memcpy(p->last_agent, c->agent_name, sizeof(p->last_agent));
@@ -218,7 +217,7 @@ static int kvx_peer_add_at(kvx_transport_t *t, const char *peer_id, const void *
             for (kvx_list_t *n = t->active.next; n != &t->active; n = n->next) {
                 kvx_xfer_t *x = kvx_container_of(n, kvx_xfer_t, active_link);
                 if (x->peer == p && x->conn == old)
-                    x->purged = true; /* ENDING ones too: they still name their connection */
+                    kvx_xfer_purge(x); /* ENDING ones too: they still name their connection */
             }
         kvx_conn_retire(old, -ECONNABORTED);
     }
@@ -269,9 +268,8 @@ static int kvx_peer_remove_impl(kvx_transport_t *t, const char *peer_id, unsigne
         for (kvx_list_t *n = t->active.next; n != &t->active; n = n->next) {
             kvx_xfer_t *x = kvx_container_of(n, kvx_xfer_t, active_link);
             if (x->peer == p)
-                x->purged = true;
+                kvx_xfer_purge(x);
         }
-        p->purged = true;
     }
     p->conn = NULL;
     p->removed = true;

@@ -394,7 +394,7 @@ void kvx_conn_wired(kvx_conn_t *c, unsigned ack_flags)
 
     c->rndv_min = kvx_rndv_choose(&in, why, sizeof(why));
     /* by hardware RMA: runs over the threshold move by UCX's zero-copy rendezvous */
-    c->rma_hw = c->rndv_min != UINT64_MAX && kvx_rndv_lanes_zcopy(c->lanes.rndv);
+    c->rma_hw = c->rndv_min != UINT64_MAX && kvx_rndv_zcopy(&in);
     kvx_debug(t, "connection %u to %s: writes over %s (rendezvous lanes '%s'): %s", c->id,
               c->agent_name, c->lanes.am, c->lanes.rndv, why);
     c->wired = true;

@@ -206,6 +206,14 @@ void kvx_xfer_free_all(kvx_transport_t *t)
     kvx_list_init(&t->ready);
 }
 
+void kvx_xfer_purge(kvx_xfer_t *x)
+{
+    if (x->purged)
+        return;
+    x->purged = true;
+    x->peer->npurged++;
+}
+
 /* ---- completion ----------------------------------------------------------------------------- */
 
 /* Finish a transfer: it leaves every connection list and waits in its peer's queue for poll
@@ -261,6 +269,8 @@ void kvx_xfer_release(kvx_xfer_t *x)
     x->peer = NULL;
     if (p != NULL) {
         p->nxfers--;
+        if (x->purged)
+            p->npurged--;
         if (kvx_list_empty(&p->cq) && kvx_list_linked(&p->ready_link)) {
             kvx_list_del(&p->ready_link);
             if (t->ev_used)

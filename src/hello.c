@@ -40,6 +40,7 @@ static kvx_rconn_t *kvx_rconn_alloc(kvx_transport_t *t, kvx_writer_t *w, const k
     rc->w = w;
     rc->peer_conn_id = m->u.hello.conn_id;
     rc->peer_token = m->u.hello.token;
+    rc->rndv_min = UINT64_MAX; /* no read data by rendezvous until its HELLO is judged */
     kvx_list_init(&rc->serve);
     kvx_list_init(&rc->rxs);
     kvx_list_init(&rc->ctl);

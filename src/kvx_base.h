@@ -178,6 +178,9 @@ typedef struct kvx_rndv_in {
  * whether every one of a ','-joined list is (false for an empty list). */
 bool kvx_rndv_lane_zcopy(const char *name, size_t len);
 bool kvx_rndv_lanes_zcopy(const char *lanes);
+/* Whether UCX's rendezvous on those lanes is zero-copy RMA: every rendezvous lane is one, and
+ * UCX (1.14 and later) names no protocol that is not "zero-copy". */
+bool kvx_rndv_zcopy(const kvx_rndv_in_t *in);
 /* The smallest run that goes by rendezvous on a connection (UINT64_MAX: every run in eager
  * messages), and why, in words for the debug log: KVX_RNDV_EAGER or a peer that takes no
  * rendezvous payloads, none; KVX_RNDV_ALWAYS, runs of rndv_thresh and more (every run with 0);

@@ -89,10 +89,10 @@ struct kvx_peer {
     kvx_peer_t *hnext; /* hash chain */
     kvx_conn_t *conn;  /* NULL when removed */
     bool removed;
-    /* removed with KVX_PEER_REMOVE_PURGE: every transfer it still has is forgotten as it ends,
-     * so the id is unknown from then on (kvx_peer_known), though the object stays until UCX has
-     * let go of them (or a re-add of the id installs a connection on it again) */
-    bool purged;
+    /* of nxfers, those purged (kvx_xfer_purge: KVX_PEER_REMOVE_PURGE, KVX_PEER_ADD_PURGE),
+     * forgotten as they end: a removed peer whose every transfer is purged is unknown
+     * (kvx_peer_known), though the object stays until UCX has let go of them */
+    uint64_t npurged;
     int last_err;
     kvx_list_t cq;         /* DONE transfers, oldest first */
     kvx_list_t ready_link; /* t->ready while cq is not empty */
@@ -302,7 +302,7 @@ kvx_peer_t *kvx_peer_lookup(const kvx_transport_t *t, const char *id);
  * poll (not when it was purged: those are forgotten). An add still under way has neither. */
 static inline bool kvx_peer_known(const kvx_peer_t *p)
 {
-    return p != NULL && (p->conn != NULL || (p->nxfers != 0 && !p->purged));
+    return p != NULL && (p->conn != NULL || p->nxfers > p->npurged);
 }
 int kvx_peer_insert(kvx_transport_t *t, kvx_peer_t *p);
 kvx_peer_t *kvx_peer_new(kvx_transport_t *t, const char *peer_id);
@@ -349,6 +349,8 @@ void kvx_xfer_trim_pool(kvx_transport_t *t);
 /* Up to max of p's completions into out, released (the last may free p). */
 size_t kvx_cq_drain(kvx_peer_t *p, kvx_completion_t *out, size_t max);
 void kvx_xfer_complete(kvx_xfer_t *x, int status);
+/* Forget x as it ends: it never comes out of poll (its peer's npurged counts it until freed). */
+void kvx_xfer_purge(kvx_xfer_t *x);
 void kvx_xfer_release(kvx_xfer_t *x);
 /* Some of the transfer's bytes were handed to UCX. */
 static inline bool kvx_xfer_started(const kvx_xfer_t *x) { return x->posted > 0; }

@@ -41,7 +41,9 @@ bool kvx_seg_token_ok(const uint8_t *want, const uint8_t *got);
 /* ---- metadata codec (metadata.c) ------------------------------------------------------------ */
 
 #define KVX_MD_MAGIC 0x4d58564bu /* "KVXM" read little-endian */
-#define KVX_MD_VERSION 2u
+/* 3: its transport's handshake says which payload paths it takes (KVX_MSGF_RNDV), which a
+ * format-2 peer's decoder refuses: the format says so at kvx_peer_add (-EPROTONOSUPPORT) */
+#define KVX_MD_VERSION 3u
 #define KVX_MDF_MAC 1u /* a 32-byte HMAC-SHA256 of the blob ends it */
 #define KVX_MAC_LEN 32
 

@@ -10,15 +10,16 @@
 #include <string.h>
 
 /*
- * Transports on which UCX's rendezvous moves a payload by zero-copy RMA: an RDMA READ (or WRITE)
- * straight between the two buffers, no CPU copying it (rc, dc and gga over verbs and mlx5, and
- * the GPU copy engines). Not: tcp (a socket copy), sysv/posix (UCX cuts the payload into
+ * Transports on which UCX's rendezvous moves a payload of host memory (a kvx region) by zero-copy
+ * RMA: an RDMA READ (or WRITE) straight between the two buffers, no CPU copying it: rc, dc and
+ * gga, over verbs or mlx5. Not: tcp (a socket copy), sysv/posix (UCX cuts the payload into
  * fragments each side copies: "rendezvous fragmented copy-in copy-out"), cma (a copy by the
  * kernel; with peer error handling UCX uses no cma lane here), ud (datagrams: UCX's ud transport
  * has no RDMA READ or WRITE, uct's ud_iface.c, so its rendezvous lands in receive buffers the CPU
- * copies out), self.
+ * copies out), self, and the GPU copy engines (cuda_copy, cuda_ipc, gdr_copy, rocm_*): UCX adds
+ * their lanes for GPU memory, and a host region does not move through them without a copy.
  */
-static const char *const kvx_zcopy_prefixes[] = {"rc_", "dc_", "gga_", "cuda_", "gdr_", "rocm_"};
+static const char *const kvx_zcopy_prefixes[] = {"rc_", "dc_", "gga_"};
 
 bool kvx_rndv_lane_zcopy(const char *name, size_t len)
 {
@@ -45,6 +46,13 @@ bool kvx_rndv_lanes_zcopy(const char *lanes)
     return true;
 }
 
+bool kvx_rndv_zcopy(const kvx_rndv_in_t *in)
+{
+    /* UCX 1.14 and later name the protocol: one that copies is a copy whatever the lanes */
+    return kvx_rndv_lanes_zcopy(in->rndv_lanes) &&
+           (in->ucx_proto[0] == '\0' || strstr(in->ucx_proto, "zero-copy") != NULL);
+}
+
 uint64_t kvx_rndv_choose(const kvx_rndv_in_t *in, char *why, size_t why_len)
 {
     const char *lanes = in->rndv_lanes[0] != '\0' ? in->rndv_lanes : in->am_lanes;
@@ -65,7 +73,7 @@ uint64_t kvx_rndv_choose(const kvx_rndv_in_t *in, char *why, size_t why_len)
                      (unsigned long long)in->thresh);
         return in->thresh;
     }
-    if (!kvx_rndv_lanes_zcopy(in->rndv_lanes)) {
+    if (!kvx_rndv_zcopy(in)) {
         snprintf(why, why_len, "eager: UCX's rendezvous on '%s' is a copy, not zero-copy RMA%s%s%s",
                  lanes, in->ucx_proto[0] != '\0' ? " (UCX: \"" : "", in->ucx_proto,
                  in->ucx_proto[0] != '\0' ? "\")" : "");

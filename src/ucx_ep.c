@@ -500,7 +500,7 @@ void kvx_ucx_lanes_parse(const char *text, kvx_lanes_t *l)
 {
     char am_bw[KVX_TRANSPORT_NAME_MAX] = "", am[KVX_TRANSPORT_NAME_MAX] = "";
     const char *line = text, *next;
-    bool table = false;
+    int table = 0; /* in kvx's table: 1 at its title, 2 in its rows (after the border under it) */
 
     memset(l, 0, sizeof(*l));
     l->ucx_rndv = UINT64_MAX;
@@ -526,11 +526,16 @@ void kvx_ucx_lanes_parse(const char *text, kvx_lanes_t *l)
             }
             continue;
         }
-        if (strstr(buf, "active message by ucp_am_send*") != NULL) { /* 1.14 and later */
-            table = strstr(buf, "* with reply flag from host memory") != NULL;
+        if (strstr(buf, " cfg#") != NULL) { /* a table's title (1.14 and later) */
+            table = strstr(buf, "active message by ucp_am_send* with reply flag from host "
+                                "memory") != NULL;
             continue;
         }
-        if (table && l->ucx_proto[0] == '\0' &&
+        if (table != 0 && strstr(buf, "+---") != NULL) { /* a border: under the title, or the end */
+            table = table == 1 ? 2 : 0;
+            continue;
+        }
+        if (table == 2 && l->ucx_proto[0] == '\0' &&
             kvx_ucx_rndv_row(buf, &l->ucx_rndv, l->ucx_proto, sizeof(l->ucx_proto)))
             continue;
         if ((p = strstr(buf, "lane[")) == NULL || (p = strchr(p, ':')) == NULL)

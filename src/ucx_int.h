@@ -163,6 +163,4 @@ void kvx_ucx_close_fillers(kvx_ucx_t *u); /* all of them (the worker goes) */
 void kvx_ucx_drop_links(kvx_ucx_t *u);    /* after the worker went */
 void kvx_ucx_free_rxs(kvx_ucx_t *u);      /* the receive records to reuse */
 
-/* ucx_mem.c: the registered region's handle for [p, p + len), or NULL (UCX then registers). */
-
 #endif /* KVX_UCX_INT_H */

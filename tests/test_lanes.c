@@ -13,14 +13,31 @@
 
 static void zcopy_names(void)
 {
-    static const char *const yes[] = {"rc_mlx5",  "rc_verbs",        "dc_mlx5",        "gga_mlx5",
-                                      "cuda_ipc", "cuda_copy",       "gdr_copy",       "rocm_copy",
-                                      "rocm_ipc", "rc_mlx5,rc_mlx5", "rc_mlx5,dc_mlx5"};
-    static const char *const no[] = {
-        "",     "tcp",        "sysv",        "posix",       "cma",
-        "self", "ud_verbs",   "ud_mlx5",     "knem",        "xpmem",
-        "rc",   "sysv,posix", "rc_mlx5,tcp", "tcp,rc_mlx5", "rc_mlx5,ud_mlx5",
-        "dc"};
+    static const char *const yes[] = {"rc_mlx5",         "rc_verbs",        "dc_mlx5",
+                                      "gga_mlx5",        "rc_mlx5,rc_mlx5", "rc_mlx5,dc_mlx5",
+                                      "rc_verbs,dc_mlx5"};
+    static const char *const no[] = {"",
+                                     "tcp",
+                                     "sysv",
+                                     "posix",
+                                     "cma",
+                                     "self",
+                                     "ud_verbs",
+                                     "ud_mlx5",
+                                     "knem",
+                                     "xpmem",
+                                     "rc",
+                                     "sysv,posix",
+                                     "rc_mlx5,tcp",
+                                     "tcp,rc_mlx5",
+                                     "rc_mlx5,ud_mlx5",
+                                     "dc",
+                                     "cuda_ipc",
+                                     "cuda_copy",
+                                     "gdr_copy",
+                                     "rocm_copy",
+                                     "rocm_ipc",
+                                     "rc_mlx5,cuda_ipc"};
 
     for (size_t i = 0; i < sizeof(yes) / sizeof(yes[0]); i++)
         if (!kvx_rndv_lanes_zcopy(yes[i]))
@@ -87,8 +104,11 @@ static void choices(void)
            "UCX's own threshold for this endpoint");
     choose(KVX_RNDV_AUTO, 0, true, "gga_mlx5", "rc_mlx5", none, "", KVX_RNDV_ZCOPY_MIN,
            "UCX reports no threshold");
-    choose(KVX_RNDV_AUTO, 0, true, "cuda_ipc", "sysv", none, "", KVX_RNDV_ZCOPY_MIN,
-           "zero-copy RMA on 'cuda_ipc'");
+    /* a host region through a GPU copy engine is a copy (UCX adds such lanes for GPU memory) */
+    choose(KVX_RNDV_AUTO, 0, true, "cuda_ipc", "sysv", none, "", none, "'cuda_ipc' is a copy");
+    /* UCX 1.14 and later name the protocol: one that copies is a copy, whatever the lanes */
+    choose(KVX_RNDV_AUTO, 0, true, "rc_mlx5", "rc_mlx5", 262144, f, none,
+           "is a copy, not zero-copy RMA (UCX: \"rendezvous fragmented");
     choose(KVX_RNDV_AUTO, 0, true, "rc_verbs,rc_verbs", "rc_verbs", 8256, "", 8256,
            "zero-copy RMA on 'rc_verbs,rc_verbs'");
 }
@@ -146,11 +166,27 @@ static const char ucx119_sysv[] =
 static const char ucx119_rc[] =
     "#                 lane[0]:  1:rc_mlx5/mlx5_0:1.0 md[1]      -> md[1]/ib/sysdev[255] seg 8256 "
     "rma_bw#0 am wireup\n"
+    "# +------------+---------------------------------------------------------------+\n"
     "# | host cfg#1 | active message by ucp_am_send* with reply flag from host memory |\n"
+    "# +------------+---------------------------------------+------------------------+\n"
     "# |     0..2038 | short                                 | rc_mlx5/mlx5_0:1 |\n"
     "# |  2039..8246 | copy-in                               | rc_mlx5/mlx5_0:1 |\n"
     "# | 8247..29420 | zero-copy                             | rc_mlx5/mlx5_0:1 |\n"
-    "# |   28K..inf  | rendezvous zero-copy read from remote | rc_mlx5/mlx5_0:1 |\n";
+    "# |   28K..inf  | rendezvous zero-copy read from remote | rc_mlx5/mlx5_0:1 |\n"
+    "# +------------+---------------------------------------+------------------------+\n";
+/* ... kvx's table with no rendezvous row, and another table's after it: UCX says none for kvx */
+static const char ucx119_none[] =
+    "#                 lane[0]:  1:rc_mlx5/mlx5_0:1.0 md[1]      -> md[1]/ib/sysdev[255] seg 8256 "
+    "rma_bw#0 am wireup\n"
+    "# +------------+---------------------------------------------------------------+\n"
+    "# | host cfg#1 | active message by ucp_am_send* with reply flag from host memory |\n"
+    "# +------------+---------------------------------------+------------------------+\n"
+    "# |    0..inf   | zero-copy                             | rc_mlx5/mlx5_0:1 |\n"
+    "# +------------+---------------------------------------+------------------------+\n"
+    "# | host cfg#1 | active message by ucp_am_send*(multi) from host memory |\n"
+    "# +------------+---------------------------------------+------------------------+\n"
+    "# |   64K..inf  | rendezvous zero-copy read from remote | rc_mlx5/mlx5_0:1 |\n"
+    "# +------------+---------------------------------------+------------------------+\n";
 
 static void parse(const char *name, const char *text, const char *am, const char *rndv,
                   uint64_t ucx, const char *proto)
@@ -177,6 +213,8 @@ int main(void)
           "rendezvous fragmented copy-in copy-out");
     parse("ucx 1.19.1 rc", ucx119_rc, "rc_mlx5", "rc_mlx5", 28 << 10,
           "rendezvous zero-copy read from remote");
+    parse("ucx 1.19.1 rc, no rendezvous for kvx's sends", ucx119_none, "rc_mlx5", "rc_mlx5",
+          UINT64_MAX, "");
     parse("nothing", "", "", "", UINT64_MAX, "");
     parse("junk", "lane[0]: :\n am_send: <rndv>\n| x..y | rendezvous |\n", "", "", UINT64_MAX, "");
     return 0;

@@ -264,6 +264,38 @@ static void purge(kt_target_t *ta)
     verify(ta, 64, 16);
 }
 
+/* The id is unknown at once however its transfers were purged and whatever follows: an add that
+ * replaced its connection with KVX_PEER_ADD_PURGE while its writes waited in UCX, then a plain
+ * remove; a purging remove, a re-add and a plain remove. Nothing of the purged ones is polled. */
+static void purge_then_remove(kt_target_t *ta, kt_target_t *tc)
+{
+    kvx_peer_params_t pp = {.field_mask = KVX_PEER_PARAM_FLAGS, .flags = KVX_PEER_ADD_PURGE};
+    kvx_peer_attr_t pa = {.field_mask = KVX_PEER_ATTR_STATE};
+    kvx_completion_t c[16];
+
+    KT_OK(kvx_peer_add(t, "A", ta->md, ta->md_len, NULL));
+    kt_stop(&ta->proc);
+    for (int i = 0; i < 4; i++)
+        submit("A", (uint32_t)i * 32, 32);
+    KT_OK(kvx_peer_add(t, "A", tc->md, tc->md_len, &pp));
+    KT_EQ(kvx_peer_remove(t, "A"), 1);
+    KT_ERR(kvx_peer_query(t, "A", &pa), -ENOENT);
+    KT_EQ(kvx_transport_poll(t, "A", c, 16), 0);
+    kt_cont(&ta->proc);
+
+    KT_OK(kvx_peer_add(t, "A", ta->md, ta->md_len, NULL));
+    kt_stop(&ta->proc);
+    for (int i = 0; i < 4; i++)
+        submit("A", (uint32_t)i * 32, 32);
+    KT_EQ(kvx_peer_remove_ex(t, "A", KVX_PEER_REMOVE_PURGE), 1);
+    KT_OK(kvx_peer_add(t, "A", tc->md, tc->md_len, NULL));
+    KT_EQ(kvx_peer_remove(t, "A"), 1);
+    KT_ERR(kvx_peer_query(t, "A", &pa), -ENOENT);
+    kt_cont(&ta->proc);
+    usleep(300000);
+    KT_EQ(kvx_transport_poll(t, NULL, c, 16), 0);
+}
+
 int main(void)
 {
     kt_target_args_t a = {
@@ -288,6 +320,7 @@ int main(void)
     replace(&tb, &tc);
     cancel(&ta);
     purge(&ta);
+    purge_then_remove(&ta, &tc);
 
     kvx_transport_destroy(t);
     kt_region_free(&r);

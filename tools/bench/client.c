@@ -35,7 +35,7 @@ const char *fmt_ms(double us, char *buf, size_t len)
 
 const char *fmt_p99(double p99_us, double max_us, uint64_t samples, char *buf, size_t len)
 {
-    char v[32];
+    char v[24]; /* the figure, and " max" after it, fit a 32-byte cell */
 
     if (samples == 0)
         snprintf(buf, len, "-");
