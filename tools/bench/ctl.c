@@ -3,7 +3,9 @@
  * (region sizes and the port its transport listens on, verification, barriers, CPU figures),
  * and the sockets under it. The metadata itself travels over kvx's own pairing (listen.c).
  */
-#include "bench.h"
+#include "ctl.h"
+
+#include "util.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -53,7 +55,6 @@ uint8_t *msg_recv(int fd, msg_hdr_t *h)
     return buf;
 }
 
-/* Listen on addr (an IPv4 address; NULL: 127.0.0.1) and port (0: any). */
 int listen_on(const char *addr, int port, int *port_out)
 {
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
@@ -73,11 +74,11 @@ int listen_on(const char *addr, int port, int *port_out)
     return fd;
 }
 
-int connect_to(const char *spec)
+int connect_to(const char *spec, int default_port)
 {
     char host[256];
     const char *colon = strrchr(spec, ':');
-    int port = o.port, fd, one = 1;
+    int port = default_port, fd, one = 1;
     struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *ai;
     char ports[16];
 
@@ -98,4 +99,82 @@ int connect_to(const char *spec)
     freeaddrinfo(ai);
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     return fd;
+}
+
+uint32_t ctl_region(int fd, uint64_t block_len, uint64_t num_blocks)
+{
+    uint64_t geo[2] = {block_len, num_blocks};
+    msg_hdr_t h;
+    uint8_t *reply;
+    uint32_t port;
+
+    msg_send(fd, MSG_REGION, geo, sizeof(geo));
+    reply = msg_recv(fd, &h);
+    if (h.len != sizeof(port))
+        die("server: a REGION answer of %u bytes", h.len);
+    memcpy(&port, reply, sizeof(port));
+    free(reply);
+    return port;
+}
+
+void ctl_refill(int fd, uint64_t block_len, uint64_t num_blocks)
+{
+    uint64_t geo[2] = {block_len, num_blocks};
+    msg_hdr_t h;
+
+    msg_send(fd, MSG_REFILL, geo, sizeof(geo));
+    free(msg_recv(fd, &h));
+}
+
+void ctl_barrier(int fd, uint32_t id, uint32_t n)
+{
+    uint32_t b[2] = {id, n};
+    msg_hdr_t h;
+
+    msg_send(fd, MSG_BARRIER, b, sizeof(b));
+    free(msg_recv(fd, &h));
+}
+
+uint64_t ctl_cpu_ns(int fd)
+{
+    msg_hdr_t h;
+    uint64_t v = 0;
+    uint8_t *rep;
+
+    msg_send(fd, MSG_CPU, NULL, 0);
+    rep = msg_recv(fd, &h);
+    if (h.type != MSG_CPU || h.len != sizeof(v))
+        die("the server does not report its CPU time");
+    memcpy(&v, rep, sizeof(v));
+    free(rep);
+    return v;
+}
+
+uint64_t ctl_verify(int fd, const verify_req_t *q, const uint32_t *dst, const uint32_t *src)
+{
+    size_t len = sizeof(*q) + 8ull * q->n;
+    uint8_t *buf = malloc(len), *rep;
+    uint32_t *pairs = (uint32_t *)(buf + sizeof(*q));
+    msg_hdr_t h;
+    uint64_t bad;
+
+    if (buf == NULL)
+        die("out of memory");
+    memcpy(buf, q, sizeof(*q));
+    for (uint64_t k = 0; k < q->n; k++) {
+        pairs[2 * k] = dst[k];
+        pairs[2 * k + 1] = src[k];
+    }
+    msg_send(fd, MSG_VERIFY, buf, (uint32_t)len);
+    rep = msg_recv(fd, &h);
+    memcpy(&bad, rep, sizeof(bad));
+    free(rep);
+    free(buf);
+    return bad;
+}
+
+void ctl_bye(int fd)
+{
+    msg_send(fd, MSG_BYE, NULL, 0);
+    close(fd);
 }

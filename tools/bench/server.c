@@ -5,7 +5,9 @@
  * the server keeps serving the others. Sockets are non-blocking: a client that stalls halfway
  * through a message holds up nobody.
  */
-#include "bench.h"
+#include "server.h"
+
+#include "ctl.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -29,10 +31,6 @@ typedef struct srv_region {
     uint32_t port; /* where its transport listens for initiators (kvx_transport_listen) */
 } srv_region_t;
 
-static srv_region_t srv_regions[MAX_REGIONS];
-static int srv_nregions;
-static uint64_t srv_bytes; /* of all regions: at most --max-region */
-
 /* One connected client and the message it is in the middle of sending. */
 typedef struct srv_client {
     int fd;
@@ -42,90 +40,116 @@ typedef struct srv_client {
     bool barrier; /* waiting in the barrier */
 } srv_client_t;
 
-static srv_client_t clients[MAX_CLIENTS];
-static int nclients;
+/* Everything one server_run owns. */
+typedef struct server {
+    const struct opts *o;
+    srv_region_t regions[MAX_REGIONS];
+    int nregions;
+    uint64_t bytes; /* of all regions: at most --max-region */
+    srv_client_t clients[MAX_CLIENTS];
+    int nclients;
+    /* A barrier for several initiators sharing this target: each sends {id, n}; all n are
+     * answered when the n-th arrives, so that their measured phases overlap. */
+    struct {
+        uint32_t id, n, count;
+    } barrier;
+} server_t;
 
-/* A barrier for several initiators sharing this target: each sends {id, n}; all n are answered
- * when the n-th arrives, so that their measured phases overlap. */
-static struct {
-    uint32_t id, n, count;
-} srv_barrier;
-
-static srv_region_t *srv_region_find(uint64_t block_len, uint64_t num_blocks)
+static srv_region_t *srv_region_find(server_t *s, uint64_t block_len, uint64_t num_blocks)
 {
-    for (int i = 0; i < srv_nregions; i++)
-        if (srv_regions[i].block_len == block_len && srv_regions[i].num_blocks == num_blocks)
-            return &srv_regions[i];
+    for (int i = 0; i < s->nregions; i++)
+        if (s->regions[i].block_len == block_len && s->regions[i].num_blocks == num_blocks)
+            return &s->regions[i];
     return NULL;
 }
 
-/* The region of that geometry, made on first use. NULL with *why set when refused. */
-static srv_region_t *srv_region_get(uint64_t block_len, uint64_t num_blocks, const char **why)
+static void srv_region_fill(const srv_region_t *r)
 {
-    srv_region_t *r = srv_region_find(block_len, num_blocks);
-    kvx_params_t p = {.field_mask = KVX_PARAM_REGION | KVX_PARAM_NUM_THREADS | KVX_PARAM_RNDV,
-                      .rndv_mode = o.rndv_mode,
-                      .rndv_thresh = o.rndv_thresh};
+    for (uint64_t i = 0; i < r->num_blocks; i++)
+        kvx_pattern_fill(r->base + i * r->block_len, r->block_len, SERVER_SALT, i, 0);
+}
+
+/* Initiators pair with r's transport by address: at the control channel's address, any port. */
+static int srv_region_listen(server_t *s, srv_region_t *r)
+{
+    kvx_transport_attr_t la = {.field_mask = KVX_TRANSPORT_ATTR_LISTEN};
+    char at[KVX_ADDR_MAX];
     int rc;
 
-    if (r != NULL)
-        return r;
-    if (block_len == 0 || block_len > MAX_BLOCK_LEN || num_blocks == 0 || num_blocks > UINT32_MAX ||
-        num_blocks > o.max_region / block_len) {
-        *why = "region geometry out of bounds (see --max-region)";
-        return NULL;
-    }
-    if (srv_nregions == MAX_REGIONS) {
-        *why = "too many regions";
-        return NULL;
-    }
-    r = &srv_regions[srv_nregions];
-    memset(r, 0, sizeof(*r));
-    r->block_len = block_len;
-    r->num_blocks = num_blocks;
-    if (o.owned) { /* kvx allocates it (shared memory): same-host peers copy into it */
+    snprintf(at, sizeof(at), "%s:0", s->o->bind != NULL ? s->o->bind : "127.0.0.1");
+    rc = kvx_transport_listen(r->t, at);
+    if (rc == 0)
+        rc = kvx_transport_query(r->t, &la);
+    if (rc == 0)
+        r->port = (uint32_t)strtoul(strrchr(la.listen_addr, ':') + 1, NULL, 10);
+    return rc;
+}
+
+/* r's memory and transport, filled with the server's pattern and listening. */
+static const char *srv_region_open(server_t *s, srv_region_t *r)
+{
+    const struct opts *o = s->o;
+    kvx_params_t p = {.field_mask = KVX_PARAM_REGION | KVX_PARAM_NUM_THREADS | KVX_PARAM_RNDV,
+                      .rndv_mode = o->rndv_mode,
+                      .rndv_thresh = o->rndv_thresh};
+    int rc;
+
+    if (o->owned) { /* kvx allocates it (shared memory): same-host peers copy into it */
         p.field_mask |= KVX_PARAM_OWN_REGION;
     } else {
-        r->base = mmap(NULL, block_len * num_blocks, PROT_READ | PROT_WRITE,
+        r->base = mmap(NULL, r->block_len * r->num_blocks, PROT_READ | PROT_WRITE,
                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (r->base == MAP_FAILED) {
-            *why = "out of memory";
-            return NULL;
-        }
+        if (r->base == MAP_FAILED)
+            return "out of memory";
     }
     p.base = r->base;
-    p.num_blocks = num_blocks;
-    p.block_len = block_len;
-    p.num_threads = (unsigned)o.target_threads;
+    p.num_blocks = r->num_blocks;
+    p.block_len = r->block_len;
+    p.num_threads = (unsigned)o->target_threads;
     rc = kvx_transport_create(&p, &r->t);
-    if (rc == 0 && o.owned) {
+    if (rc == 0 && o->owned) {
         kvx_transport_attr_t ta = {.field_mask = KVX_TRANSPORT_ATTR_REGION};
         kvx_transport_query(r->t, &ta);
         r->base = ta.base;
     }
     if (rc == 0)
-        for (uint64_t i = 0; i < num_blocks; i++)
-            kvx_pattern_fill(r->base + i * block_len, block_len, SERVER_SALT, i, 0);
-    if (rc == 0) {
-        /* initiators pair with it by address, at the control channel's address, any port */
-        kvx_transport_attr_t la = {.field_mask = KVX_TRANSPORT_ATTR_LISTEN};
-        char at[KVX_ADDR_MAX];
-        snprintf(at, sizeof(at), "%s:0", o.bind != NULL ? o.bind : "127.0.0.1");
-        rc = kvx_transport_listen(r->t, at);
-        if (rc == 0)
-            rc = kvx_transport_query(r->t, &la);
-        if (rc == 0)
-            r->port = (uint32_t)strtoul(strrchr(la.listen_addr, ':') + 1, NULL, 10);
-    }
+        srv_region_fill(r);
+    if (rc == 0)
+        rc = srv_region_listen(s, r);
     if (rc < 0) {
         kvx_transport_destroy(r->t);
-        if (!o.owned)
-            munmap(r->base, block_len * num_blocks);
-        *why = kvx_strerror(rc);
+        if (!o->owned)
+            munmap(r->base, r->block_len * r->num_blocks);
+        return kvx_strerror(rc);
+    }
+    return NULL;
+}
+
+/* The region of that geometry, made on first use. NULL with *why set when refused. */
+static srv_region_t *srv_region_get(server_t *s, uint64_t block_len, uint64_t num_blocks,
+                                    const char **why)
+{
+    srv_region_t *r = srv_region_find(s, block_len, num_blocks);
+
+    if (r != NULL)
+        return r;
+    if (block_len == 0 || block_len > MAX_BLOCK_LEN || num_blocks == 0 || num_blocks > UINT32_MAX ||
+        num_blocks > s->o->max_region / block_len) {
+        *why = "region geometry out of bounds (see --max-region)";
         return NULL;
     }
-    srv_nregions++;
-    srv_bytes += block_len * num_blocks;
+    if (s->nregions == MAX_REGIONS) {
+        *why = "too many regions";
+        return NULL;
+    }
+    r = &s->regions[s->nregions];
+    memset(r, 0, sizeof(*r));
+    r->block_len = block_len;
+    r->num_blocks = num_blocks;
+    if ((*why = srv_region_open(s, r)) != NULL)
+        return NULL;
+    s->nregions++;
+    s->bytes += block_len * num_blocks;
     return r;
 }
 
@@ -157,112 +181,135 @@ static uint64_t srv_max_len(uint32_t type)
     }
 }
 
-/* Handle one complete message. Returns NULL, or why the client is refused. */
-static const char *srv_handle(srv_client_t *c)
+static const char *srv_on_verify(server_t *s, srv_client_t *c)
 {
-    const msg_hdr_t *h = &c->h;
-    const uint8_t *buf = c->buf;
-    const char *why = NULL;
-    uint64_t geo[2], bad = 0;
+    verify_req_t q;
+    const uint8_t *pairs = c->buf + sizeof(q);
+    uint64_t bad = 0;
     srv_region_t *r;
 
-    switch (h->type) {
+    if (c->h.len < sizeof(q))
+        return "VERIFY too short";
+    memcpy(&q, c->buf, sizeof(q));
+    if ((uint64_t)c->h.len != sizeof(q) + 8ull * q.n)
+        return "VERIFY length disagrees with its count";
+    r = srv_region_find(s, q.block_len, q.num_blocks);
+    if (r == NULL)
+        return "VERIFY of an unknown region";
+    for (uint32_t i = 0; i < q.n; i++) {
+        uint32_t dst, src;
+        memcpy(&dst, pairs + 8ull * i, 4);
+        memcpy(&src, pairs + 8ull * i + 4, 4);
+        if (dst >= r->num_blocks)
+            return "VERIFY of a block out of range";
+        if (kvx_pattern_check(r->base + (uint64_t)dst * r->block_len, r->block_len, q.salt, src,
+                              q.round) != 0)
+            bad++;
+    }
+    srv_send(c, MSG_VERIFY, &bad, sizeof(bad));
+    return NULL;
+}
+
+static const char *srv_on_barrier(server_t *s, srv_client_t *c)
+{
+    uint32_t b[2];
+
+    if (c->h.len != sizeof(b))
+        return "bad BARRIER length";
+    memcpy(b, c->buf, sizeof(b));
+    if (b[1] == 0 || b[1] > MAX_INITIATORS)
+        return "BARRIER count out of range";
+    if (c->barrier)
+        return "BARRIER again before the last one was answered";
+    if (s->barrier.count == 0) {
+        s->barrier.id = b[0];
+        s->barrier.n = b[1];
+    } else if (s->barrier.id != b[0] || s->barrier.n != b[1]) {
+        return "initiators disagree on the barrier";
+    }
+    c->barrier = true;
+    if (++s->barrier.count == s->barrier.n) {
+        for (int i = 0; i < s->nclients; i++) {
+            if (!s->clients[i].barrier)
+                continue;
+            s->clients[i].barrier = false;
+            srv_send(&s->clients[i], MSG_BARRIER, NULL, 0);
+        }
+        s->barrier.count = 0;
+    }
+    return NULL;
+}
+
+/* Handle one complete message. Returns NULL, or why the client is refused. */
+static const char *srv_handle(server_t *s, srv_client_t *c)
+{
+    const char *why = NULL;
+    uint64_t geo[2], ns;
+    srv_region_t *r;
+
+    switch (c->h.type) {
     case MSG_REGION:
-        if (h->len != sizeof(geo))
+        if (c->h.len != sizeof(geo))
             return "bad REGION length";
-        memcpy(geo, buf, sizeof(geo));
-        r = srv_region_get(geo[0], geo[1], &why);
+        memcpy(geo, c->buf, sizeof(geo));
+        r = srv_region_get(s, geo[0], geo[1], &why);
         if (r == NULL)
             return why;
         srv_send(c, MSG_REGION, &r->port, sizeof(r->port));
         return NULL;
-    case MSG_VERIFY: {
-        verify_req_t q;
-        const uint8_t *pairs = buf + sizeof(q);
-        if (h->len < sizeof(q))
-            return "VERIFY too short";
-        memcpy(&q, buf, sizeof(q));
-        if ((uint64_t)h->len != sizeof(q) + 8ull * q.n)
-            return "VERIFY length disagrees with its count";
-        r = srv_region_find(q.block_len, q.num_blocks);
-        if (r == NULL)
-            return "VERIFY of an unknown region";
-        for (uint32_t i = 0; i < q.n; i++) {
-            uint32_t dst, src;
-            memcpy(&dst, pairs + 8ull * i, 4);
-            memcpy(&src, pairs + 8ull * i + 4, 4);
-            if (dst >= r->num_blocks)
-                return "VERIFY of a block out of range";
-            if (kvx_pattern_check(r->base + (uint64_t)dst * r->block_len, r->block_len, q.salt, src,
-                                  q.round) != 0)
-                bad++;
-        }
-        srv_send(c, MSG_VERIFY, &bad, sizeof(bad));
-        return NULL;
-    }
+    case MSG_VERIFY:
+        return srv_on_verify(s, c);
     case MSG_REFILL:
-        if (h->len != sizeof(geo))
+        if (c->h.len != sizeof(geo))
             return "bad REFILL length";
-        memcpy(geo, buf, sizeof(geo));
-        r = srv_region_find(geo[0], geo[1]);
+        memcpy(geo, c->buf, sizeof(geo));
+        r = srv_region_find(s, geo[0], geo[1]);
         if (r == NULL)
             return "REFILL of an unknown region";
-        for (uint64_t i = 0; i < r->num_blocks; i++)
-            kvx_pattern_fill(r->base + i * r->block_len, r->block_len, SERVER_SALT, i, 0);
+        srv_region_fill(r);
         srv_send(c, MSG_REFILL, NULL, 0);
         return NULL;
-    case MSG_BARRIER: {
-        uint32_t b[2];
-        if (h->len != sizeof(b))
-            return "bad BARRIER length";
-        memcpy(b, buf, sizeof(b));
-        if (b[1] == 0 || b[1] > MAX_INITIATORS)
-            return "BARRIER count out of range";
-        if (c->barrier)
-            return "BARRIER again before the last one was answered";
-        if (srv_barrier.count == 0) {
-            srv_barrier.id = b[0];
-            srv_barrier.n = b[1];
-        } else if (srv_barrier.id != b[0] || srv_barrier.n != b[1]) {
-            return "initiators disagree on the barrier";
-        }
-        c->barrier = true;
-        if (++srv_barrier.count == srv_barrier.n) {
-            for (int i = 0; i < nclients; i++) {
-                if (!clients[i].barrier)
-                    continue;
-                clients[i].barrier = false;
-                srv_send(&clients[i], MSG_BARRIER, NULL, 0);
-            }
-            srv_barrier.count = 0;
-        }
-        return NULL;
-    }
-    case MSG_CPU: {
-        uint64_t ns = kvx_tool_process_cpu_ns();
-        if (h->len != 0)
+    case MSG_BARRIER:
+        return srv_on_barrier(s, c);
+    case MSG_CPU:
+        ns = kvx_tool_process_cpu_ns();
+        if (c->h.len != 0)
             return "bad CPU length";
         srv_send(c, MSG_CPU, &ns, sizeof(ns));
         return NULL;
-    }
     default:
         return "unknown message";
     }
 }
 
-static void srv_drop(int i)
+static void srv_drop(server_t *s, int i)
 {
-    srv_client_t *c = &clients[i];
+    srv_client_t *c = &s->clients[i];
 
     if (c->barrier)
-        srv_barrier.count--;
+        s->barrier.count--;
     close(c->fd);
     free(c->buf);
-    clients[i] = clients[--nclients];
+    s->clients[i] = s->clients[--s->nclients];
 }
 
-/* Read what client i has sent. Returns false when the client is gone (BYE, EOF, refused). */
-static bool srv_read(srv_client_t *c)
+/* A header just arrived: check it before allocating anything. Returns NULL, or why the client
+ * is refused. */
+static const char *srv_header(srv_client_t *c)
+{
+    uint64_t max = srv_max_len(c->h.type);
+
+    if (max == UINT64_MAX)
+        return "unknown message";
+    if (c->h.len > max)
+        return "message too long for its type";
+    if ((c->buf = malloc(c->h.len ? c->h.len : 1)) == NULL)
+        return "out of memory";
+    return NULL;
+}
+
+/* Read what client c has sent. Returns false when the client is gone (BYE, EOF, refused). */
+static bool srv_read(server_t *s, srv_client_t *c)
 {
     for (;;) {
         const char *why = NULL;
@@ -280,20 +327,12 @@ static bool srv_read(srv_client_t *c)
             return false; /* EOF, possibly in the middle of a message */
         c->got += (size_t)n;
         if (c->got == sizeof(c->h) && want > 0) {
-            /* a header: check it before allocating anything */
             if (c->h.type == MSG_BYE && c->h.len == 0)
                 return false;
-            uint64_t max = srv_max_len(c->h.type);
-            if (max == UINT64_MAX) {
-                why = "unknown message";
-            } else if (c->h.len > max) {
-                why = "message too long for its type";
-            } else if ((c->buf = malloc(c->h.len ? c->h.len : 1)) == NULL) {
-                why = "out of memory";
-            }
+            why = srv_header(c);
         }
         if (why == NULL && c->got == sizeof(c->h) + c->h.len && c->got >= sizeof(c->h)) {
-            why = srv_handle(c);
+            why = srv_handle(s, c);
             free(c->buf);
             c->buf = NULL;
             c->got = 0;
@@ -306,49 +345,63 @@ static bool srv_read(srv_client_t *c)
     }
 }
 
-int server_run(int lfd, bool once)
+static void srv_accept(server_t *s, int lfd)
 {
+    int c = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK), one = 1;
+
+    if (c < 0)
+        return;
+    if (s->nclients == MAX_CLIENTS) {
+        static const char full[] = "too many clients";
+        msg_hdr_t h = {MSG_ERROR, sizeof(full) - 1};
+        if (write(c, &h, sizeof(h)) == sizeof(h) && write(c, full, h.len) < 0)
+            (void)0;
+        close(c);
+        return;
+    }
+    setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    s->clients[s->nclients++] = (srv_client_t){.fd = c};
+}
+
+static void srv_close(server_t *s)
+{
+    for (int i = 0; i < s->nregions; i++) {
+        srv_region_t *r = &s->regions[i];
+        kvx_transport_destroy(r->t); /* an owned region goes with it */
+        if (!s->o->owned)
+            munmap(r->base, r->block_len * r->num_blocks);
+    }
+}
+
+int server_run(int lfd, bool once, const struct opts *o)
+{
+    server_t s = {.o = o};
     struct pollfd fds[1 + MAX_CLIENTS];
     int served = 0;
 
-    while (!(once && served > 0 && nclients == 0)) {
+    while (!(once && served > 0 && s.nclients == 0)) {
         fds[0].fd = lfd;
         fds[0].events = POLLIN;
-        for (int i = 0; i < nclients; i++) {
-            fds[1 + i].fd = clients[i].fd;
+        for (int i = 0; i < s.nclients; i++) {
+            fds[1 + i].fd = s.clients[i].fd;
             fds[1 + i].events = POLLIN;
             fds[1 + i].revents = 0;
         }
-        if (poll(fds, (nfds_t)(1 + nclients), -1) < 0) {
+        if (poll(fds, (nfds_t)(1 + s.nclients), -1) < 0) {
             if (errno == EINTR)
                 continue;
             die("poll: %s", strerror(errno));
         }
-        for (int i = nclients - 1; i >= 0; i--)
-            if ((fds[1 + i].revents & (POLLIN | POLLHUP | POLLERR)) && !srv_read(&clients[i]))
-                srv_drop(i);
+        for (int i = s.nclients - 1; i >= 0; i--)
+            if ((fds[1 + i].revents & (POLLIN | POLLHUP | POLLERR)) && !srv_read(&s, &s.clients[i]))
+                srv_drop(&s, i);
         if (fds[0].revents & POLLIN) {
-            int c = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK), one = 1;
-            if (c < 0)
-                continue;
-            if (nclients == MAX_CLIENTS) {
-                static const char full[] = "too many clients";
-                msg_hdr_t h = {MSG_ERROR, sizeof(full) - 1};
-                if (write(c, &h, sizeof(h)) == sizeof(h) && write(c, full, h.len) < 0)
-                    (void)0;
-                close(c);
-                continue;
-            }
-            setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-            clients[nclients++] = (srv_client_t){.fd = c};
-            served++;
+            int before = s.nclients;
+            srv_accept(&s, lfd);
+            served += s.nclients > before;
         }
     }
-    for (int i = 0; i < srv_nregions; i++) {
-        kvx_transport_destroy(srv_regions[i].t); /* an owned region goes with it */
-        if (!o.owned)
-            munmap(srv_regions[i].base, srv_regions[i].block_len * srv_regions[i].num_blocks);
-    }
+    srv_close(&s);
     close(lfd);
     return 0;
 }
