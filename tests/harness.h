@@ -74,6 +74,10 @@ void kt_fill(const kt_region_t *r, uint64_t idx, uint64_t salt, uint64_t src, ui
 void kt_fill_all(const kt_region_t *r, uint64_t salt, uint64_t round);
 /* 0 if block idx holds the pattern of (salt, src, round), else the 1-based offending word. */
 uint64_t kt_check(const kt_region_t *r, uint64_t idx, uint64_t salt, uint64_t src, uint64_t round);
+/* The same for a read's block in the reader's own region, after the read's completion was polled
+ * there: checked by ThreadSanitizer (kvx's lock orders the two), where kt_check is not. */
+uint64_t kt_check_read(const kt_region_t *r, uint64_t idx, uint64_t salt, uint64_t src,
+                       uint64_t round);
 
 /* ---- transports ----------------------------------------------------------------------------- */
 

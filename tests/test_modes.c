@@ -87,7 +87,7 @@ static void pair(int wi, int ti, uint64_t round)
             KT_FAIL("initiator %s, target %s: read: %d (%s)", modes[wi], modes[ti], c.status,
                     kvx_strerror(c.status));
         for (size_t i = 0; i < NB / 4; i++)
-            if (kt_check(&r, li[i], 0x51, ri[i], round) != 0)
+            if (kt_check_read(&r, li[i], 0x51, ri[i], round) != 0)
                 KT_FAIL("initiator %s, target %s: read block %u <- %u wrong", modes[wi], modes[ti],
                         li[i], ri[i]);
     }

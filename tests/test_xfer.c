@@ -81,7 +81,7 @@ static void run(uint64_t block_len, uint64_t num_blocks, const char *want_tl, ui
         KT_EQ(c[0].flags, KVX_COMPLETION_READ);
         bytes_r += n * block_len;
         for (size_t i = 0; i < n; i++)
-            if (kt_check(&r, li[i], 0x7a, ri[i], round) != 0)
+            if (kt_check_read(&r, li[i], 0x7a, ri[i], round) != 0)
                 KT_FAIL("read block %u <- %u wrong (block_len %llu)", li[i], ri[i],
                         (unsigned long long)block_len);
     }

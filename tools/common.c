@@ -11,12 +11,14 @@
 
 #define KVX_PATTERN_STEP 0x9e3779b97f4a7c15ull
 
-/* Under ThreadSanitizer (KVX_TSAN) the pattern's reads and writes of a region go unchecked. They
- * are the application's side of a transfer, and what orders them with kvx's side is the peer's
- * word: its acknowledgement, then the harness's socket, crossing another process or UCX's
- * shared-memory FIFOs, neither of which ThreadSanitizer sees. Checked, every block a peer wrote
- * read as a race (tests/tsan.supp), and even suppressed their reports made test_xfer shm take
- * 75 s instead of 9. Whether the bytes are right is what the pattern itself checks. */
+/* A target's fills and checks of its own region (the _target functions) go unchecked under
+ * ThreadSanitizer (KVX_TSAN): what orders them with kvx's side, which peers' writes and reads go
+ * through, is a word from another process (the peer's acknowledgement, then the harness's
+ * socket) crossing UCX's shared memory, which ThreadSanitizer cannot see. Checked, every block a
+ * peer wrote read as a race, and even with the reports suppressed test_xfer shm took 75 s
+ * instead of 9 (tests/tsan.supp). An initiator's own fills and checks stay checked: kvx's lock
+ * orders them with what its transfers do. Whether the bytes are right is what the pattern itself
+ * checks. */
 #if defined(__SANITIZE_THREAD__)
 #define KVX_PATTERN_UNCHECKED __attribute__((no_sanitize("thread")))
 #else
@@ -36,25 +38,44 @@ static uint64_t kvx_pattern_seed(uint64_t salt, uint64_t src, uint64_t round)
     return kvx_pattern_mix(kvx_pattern_mix(kvx_pattern_mix(salt) ^ src) ^ round);
 }
 
-KVX_PATTERN_UNCHECKED void kvx_pattern_fill(uint8_t *block, uint64_t block_len, uint64_t salt,
-                                            uint64_t src, uint64_t round)
-{
-    uint64_t *w = (uint64_t *)block, s = kvx_pattern_seed(salt, src, round);
+#define KVX_PATTERN_FILL(block, block_len, salt, src, round)                                       \
+    do {                                                                                           \
+        uint64_t *w_ = (uint64_t *)(block), s_ = kvx_pattern_seed(salt, src, round);               \
+        for (uint64_t i_ = 0; i_ < (block_len) / 8; i_++)                                          \
+            w_[i_] = s_ + i_ * KVX_PATTERN_STEP;                                                   \
+    } while (0)
+#define KVX_PATTERN_CHECK(block, block_len, salt, src, round)                                      \
+    do {                                                                                           \
+        const uint64_t *w_ = (const uint64_t *)(block);                                            \
+        uint64_t s_ = kvx_pattern_seed(salt, src, round);                                          \
+        for (uint64_t i_ = 0; i_ < (block_len) / 8; i_++)                                          \
+            if (w_[i_] != s_ + i_ * KVX_PATTERN_STEP)                                              \
+                return i_ + 1;                                                                     \
+        return 0;                                                                                  \
+    } while (0)
 
-    for (uint64_t i = 0; i < block_len / 8; i++)
-        w[i] = s + i * KVX_PATTERN_STEP;
+void kvx_pattern_fill(uint8_t *block, uint64_t block_len, uint64_t salt, uint64_t src,
+                      uint64_t round)
+{
+    KVX_PATTERN_FILL(block, block_len, salt, src, round);
 }
 
-KVX_PATTERN_UNCHECKED uint64_t kvx_pattern_check(const uint8_t *block, uint64_t block_len,
-                                                 uint64_t salt, uint64_t src, uint64_t round)
+uint64_t kvx_pattern_check(const uint8_t *block, uint64_t block_len, uint64_t salt, uint64_t src,
+                           uint64_t round)
 {
-    const uint64_t *w = (const uint64_t *)block;
-    uint64_t s = kvx_pattern_seed(salt, src, round);
+    KVX_PATTERN_CHECK(block, block_len, salt, src, round);
+}
 
-    for (uint64_t i = 0; i < block_len / 8; i++)
-        if (w[i] != s + i * KVX_PATTERN_STEP)
-            return i + 1;
-    return 0;
+KVX_PATTERN_UNCHECKED void kvx_pattern_fill_target(uint8_t *block, uint64_t block_len,
+                                                   uint64_t salt, uint64_t src, uint64_t round)
+{
+    KVX_PATTERN_FILL(block, block_len, salt, src, round);
+}
+
+KVX_PATTERN_UNCHECKED uint64_t kvx_pattern_check_target(const uint8_t *block, uint64_t block_len,
+                                                        uint64_t salt, uint64_t src, uint64_t round)
+{
+    KVX_PATTERN_CHECK(block, block_len, salt, src, round);
 }
 
 static uint64_t kvx_gcd(uint64_t a, uint64_t b)

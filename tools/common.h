@@ -14,6 +14,12 @@ void kvx_pattern_fill(uint8_t *block, uint64_t block_len, uint64_t salt, uint64_
 /* 0 when the block holds the pattern, else 1 + the index of the first wrong word. */
 uint64_t kvx_pattern_check(const uint8_t *block, uint64_t block_len, uint64_t salt, uint64_t src,
                            uint64_t round);
+/* The same, for a target's own region, which peers write into and read from: unchecked under
+ * ThreadSanitizer (common.c says why). */
+void kvx_pattern_fill_target(uint8_t *block, uint64_t block_len, uint64_t salt, uint64_t src,
+                             uint64_t round);
+uint64_t kvx_pattern_check_target(const uint8_t *block, uint64_t block_len, uint64_t salt,
+                                  uint64_t src, uint64_t round);
 
 /* Index maps shared by kvx-bench and kvx-memcpy, so both move the very same blocks. */
 enum kvx_pattern_kind { PAT_CONTIG, PAT_SCATTER, PAT_RANDOM };

@@ -66,7 +66,7 @@ static srv_region_t *srv_region_find(server_t *s, uint64_t block_len, uint64_t n
 static void srv_region_fill(const srv_region_t *r)
 {
     for (uint64_t i = 0; i < r->num_blocks; i++)
-        kvx_pattern_fill(r->base + i * r->block_len, r->block_len, SERVER_SALT, i, 0);
+        kvx_pattern_fill_target(r->base + i * r->block_len, r->block_len, SERVER_SALT, i, 0);
 }
 
 /* Initiators pair with r's transport by address: at the control channel's address, any port. */
@@ -202,8 +202,8 @@ static const char *srv_on_verify(server_t *s, srv_client_t *c)
         memcpy(&src, pairs + 8ull * i + 4, 4);
         if (dst >= r->num_blocks)
             return "VERIFY of a block out of range";
-        if (kvx_pattern_check(r->base + (uint64_t)dst * r->block_len, r->block_len, q.salt, src,
-                              q.round) != 0)
+        if (kvx_pattern_check_target(r->base + (uint64_t)dst * r->block_len, r->block_len, q.salt,
+                                     src, q.round) != 0)
             bad++;
     }
     srv_send(c, MSG_VERIFY, &bad, sizeof(bad));
