@@ -6,6 +6,6 @@
 #ifndef KVX_INT_H
 #define KVX_INT_H
 
-#include "kvx_engine.h"
+#include "engine/kvx_engine.h"
 
 #endif /* KVX_INT_H */

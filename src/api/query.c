@@ -1,0 +1,71 @@
+/*
+ * The application's queries and waits: the arrival notices of recv.c (a query runs one progress
+ * step first, so that a caller that only polls still advances), waiting for completions
+ * (kvx_transport_wait, whose loop is the engine's), and the event fds that say a poll has
+ * something (kvx_transport_event_fd_ex; notify.c makes them and keeps their state).
+ */
+#include "engine/kvx_engine.h"
+
+#include <errno.h>
+#include <string.h>
+
+int kvx_notice_poll(kvx_transport_t *t, kvx_notice_t *out, size_t max)
+{
+    size_t n;
+
+    if (t == NULL || (out == NULL && max != 0))
+        return -EINVAL;
+    if (max > INT32_MAX)
+        max = INT32_MAX;
+    if (kvx_enter(t) < 0)
+        return -ESHUTDOWN;
+    kvx_progress_step(t);
+    n = kvx_notice_take(t, out, max);
+    kvx_events_update(t);
+    kvx_unlock(t);
+    return (int)n;
+}
+
+int kvx_transport_event_fd_ex(kvx_transport_t *t, unsigned kinds, int *fd_p)
+{
+    int rc = 0;
+
+    if (t == NULL || fd_p == NULL || kinds == 0 || (kinds & ~(unsigned)KVX_EVENT_ALL) != 0)
+        return -EINVAL;
+    kvx_lock(t);
+    if (t->closed) {
+        rc = -ESHUTDOWN;
+        goto out;
+    }
+    if (t->evfd[kinds].fd < 0) {
+        rc = kvx_events_open(t, kinds);
+        if (rc < 0) {
+            kvx_error(t, "event fd: eventfd: %s", strerror(-rc));
+            goto out;
+        }
+        rc = 0;
+    }
+    *fd_p = t->evfd[kinds].fd;
+out:
+    kvx_unlock(t);
+    return rc;
+}
+
+int kvx_transport_event_fd(kvx_transport_t *t, int *fd_p)
+{
+    return kvx_transport_event_fd_ex(t, KVX_EVENT_ALL, fd_p);
+}
+
+int kvx_transport_wait(kvx_transport_t *t, const char *peer_id, int timeout_ms)
+{
+    uint64_t now = kvx_now_ns();
+    uint64_t end = timeout_ms < 0 ? UINT64_MAX : now + (uint64_t)timeout_ms * 1000000ull;
+    int rc;
+
+    if (t == NULL)
+        return -EINVAL;
+    kvx_lock(t);
+    rc = kvx_progress_wait_cq(t, peer_id, end);
+    kvx_unlock(t);
+    return rc;
+}

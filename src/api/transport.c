@@ -1,0 +1,774 @@
+/*
+ * The transport's calls: create and close, metadata, fence, and the transfer calls: write and
+ * read (checked here, born in xfer.c), poll (a transfer leaves through kvx_transport_poll, from
+ * the completion queue cq.c keeps) and cancel. The top of the layers: it may call any of them.
+ */
+#include "engine/kvx_engine.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/eventfd.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+#define KVX_DEFAULT_DEADLINE_MS 5000
+#define KVX_DEFAULT_KEEPALIVE_MS 1000
+#define KVX_DEFAULT_STALL_MS 2000
+#define KVX_DEFAULT_NOTICES 1024
+static bool kvx_text_ok(const char *s, size_t min, size_t max)
+{
+    size_t n = strnlen(s, max + 1);
+
+    if (n < min || n > max)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)s[i] < 0x21 || (unsigned char)s[i] > 0x7e)
+            return false;
+    return true;
+}
+
+/* "kvx-<host>-<pid>-<8 hex>": unique among engines on one host and across hosts. */
+static void kvx_default_name(char *buf, size_t len)
+{
+    char host[24] = "host";
+    uint32_t rnd = 0;
+
+    gethostname(host, sizeof(host) - 1);
+    host[sizeof(host) - 1] = '\0';
+    for (char *p = host; *p; p++)
+        if (*p == '.' || (unsigned char)*p < 0x21 || (unsigned char)*p > 0x7e)
+            *p = '\0';
+    if (getrandom(&rnd, sizeof(rnd), 0) != sizeof(rnd))
+        rnd = (uint32_t)kvx_now_ns();
+    snprintf(buf, len, "kvx-%s-%d-%08x", host, (int)getpid(), rnd);
+}
+
+static int kvx_params_check(const kvx_params_t *p)
+{
+    uint64_t len;
+
+    bool own = (p->field_mask & KVX_PARAM_OWN_REGION) != 0;
+
+    /* an owned region has no base yet: kvx allocates it */
+    if (!(p->field_mask & KVX_PARAM_REGION) || (p->base == NULL) != own || p->num_blocks == 0 ||
+        p->block_len == 0)
+        return -EINVAL;
+    if (p->num_blocks > UINT64_MAX / p->block_len)
+        return -EINVAL;
+    len = p->num_blocks * p->block_len;
+    if ((uintptr_t)p->base > UINTPTR_MAX - len || len > SIZE_MAX)
+        return -EINVAL;
+    /* indices are 32-bit */
+    if (p->num_blocks > UINT32_MAX)
+        return -EINVAL;
+    if ((p->field_mask & KVX_PARAM_AGENT_NAME) &&
+        (p->agent_name == NULL || !kvx_text_ok(p->agent_name, 1, KVX_NAME_MAX)))
+        return -EINVAL;
+    if ((p->field_mask & KVX_PARAM_FINGERPRINT) && p->fingerprint != NULL &&
+        !kvx_text_ok(p->fingerprint, 0, KVX_FINGERPRINT_MAX))
+        return -EINVAL;
+    if (p->field_mask & KVX_PARAM_BACKENDS) {
+        if (p->num_backends == 0 || p->backends == NULL)
+            return -EINVAL;
+        for (size_t i = 0; i < p->num_backends; i++)
+            if (p->backends[i] == NULL || strcasecmp(p->backends[i], "ucx") != 0)
+                return -EINVAL;
+    }
+    if ((p->field_mask & KVX_PARAM_LOG) &&
+        (p->log_level < KVX_LOG_OFF || p->log_level > KVX_LOG_DEBUG))
+        return -EINVAL;
+    if (((p->field_mask & KVX_PARAM_DEADLINE) && p->deadline_ms > KVX_MS_MAX) ||
+        ((p->field_mask & KVX_PARAM_KEEPALIVE) && p->keepalive_ms > KVX_MS_MAX) ||
+        ((p->field_mask & KVX_PARAM_STALL) && p->stall_ms > KVX_MS_MAX))
+        return -EINVAL;
+    if ((p->field_mask & KVX_PARAM_SECRET) &&
+        (p->secret == NULL || p->secret_len == 0 || p->secret_len > KVX_SECRET_MAX))
+        return -EINVAL;
+    if ((p->field_mask & KVX_PARAM_NET_DEVICES) &&
+        (p->net_devices == NULL || !kvx_text_ok(p->net_devices, 1, 255)))
+        return -EINVAL;
+    if ((p->field_mask & KVX_PARAM_NOTICES) &&
+        (p->notice_queue == 0 || p->notice_queue > KVX_NOTICES_MAX))
+        return -EINVAL;
+    if ((p->field_mask & KVX_PARAM_RNDV) &&
+        (p->rndv_mode < KVX_RNDV_AUTO || p->rndv_mode > KVX_RNDV_ALWAYS ||
+         p->rndv_thresh > UINT32_MAX))
+        return -EINVAL;
+    return 0;
+}
+
+/* The metadata blob of t as it is now (its capability included), in a new buffer. */
+static int kvx_metadata_encode(kvx_transport_t *t, uint8_t **buf_p, size_t *len_p)
+{
+    kvx_md_t md = {0};
+    const void *waddr;
+    size_t waddr_len, len;
+    uint8_t *buf;
+    int rc;
+
+    kvx_ucx_local_address(t, &waddr, &waddr_len);
+    snprintf(md.agent_name, sizeof(md.agent_name), "%s", t->log.name);
+    snprintf(md.fingerprint, sizeof(md.fingerprint), "%s", t->fingerprint);
+    md.base = (uintptr_t)t->base;
+    md.num_blocks = t->num_blocks;
+    md.block_len = t->block_len;
+    md.generation = t->generation;
+    memcpy(md.capability, t->capability, sizeof(md.capability));
+    md.host = t->host;
+    md.worker_addr = waddr;
+    md.worker_addr_len = (uint32_t)waddr_len;
+    md.rkey = t->rkey;
+    md.rkey_len = (uint32_t)t->rkey_len;
+    md.flags = t->secret != NULL ? KVX_MDF_MAC : 0;
+    len = kvx_md_encoded_len(&md);
+    buf = malloc(len);
+    if (buf == NULL)
+        return -ENOMEM;
+    rc = kvx_md_encode(&md, t->secret, t->secret_len, buf, len);
+    if (rc < 0) {
+        free(buf);
+        return rc;
+    }
+    *buf_p = buf;
+    *len_p = len;
+    return 0;
+}
+
+static int kvx_metadata_build(kvx_transport_t *t)
+{
+    return kvx_metadata_encode(t, &t->metadata, &t->metadata_len);
+}
+
+/* A superseded metadata buffer: the listener's answers in flight may still point at one (UCX
+ * sends from it), so it is freed only once no accepted pairing is left, or at close. */
+typedef struct kvx_old_md {
+    struct kvx_old_md *next;
+    uint8_t *buf;
+} kvx_old_md_t;
+
+static void kvx_old_md_free(kvx_transport_t *t)
+{
+    while (t->old_md != NULL) {
+        kvx_old_md_t *o = t->old_md;
+        t->old_md = o->next;
+        free(o->buf);
+        free(o);
+    }
+}
+
+/* A fresh capability, and metadata that carries it; the old one joins t->retired. Returns 0 or
+ * a negative errno (nothing changed). */
+static int kvx_transport_retire(kvx_transport_t *t)
+{
+    uint8_t old[16], *buf;
+    size_t len;
+    kvx_old_md_t *o = malloc(sizeof(*o));
+    int rc;
+
+    if (o == NULL)
+        return -ENOMEM;
+    memcpy(old, t->capability, sizeof(old));
+    if (getrandom(t->capability, sizeof(t->capability), 0) != (ssize_t)sizeof(t->capability)) {
+        rc = errno ? -errno : -EIO;
+        memcpy(t->capability, old, sizeof(old));
+        free(o);
+        return rc;
+    }
+    rc = kvx_metadata_encode(t, &buf, &len);
+    if (rc < 0) {
+        memcpy(t->capability, old, sizeof(old));
+        free(o);
+        return rc;
+    }
+    if (t->naccepted == 0)
+        kvx_old_md_free(t);
+    o->buf = t->metadata;
+    o->next = t->old_md;
+    t->old_md = o;
+    t->metadata = buf;
+    t->metadata_len = len;
+    /* the newest first; the oldest beyond KVX_RETIRED_MAX is forgotten (dropped as unknown) */
+    memmove(t->retired[1], t->retired[0], (KVX_RETIRED_MAX - 1) * sizeof(t->retired[0]));
+    memcpy(t->retired[0], old, sizeof(old));
+    if (t->nretired < KVX_RETIRED_MAX)
+        t->nretired++;
+    kvx_info(t, "capability retired: new metadata (%zu bytes)", len);
+    return 0;
+}
+
+/* What create copied from the parameters. */
+static void kvx_transport_free_params(kvx_transport_t *t)
+{
+    if (t->secret != NULL)
+        memset(t->secret, 0, t->secret_len);
+    free(t->secret);
+    free(t->net_devices);
+    free(t->notices);
+    t->secret = NULL;
+    t->net_devices = NULL;
+    t->notices = NULL;
+}
+
+/* What the backend reports of the worker, and which layer hears it. */
+static const kvx_ucx_ops_t kvx_core_ops = {
+    .on_request = kvx_recv_on_message,
+    .on_reply = kvx_xfer_on_message,
+    .on_conn_request = kvx_listen_on_request,
+    .on_drop = kvx_count_drop,
+};
+
+int kvx_transport_create(const kvx_params_t *params, kvx_transport_t **transport_p)
+{
+    kvx_transport_t *t;
+    int rc;
+
+    if (params == NULL || transport_p == NULL)
+        return -EINVAL;
+    rc = kvx_params_check(params);
+    if (rc < 0) {
+        kvx_error(NULL, "kvx_transport_create: invalid parameters");
+        return rc;
+    }
+    t = calloc(1, sizeof(*t));
+    if (t == NULL)
+        return -ENOMEM;
+    pthread_mutex_init(&t->lock, NULL);
+    {
+        pthread_condattr_t ca;
+        pthread_condattr_init(&ca);
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+        pthread_cond_init(&t->cond, &ca);
+        pthread_condattr_destroy(&ca);
+    }
+    kvx_list_init(&t->ready);
+    kvx_list_init(&t->conns);
+    kvx_list_init(&t->pairings);
+    kvx_list_init(&t->reconnects);
+    t->next_reconnect_ns = UINT64_MAX;
+    kvx_list_init(&t->work);
+    kvx_list_init(&t->active);
+    kvx_list_init(&t->rwork);
+    kvx_list_init(&t->hellos);
+    kvx_list_init(&t->rconns);
+    kvx_list_init(&t->refusing);
+    t->next_deadline_ns = UINT64_MAX;
+    t->next_seq = 1;
+    t->wake_fd = -1;
+    for (unsigned m = 0; m <= KVX_EVENT_ALL; m++)
+        t->evfd[m].fd = -1;
+    t->spin_ns = KVX_SPIN_NS;
+    t->cq_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC | EFD_SEMAPHORE);
+    if (t->cq_fd < 0) {
+        rc = -errno;
+        pthread_cond_destroy(&t->cond);
+        pthread_mutex_destroy(&t->lock);
+        free(t);
+        return rc;
+    }
+    t->base = params->base;
+    t->num_blocks = params->num_blocks;
+    t->block_len = params->block_len;
+    t->region_len = params->num_blocks * params->block_len;
+    t->integrity = (params->field_mask & KVX_PARAM_INTEGRITY) && params->integrity != 0;
+    if (params->field_mask & KVX_PARAM_RNDV) {
+        t->rndv_mode = params->rndv_mode;
+        t->rndv_thresh = params->rndv_thresh;
+    }
+    t->notice_cap =
+        (params->field_mask & KVX_PARAM_NOTICES) ? params->notice_queue : KVX_DEFAULT_NOTICES;
+    t->notices = calloc(t->notice_cap, sizeof(*t->notices));
+    if (t->notices == NULL) {
+        rc = -ENOMEM;
+        goto err_free;
+    }
+    if (params->field_mask & KVX_PARAM_SECRET) {
+        t->secret = malloc(params->secret_len);
+        if (t->secret == NULL) {
+            rc = -ENOMEM;
+            goto err_free;
+        }
+        memcpy(t->secret, params->secret, params->secret_len);
+        t->secret_len = params->secret_len;
+    }
+    if ((params->field_mask & KVX_PARAM_NET_DEVICES) &&
+        (t->net_devices = strdup(params->net_devices)) == NULL) {
+        rc = -ENOMEM;
+        goto err_free;
+    }
+    if (params->field_mask & KVX_PARAM_AGENT_NAME)
+        snprintf(t->log.name, sizeof(t->log.name), "%s", params->agent_name);
+    else
+        kvx_default_name(t->log.name, sizeof(t->log.name));
+    if ((params->field_mask & KVX_PARAM_FINGERPRINT) && params->fingerprint != NULL)
+        snprintf(t->fingerprint, sizeof(t->fingerprint), "%s", params->fingerprint);
+    t->num_threads = (params->field_mask & KVX_PARAM_NUM_THREADS) ? params->num_threads : 1;
+    /* every duration is at most KVX_MS_MAX (checked above): in ns, it cannot overflow */
+    t->deadline_ns = ((params->field_mask & KVX_PARAM_DEADLINE) ? params->deadline_ms
+                                                                : KVX_DEFAULT_DEADLINE_MS) *
+                     1000000ull;
+    t->keepalive_ms = (params->field_mask & KVX_PARAM_KEEPALIVE) ? params->keepalive_ms
+                                                                 : KVX_DEFAULT_KEEPALIVE_MS;
+    t->stall_ns =
+        ((params->field_mask & KVX_PARAM_STALL) ? params->stall_ms : KVX_DEFAULT_STALL_MS) *
+        1000000ull;
+    kvx_host_self(&t->host);
+    {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        t->generation = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    }
+    if (getrandom(t->capability, sizeof(t->capability), 0) != (ssize_t)sizeof(t->capability)) {
+        rc = -errno;
+        kvx_error(NULL, "kvx_transport_create: getrandom: %s", strerror(errno));
+        goto err_free;
+    }
+    if (params->field_mask & KVX_PARAM_LOG) {
+        t->log.own = true;
+        t->log.fn = params->log_fn;
+        t->log.arg = params->log_arg;
+        t->log.level = params->log_level;
+    }
+
+    rc = kvx_ucx_init(t, &kvx_core_ops);
+    if (rc < 0)
+        goto err_free;
+    if (params->field_mask & KVX_PARAM_OWN_REGION) {
+        void *base;
+        rc = kvx_ucx_region_alloc(t, t->region_len, &base, &t->rkey, &t->rkey_len);
+        if (rc < 0)
+            goto err_ucx;
+        t->base = base;
+        t->owned = true;
+    }
+    rc = kvx_metadata_build(t);
+    if (rc < 0)
+        goto err_ucx;
+    if (t->num_threads > 0) {
+        rc = kvx_progress_start(t);
+        if (rc < 0)
+            goto err_md;
+    }
+    kvx_info(t,
+             "created: %llu blocks of %llu bytes at %p%s, fingerprint '%s', %u progress thread(s)",
+             (unsigned long long)t->num_blocks, (unsigned long long)t->block_len, (void *)t->base,
+             t->owned ? " (owned)" : "", t->fingerprint, t->thread_running ? 1u : 0u);
+    *transport_p = t;
+    return 0;
+
+err_md:
+    free(t->metadata);
+err_ucx:
+    kvx_ucx_fini(t);
+    kvx_ucx_free(t);
+err_free:
+    close(t->cq_fd);
+    pthread_cond_destroy(&t->cond);
+    pthread_mutex_destroy(&t->lock);
+    kvx_transport_free_params(t);
+    free(t);
+    return rc;
+}
+
+/* How long close waits for connections to close before destroying the worker anyway. */
+#define KVX_CLOSE_DRAIN_NS (2ull * 1000000000ull)
+
+int kvx_transport_close(kvx_transport_t *t)
+{
+    uint64_t end;
+
+    if (t == NULL)
+        return -EINVAL;
+    kvx_lock(t);
+    if (t->closed) {
+        /* another thread is closing: return once it has finished, as the first close does */
+        while (!t->close_done)
+            pthread_cond_wait(&t->cond, &t->lock);
+        kvx_unlock(t);
+        return 0;
+    }
+    /* From here every other call returns -ESHUTDOWN. Calls waiting with the lock released (in
+     * kvx_transport_wait, or in peer add/remove on t->cond) wake, see it and leave; the
+     * teardown starts once none is left. */
+    t->closed = true;
+    t->cq_signaled = false; /* one count for every waiter, whatever was signaled before */
+    kvx_notify_waiters(t);
+    pthread_cond_broadcast(&t->cond);
+    while (t->busy > 0 || t->waiters > 0)
+        pthread_cond_wait(&t->cond, &t->lock);
+    kvx_unlock(t);
+    kvx_progress_stop(t);
+
+    kvx_lock(t);
+    for (size_t i = 0; i < t->ptab_cap; i++) {
+        for (kvx_peer_t *p = t->ptab[i]; p != NULL; p = p->hnext) {
+            kvx_conn_t *c = p->conn;
+            kvx_listen_peer_forget(t, p);
+            kvx_xfer_unpark(p, NULL, -ECONNABORTED);
+            if (c == NULL)
+                continue;
+            p->conn = NULL;
+            kvx_conn_release(c, -ECONNABORTED);
+        }
+    }
+    kvx_recv_close_all(t);
+    kvx_listen_close_all(t);
+    /* lingering endpoints close too: the worker goes with them, nothing of theirs runs again */
+    for (kvx_list_t *n = t->conns.next, *next; n != &t->conns; n = next) {
+        next = n->next;
+        kvx_conn_end_linger(kvx_container_of(n, kvx_conn_t, all_link));
+    }
+    /* Drive UCX until the forced closes complete (they need no answer from the peers). */
+    end = kvx_now_ns() + KVX_CLOSE_DRAIN_NS;
+    for (;;) {
+        bool closing = kvx_listen_closing(t);
+        for (kvx_list_t *n = t->conns.next; n != &t->conns; n = n->next)
+            if (kvx_container_of(n, kvx_conn_t, all_link)->state == KVX_CONN_CLOSING)
+                closing = true;
+        for (kvx_list_t *n = t->rconns.next; n != &t->rconns; n = n->next)
+            if (kvx_container_of(n, kvx_rconn_t, all_link)->state == KVX_CONN_CLOSING)
+                closing = true;
+        if (!closing)
+            break;
+        if (kvx_now_ns() > end) {
+            kvx_warn(t, "connections still closing after %llu ms",
+                     (unsigned long long)(KVX_CLOSE_DRAIN_NS / 1000000ull));
+            break;
+        }
+        kvx_ucx_progress(t);
+    }
+    /* Anything UCX still calls back during teardown finds its objects alive; free them after.
+     * Keys of mapped regions go first: they belong to the worker (every mapped connection has
+     * failed above, which let go of its key; this makes sure). */
+    for (kvx_list_t *n = t->conns.next; n != &t->conns; n = n->next)
+        kvx_ucx_unmap(kvx_container_of(n, kvx_conn_t, all_link)->ucx);
+    kvx_ucx_fini(t);
+    while (!kvx_list_empty(&t->conns)) {
+        kvx_conn_t *c = kvx_list_first(&t->conns, kvx_conn_t, all_link);
+        kvx_list_del(&c->all_link);
+        if (c->state != KVX_CONN_CLOSED)
+            kvx_warn(t, "connection to %s did not close in time", c->agent_name);
+        kvx_ucx_ep_free(c->ucx); /* the worker is gone: nothing left to release in UCX */
+        if (c->pidfd >= 0)
+            close(c->pidfd);
+        free(c);
+    }
+    kvx_recv_free_all(t);
+    kvx_listen_free_all(t);
+    kvx_xfer_free_all(t);
+    kvx_peer_free_all(t);
+    free(t->conn_ids.slots);
+    memset(&t->conn_ids, 0, sizeof(t->conn_ids));
+    free(t->metadata);
+    t->metadata = NULL;
+    kvx_old_md_free(t);
+    close(t->cq_fd);
+    t->cq_fd = -1;
+    kvx_events_closed(t); /* a loop waiting on one wakes, and its calls say closed */
+    t->close_done = true;
+    pthread_cond_broadcast(&t->cond);
+    kvx_info(t, "closed");
+    kvx_unlock(t);
+    return 0;
+}
+
+void kvx_transport_destroy(kvx_transport_t *t)
+{
+    if (t == NULL)
+        return;
+    kvx_transport_close(t);
+    kvx_ucx_free(t); /* an owned region lives until here */
+    kvx_events_free(t);
+    pthread_cond_destroy(&t->cond);
+    pthread_mutex_destroy(&t->lock);
+    kvx_transport_free_params(t);
+    free(t);
+}
+
+int kvx_transport_query(kvx_transport_t *t, kvx_transport_attr_t *attr)
+{
+    if (t == NULL || attr == NULL)
+        return -EINVAL;
+    if (kvx_enter(t) < 0)
+        return -ESHUTDOWN;
+    if (attr->field_mask & KVX_TRANSPORT_ATTR_AGENT_NAME)
+        memcpy(attr->agent_name, t->log.name, sizeof(attr->agent_name));
+    if (attr->field_mask & KVX_TRANSPORT_ATTR_FINGERPRINT)
+        memcpy(attr->fingerprint, t->fingerprint, sizeof(attr->fingerprint));
+    if (attr->field_mask & KVX_TRANSPORT_ATTR_REGION) {
+        attr->base = t->base;
+        attr->num_blocks = t->num_blocks;
+        attr->block_len = t->block_len;
+    }
+    if (attr->field_mask & KVX_TRANSPORT_ATTR_NUM_THREADS)
+        attr->num_threads = t->thread_running ? 1 : 0;
+    if (attr->field_mask & KVX_TRANSPORT_ATTR_DEADLINE)
+        attr->deadline_ms = t->deadline_ns / 1000000ull;
+    if (attr->field_mask & KVX_TRANSPORT_ATTR_METADATA_LEN)
+        attr->metadata_len = t->metadata_len;
+    if (attr->field_mask & KVX_TRANSPORT_ATTR_NUM_PEERS)
+        attr->num_peers = t->nconnected;
+    if (attr->field_mask & KVX_TRANSPORT_ATTR_STALL)
+        attr->stall_ms = t->stall_ns / 1000000ull;
+    if (attr->field_mask & KVX_TRANSPORT_ATTR_LISTEN)
+        snprintf(attr->listen_addr, sizeof(attr->listen_addr), "%s", t->listen_addr);
+    if (attr->field_mask & KVX_TRANSPORT_ATTR_RECV)
+        attr->recv = t->rcounters;
+    if (attr->field_mask & KVX_TRANSPORT_ATTR_MAPS_REFUSED)
+        attr->maps_refused = t->maps_refused;
+    kvx_unlock(t);
+    return 0;
+}
+
+int kvx_transport_metadata(kvx_transport_t *t, void *buf, size_t *len_p)
+{
+    int rc = 0;
+
+    if (t == NULL || len_p == NULL || (buf == NULL && *len_p != 0))
+        return -EINVAL;
+    kvx_lock(t);
+    if (t->closed) {
+        rc = -ESHUTDOWN;
+    } else if (*len_p < t->metadata_len) {
+        *len_p = t->metadata_len;
+        rc = -ENOSPC;
+    } else {
+        memcpy(buf, t->metadata, t->metadata_len);
+        *len_p = t->metadata_len;
+    }
+    kvx_unlock(t);
+    return rc;
+}
+
+/* ---- fences (the receiving side's records: fence.c) ----------------------------------------- */
+
+static int kvx_tag_cmp(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* How long a fence waits for the rendezvous receives of fenced writes in flight to end (the stall
+ * limit when shorter), before it closes their connections. */
+#define KVX_FENCE_RX_WAIT_NS (1000ull * 1000000ull)
+/* ... and how long for UCX to end them once their connections closed (it does in its next
+ * progress: measured at once on UCX 1.13.1 and 1.19.1). */
+#define KVX_FENCE_RX_END_NS (100ull * 1000000ull)
+
+/*
+ * A fence returns with no rendezvous receive of a write it covers in flight (its payload lands
+ * in the region while it is): those in flight are waited for, with the lock released, up to
+ * KVX_FENCE_RX_WAIT_NS (they land: a fence drops what arrives after it, and these arrived
+ * before), then their connections close, which ends them (their transfers fail). Lock held.
+ */
+/* Wait (lock released) while rendezvous receives a fence covers are in flight, until until_ns.
+ * Returns false when the transport closes meanwhile. */
+static bool kvx_fence_rxs_wait(kvx_transport_t *t, const char *writer, uint64_t until_ns)
+{
+    t->busy++;
+    while (!t->closed && kvx_recv_fence_rxs(t, writer, false) > 0 && kvx_now_ns() < until_ns) {
+        uint64_t next = kvx_now_ns() + 1000000ull;
+        /* this call steps progress itself: a receive that ended (or the close that ends it)
+         * must not wait for the progress thread's next wake-up */
+        kvx_progress_step(t);
+        kvx_progress_wait_event(t, next < until_ns ? next : until_ns);
+    }
+    t->busy--;
+    if (t->closed)
+        pthread_cond_broadcast(&t->cond); /* close waits for busy calls to leave */
+    return !t->closed;
+}
+
+static void kvx_fence_rxs(kvx_transport_t *t, const char *writer)
+{
+    uint64_t wait =
+        t->stall_ns != 0 && t->stall_ns < KVX_FENCE_RX_WAIT_NS ? t->stall_ns : KVX_FENCE_RX_WAIT_NS;
+
+    if (kvx_recv_fence_rxs(t, writer, false) == 0 ||
+        !kvx_fence_rxs_wait(t, writer, kvx_now_ns() + wait))
+        return;
+    if (kvx_recv_fence_rxs(t, writer, true) > 0) {
+        kvx_warn(t,
+                 "fence of %s: rendezvous receives still in flight after %llu ms: their "
+                 "connections close",
+                 writer ? writer : "every writer", (unsigned long long)(wait / 1000000));
+        kvx_recv_work(t); /* the closes, now: UCX ends the receives in its next progress */
+        kvx_fence_rxs_wait(t, writer, kvx_now_ns() + KVX_FENCE_RX_END_NS);
+    }
+}
+
+int kvx_fence_ex(kvx_transport_t *t, const char *writer, const uint64_t *tags, size_t ntags,
+                 unsigned flags)
+{
+    uint64_t sorted[KVX_FENCE_TAGS_MAX];
+    size_t n = 0;
+    int rc;
+
+    if (t == NULL || ntags > KVX_FENCE_TAGS_MAX || (tags == NULL && ntags > 0) ||
+        (flags & ~(unsigned)KVX_FENCE_RETIRE) != 0 ||
+        (writer != NULL && (strnlen(writer, KVX_NAME_MAX + 1) == 0 ||
+                            strnlen(writer, KVX_NAME_MAX + 1) > KVX_NAME_MAX)))
+        return -EINVAL;
+    /* the distinct tags, sorted: one record each */
+    if (ntags > 0) {
+        memcpy(sorted, tags, ntags * sizeof(tags[0]));
+        qsort(sorted, ntags, sizeof(sorted[0]), kvx_tag_cmp);
+        for (size_t k = 0; k < ntags; k++)
+            if (n == 0 || sorted[k] != sorted[n - 1])
+                sorted[n++] = sorted[k];
+    }
+    if (kvx_enter(t) < 0)
+        return -ESHUTDOWN;
+    /* what can fail comes first (the bounds, memory, the new capability): on error nothing is
+     * fenced and the capability stays */
+    rc = kvx_recv_fence_prepare(t, writer, sorted, n);
+    if (rc == 0 && (flags & KVX_FENCE_RETIRE))
+        rc = kvx_transport_retire(t);
+    if (rc < 0) {
+        kvx_warn(t, "fence of %s: %s; nothing fenced", writer ? writer : "every writer",
+                 kvx_strerror(rc));
+        kvx_unlock(t);
+        return rc;
+    }
+    rc = kvx_recv_fence(t, writer, sorted, n);
+    kvx_info(t, "fence of %s%s%s: %d connection(s)", writer ? writer : "every writer",
+             n ? " (some tags)" : "", (flags & KVX_FENCE_RETIRE) ? ", capability retired" : "", rc);
+    kvx_fence_rxs(t, writer);
+    kvx_unlock(t);
+    return rc;
+}
+
+int kvx_fence(kvx_transport_t *t, const char *writer, const uint64_t *tags, size_t ntags)
+{
+    return kvx_fence_ex(t, writer, tags, ntags, 0);
+}
+
+int kvx_transport_poll(kvx_transport_t *t, const char *peer_id, kvx_completion_t *out, size_t max)
+{
+    size_t n = 0;
+
+    if (t == NULL || (out == NULL && max != 0))
+        return -EINVAL;
+    if (max > INT32_MAX)
+        max = INT32_MAX;
+    kvx_defer_to_waiters(t);
+    if (kvx_enter(t) < 0)
+        return -ESHUTDOWN;
+    kvx_progress_step(t);
+    /* An application that polls in a loop drives UCX itself, and the progress thread steps
+     * aside; one that waits on the event fd polls once per wake-up and sleeps: the thread must
+     * not step aside for it (it would add up to a millisecond to every wake-up). */
+    if (!t->ev_used)
+        atomic_store_explicit(&t->app_poll_ns, kvx_now_ns(), memory_order_relaxed);
+    if (peer_id != NULL) {
+        kvx_peer_t *p = kvx_peer_lookup(t, peer_id);
+        if (p != NULL)
+            n = kvx_cq_drain(p, out, max);
+    } else {
+        while (n < max && !kvx_list_empty(&t->ready)) {
+            kvx_peer_t *p = kvx_list_first(&t->ready, kvx_peer_t, ready_link);
+            /* rotate, so that one busy peer cannot starve the others */
+            kvx_list_del(&p->ready_link);
+            kvx_list_add_tail(&t->ready, &p->ready_link);
+            n += kvx_cq_drain(p, out + n, max - n);
+        }
+    }
+    kvx_events_update(t);
+    kvx_unlock(t);
+    return (int)n;
+}
+
+/* ---- submit -----------------------------------------------------------------------------------
+ */
+
+static int kvx_submit(kvx_transport_t *t, int op, const char *peer_id, const uint32_t *local,
+                      const uint32_t *remote, size_t count, const kvx_xfer_params_t *params,
+                      uint64_t *id_p)
+{
+    uint64_t fm = params != NULL ? params->field_mask : 0;
+    uint32_t flags = (fm & KVX_XFER_PARAM_FLAGS) ? params->flags : 0;
+    kvx_peer_t *p;
+    int rc;
+
+    if (t == NULL || peer_id == NULL || id_p == NULL || (count != 0 && (!local || !remote)) ||
+        count > UINT32_MAX || count > UINT64_MAX / t->block_len ||
+        ((fm & KVX_XFER_PARAM_DEADLINE) && params->deadline_ms > KVX_MS_MAX) ||
+        ((fm & KVX_XFER_PARAM_PRIORITY) && params->priority >= KVX_PRIO_LEVELS) ||
+        (flags & ~(uint32_t)KVX_XFER_NOTIFY) || ((flags & KVX_XFER_NOTIFY) && op != KVX_OP_WRITE))
+        return -EINVAL;
+    kvx_lock(t);
+    if (t->closed) {
+        rc = -ESHUTDOWN;
+        goto out;
+    }
+    p = kvx_peer_lookup(t, peer_id);
+    if (p == NULL || p->conn == NULL) {
+        kvx_debug(t, "submit: unknown peer '%s'", peer_id);
+        rc = -ENOENT;
+        goto out;
+    }
+    rc = kvx_xfer_submit(t, p, op, local, remote, count, params, id_p);
+out:
+    kvx_unlock(t);
+    return rc;
+}
+
+int kvx_xfer_write(kvx_transport_t *t, const char *peer_id, const uint32_t *local_idxs,
+                   const uint32_t *remote_idxs, size_t count, const kvx_xfer_params_t *params,
+                   uint64_t *id_p)
+{
+    return kvx_submit(t, KVX_OP_WRITE, peer_id, local_idxs, remote_idxs, count, params, id_p);
+}
+
+int kvx_xfer_read(kvx_transport_t *t, const char *peer_id, const uint32_t *local_idxs,
+                  const uint32_t *remote_idxs, size_t count, const kvx_xfer_params_t *params,
+                  uint64_t *id_p)
+{
+    return kvx_submit(t, KVX_OP_READ, peer_id, local_idxs, remote_idxs, count, params, id_p);
+}
+
+/* ---- cancel --------------------------------------------------------------------------------- */
+
+int kvx_xfer_cancel(kvx_transport_t *t, const uint64_t *ids, size_t count, int mode,
+                    uint64_t *pending)
+{
+    uint32_t call;
+    int np = 0;
+
+    if (t == NULL || (ids == NULL && count != 0) ||
+        (mode != KVX_CANCEL_IMMEDIATE && mode != KVX_CANCEL_WAIT) || count > INT32_MAX)
+        return -EINVAL;
+    if (kvx_enter(t) < 0)
+        return -ESHUTDOWN;
+    call = ++t->cancel_calls;
+    for (size_t i = 0; i < count; i++) {
+        kvx_xfer_t *x = kvx_xfer_lookup(t, ids[i]);
+
+        if (x == NULL || x->purged) /* a purged transfer is forgotten already */
+            continue;
+        /*
+         * Forgotten at once: a finished one; one that UCX holds nothing of (not started, a
+         * read: its replies are dropped from now on, or a write whose messages all left); and
+         * any with immediate, whose caller accepts that UCX may still read a write's blocks.
+         */
+        if (x->state == KVX_XS_DONE || mode == KVX_CANCEL_IMMEDIATE || x->sending == 0) {
+            kvx_xfer_forget(x);
+            continue;
+        }
+        /* Wait: a write with messages UCX still holds (they read its local blocks). It posts
+         * nothing more, and completes (-ECANCELED) when the last of them has left. An id given
+         * twice in one call is reported once. */
+        if (x->canceled && x->cancel_call == call)
+            continue;
+        x->canceled = true;
+        x->cancel_call = call;
+        if (pending != NULL)
+            pending[np] = x->id;
+        np++;
+    }
+    kvx_unlock(t);
+    return np;
+}

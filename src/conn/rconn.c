@@ -1,0 +1,523 @@
+/*
+ * A receiving connection's life, below the messages it carries: the writers by name, a
+ * connection's close, linger, doom and free, what its endpoint reports, the replies it queues,
+ * and the bounds over all connections (what their reply queues hold in all, which connection
+ * gives its slot to a new one, how fast HELLOs may make this transport open endpoints).
+ * docs/security.md, "Resource bounds", gives the figures. It calls nothing of the receiving side
+ * above it: what must be sent waits on t->rwork for kvx_recv_work (recv.c).
+ */
+#include "conn/kvx_rconn.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- writers ------------------------------------------------------------------------------- */
+
+kvx_writer_t *kvx_writer_lookup(const kvx_transport_t *t, const char *name)
+{
+    if (t->wtab_cap == 0)
+        return NULL;
+    for (kvx_writer_t *w = t->wtab[kvx_hash_str(name) & (t->wtab_cap - 1)]; w != NULL; w = w->hnext)
+        if (strcmp(w->name, name) == 0)
+            return w;
+    return NULL;
+}
+
+static void kvx_writer_unlink(kvx_transport_t *t, kvx_writer_t *w)
+{
+    kvx_writer_t **pp = &t->wtab[kvx_hash_str(w->name) & (t->wtab_cap - 1)];
+    while (*pp != w)
+        pp = &(*pp)->hnext;
+    *pp = w->hnext;
+    t->nwriters--;
+}
+
+void kvx_writer_drop_fences(kvx_transport_t *t, kvx_writer_t *w)
+{
+    t->nftags -= w->nftags;
+    free(w->ftags);
+    w->ftags = NULL;
+    w->nftags = w->ftags_cap = 0;
+}
+
+void kvx_writer_free(kvx_transport_t *t, kvx_writer_t *w)
+{
+    kvx_writer_drop_fences(t, w);
+    free(w);
+}
+
+/* The writer of that name, made on its first connection. A full table gives up a writer with no
+ * connection left, closing ones included (forgetting its fences is safe: messages of its closed
+ * connections are refused by their tokens). NULL when none can be given up, or out of memory. */
+kvx_writer_t *kvx_writer_get(kvx_transport_t *t, const char *name)
+{
+    kvx_writer_t *w = kvx_writer_lookup(t, name);
+    size_t b;
+
+    if (w != NULL)
+        return w;
+    if (t->nwriters >= KVX_WRITERS_MAX) {
+        for (size_t i = 0; i < t->wtab_cap && w == NULL; i++)
+            for (kvx_writer_t *x = t->wtab[i]; x != NULL && w == NULL; x = x->hnext)
+                if (x->live == 0)
+                    w = x;
+        if (w == NULL)
+            return NULL;
+        kvx_writer_unlink(t, w);
+        kvx_writer_free(t, w);
+    }
+    if (t->nwriters + 1 > t->wtab_cap / 2) {
+        size_t cap = t->wtab_cap ? t->wtab_cap * 2 : 16;
+        kvx_writer_t **tab = calloc(cap, sizeof(*tab));
+        if (tab == NULL)
+            return NULL;
+        for (size_t i = 0; i < t->wtab_cap; i++) {
+            kvx_writer_t *x, *next;
+            for (x = t->wtab[i]; x != NULL; x = next) {
+                next = x->hnext;
+                x->hnext = tab[kvx_hash_str(x->name) & (cap - 1)];
+                tab[kvx_hash_str(x->name) & (cap - 1)] = x;
+            }
+        }
+        free(t->wtab);
+        t->wtab = tab;
+        t->wtab_cap = cap;
+    }
+    w = calloc(1, sizeof(*w));
+    if (w == NULL)
+        return NULL;
+    snprintf(w->name, sizeof(w->name), "%s", name);
+    kvx_list_init(&w->rconns);
+    b = kvx_hash_str(name) & (t->wtab_cap - 1);
+    w->hnext = t->wtab[b];
+    t->wtab[b] = w;
+    t->nwriters++;
+    return w;
+}
+
+/* ---- connections from writers -------------------------------------------------------------- */
+
+void kvx_rconn_want_work(kvx_rconn_t *rc)
+{
+    if (!kvx_list_linked(&rc->work_link))
+        kvx_list_add_tail(&rc->t->rwork, &rc->work_link);
+}
+
+/* What a connection has queued to send: it will not be sent any more. */
+static void kvx_rconn_drop_queued(kvx_rconn_t *rc)
+{
+    while (!kvx_list_empty(&rc->serve)) {
+        kvx_serve_t *s = kvx_list_first(&rc->serve, kvx_serve_t, link);
+        kvx_list_del(&s->link);
+        kvx_rq_sub(rc, sizeof(*s) + s->nruns * sizeof(s->runs[0]));
+        free(s);
+    }
+    while (!kvx_list_empty(&rc->ctl)) {
+        kvx_ctl_t *c = kvx_list_first(&rc->ctl, kvx_ctl_t, link);
+        kvx_list_del(&c->link);
+        kvx_rq_sub(rc, sizeof(*c));
+        free(c);
+    }
+    kvx_rq_sub(rc, (size_t)rc->acks_cap * KVX_WIRE_ACK_ENTRY_LEN);
+    free(rc->acks);
+    rc->acks = NULL;
+    rc->acks_cap = 0;
+    rc->nserve = 0;
+    rc->nctl = 0;
+    rc->nacks = 0;
+}
+
+void kvx_rconn_maybe_free(kvx_rconn_t *rc)
+{
+    if (rc->state != KVX_CONN_CLOSED || rc->ucx_refs != 0)
+        return;
+    kvx_rconn_drop_queued(rc);
+    kvx_list_del(&rc->work_link);
+    kvx_list_del(&rc->all_link);
+    kvx_ucx_ep_free(rc->ucx);
+    rc->w->live--;
+    free(rc);
+}
+
+/* Close a closing connection's endpoint (forced). */
+void kvx_rconn_end_linger(kvx_rconn_t *rc)
+{
+    if (rc->lingering)
+        rc->t->nlingering--;
+    rc->lingering = false;
+    if (kvx_ucx_ep_close(rc->ucx, &rc->ucx_refs) == 0) {
+        rc->state = KVX_CONN_CLOSED;
+        kvx_rconn_maybe_free(rc);
+    }
+}
+
+/*
+ * Stop accepting its messages (the id is freed: a message naming it is unknown from now on) and
+ * close its endpoint. Over tcp, while UCX holds messages of it, the endpoint lingers, unused,
+ * until UCX has taken them all or reports the endpoint failed (kvx_recv_work closes it then), or
+ * the transport closes: UCX's tcp transport (1.13.1 and 1.19.1) keeps an endpoint force-closed
+ * with bytes still queued as a receive-only one waiting to write them, and when its peer's close
+ * comes in the same epoll round as the socket's writability, uct_tcp_iface_handle_events reads it
+ * after its read handler freed it. A writer that floods and never drains its replies (closed for
+ * its queue) crashed the receiver so as it went (README, "When things break"; kvx_conn_fail
+ * does the same for the writing side).
+ */
+void kvx_rconn_close(kvx_rconn_t *rc)
+{
+    kvx_transport_t *t = rc->t;
+
+    if (rc->state != KVX_CONN_OPEN)
+        return;
+    rc->state = KVX_CONN_CLOSING;
+    kvx_idtab_release(&t->rconn_ids, rc->id);
+    t->nrconns--;
+    rc->w->nopen--;
+    kvx_list_del(&rc->w_link);
+    kvx_list_del(&rc->slot_link);
+    kvx_list_del(&rc->work_link);
+    kvx_rconn_drop_queued(rc);
+    kvx_info(t, "writer %s: connection %u closed", rc->w->name, rc->id);
+    /* a connection with rendezvous receives in flight closes at once: its close is what ends
+     * them (UCX cannot cancel them otherwise), so that none outlives it */
+    if (rc->tcp && rc->sending > 0 && rc->pending_err == 0 && !t->closed && rc->nrxs == 0 &&
+        t->nlingering < KVX_LINGER_MAX) {
+        rc->lingering = true;
+        t->nlingering++;
+        /* what UCX still holds of it no longer counts in the open connections' bound: nothing
+         * of it can give way any more (kvx_rq_sub takes it off the connection alone) */
+        t->rqbytes -= rc->qbytes <= t->rqbytes ? rc->qbytes : t->rqbytes;
+        return;
+    }
+    if (rc->tcp && rc->sending > 0 && rc->pending_err == 0 && !t->closed)
+        kvx_warn(t, "writer %s: connection %u closed at once: %u others linger already",
+                 rc->w->name, rc->id, t->nlingering);
+    kvx_rconn_end_linger(rc);
+}
+
+/* Over a bound (overflow: counted so), or a rendezvous receive that ended badly: what it queued
+ * goes now, and kvx_recv_work closes it (a caller may be walking a list it is on); its messages
+ * are refused meanwhile. */
+static void kvx_rconn_end(kvx_rconn_t *rc, const char *why, bool overflow)
+{
+    if (rc->doomed || rc->state != KVX_CONN_OPEN)
+        return;
+    rc->doomed = true;
+    if (overflow)
+        kvx_count(rc->t, rc->w, KVX_CNT(conns_overflow));
+    kvx_warn(rc->t,
+             "writer %s: connection %u closed: %s (%u acknowledgements, %u reads, %u "
+             "control messages waiting, %u held by UCX)",
+             rc->w->name, rc->id, why, rc->nacks, rc->nserve, rc->nctl, rc->sending);
+    kvx_rconn_drop_queued(rc);
+    kvx_rconn_want_work(rc);
+}
+
+void kvx_rconn_doom(kvx_rconn_t *rc, const char *why) { kvx_rconn_end(rc, why, true); }
+
+void kvx_rconn_abort(kvx_rconn_t *rc, const char *why) { kvx_rconn_end(rc, why, false); }
+
+/* The forced close completed (its callback). */
+static void kvx_recv_on_closed(kvx_rconn_t *rc)
+{
+    rc->ucx_refs--;
+    rc->state = KVX_CONN_CLOSED;
+    kvx_rconn_maybe_free(rc);
+}
+
+/* UCX calls this from inside a send on the connection too (tcp: a send to a writer that closed
+ * fails the endpoint there and then, in ucp_am_send_nbx): the connection and its endpoint must
+ * outlive that call, so kvx_recv_work closes it. */
+static void kvx_recv_on_error(kvx_rconn_t *rc, int status)
+{
+    if (rc->lingering) { /* UCX gave up on it: closing it is safe now */
+        if (rc->pending_err == 0)
+            rc->pending_err = status != 0 ? status : -ECONNRESET;
+        kvx_rconn_want_work(rc);
+        return;
+    }
+    if (rc->state != KVX_CONN_OPEN || rc->pending_err != 0)
+        return;
+    rc->pending_err = status != 0 ? status : -ECONNRESET;
+    kvx_info(rc->t, "writer %s: connection %u failed: %s", rc->w ? rc->w->name : "?", rc->id,
+             kvx_strerror(rc->pending_err));
+    kvx_rconn_want_work(rc);
+}
+
+static void kvx_recv_on_sent(kvx_rconn_t *rc, int status)
+{
+    (void)status; /* a reply lost with its connection: the writer sees that connection fail */
+    rc->ucx_refs--;
+    rc->sending--;
+    kvx_rq_sub(rc, sizeof(kvx_send_t));
+    if (rc->lingering && rc->sending == 0) /* UCX took them all: kvx_recv_work closes it */
+        kvx_rconn_want_work(rc);
+    if (rc->state == KVX_CONN_OPEN &&
+        (rc->nacks > 0 || !kvx_list_empty(&rc->serve) || !kvx_list_empty(&rc->ctl)))
+        kvx_rconn_want_work(rc);
+    kvx_rconn_maybe_free(rc);
+}
+
+static void kvx_rconn_ep_received(void *arg, void *cookie, int status)
+{
+    kvx_rconn_t *rc = arg;
+    kvx_rx_t *rx = cookie;
+
+    rc->ucx_refs--;
+    kvx_list_del(&rx->link);
+    rc->nrxs--;
+    rc->rx_done_ns = kvx_now_ns();
+    kvx_rq_sub(rc, KVX_RX_COST);
+    rx->done(rc, rx, status);
+    kvx_rconn_maybe_free(rc);
+}
+
+int kvx_rconn_recv(kvx_rconn_t *rc, kvx_rx_t *rx, void *desc, uint64_t off, size_t len)
+{
+    int r;
+
+    if (rc->nrxs >= KVX_RXS_PER_CONN) {
+        kvx_rconn_doom(rc, "too many rendezvous receives at once");
+        return -EBUSY;
+    }
+    rx->since_ns = kvx_now_ns();
+    kvx_list_add_tail(&rc->rxs, &rx->link);
+    rc->nrxs++;
+    kvx_rq_add(rc, KVX_RX_COST); /* in the bound over all connections' queues */
+    r = kvx_ucx_recv(rc->ucx, desc, rc->t->base + off, len, rx, &rc->ucx_refs);
+    if (r != 1) { /* landed at once, or not at all: the caller finishes */
+        kvx_list_del(&rx->link);
+        rc->nrxs--;
+        kvx_rq_sub(rc, KVX_RX_COST);
+    }
+    return r;
+}
+
+static void kvx_rconn_ep_sent(void *rc, uint64_t xfer_id, int status)
+{
+    (void)xfer_id;
+    kvx_recv_on_sent(rc, status);
+}
+static void kvx_rconn_ep_error(void *rc, int status) { kvx_recv_on_error(rc, status); }
+static void kvx_rconn_ep_closed(void *rc) { kvx_recv_on_closed(rc); }
+
+/* What a receiving connection's endpoint reports (kvx_ucx_ep_open). */
+const kvx_ep_ops_t kvx_rconn_ep_ops = {
+    .on_sent = kvx_rconn_ep_sent,
+    .on_error = kvx_rconn_ep_error,
+    .on_closed = kvx_rconn_ep_closed,
+    .on_received = kvx_rconn_ep_received,
+};
+
+/*
+ * Periodic: a connection whose rendezvous receives stalled (none ended for longer than the stall
+ * limit while the oldest was in flight: its sender stopped, or never sends the payload it
+ * announced) closes, which ends its receives (their bytes may be partly in place: the writer's
+ * transfers on it fail).
+ */
+void kvx_rconn_housekeeping(kvx_transport_t *t, uint64_t now)
+{
+    if (t->stall_ns == 0 || t->rconns.next == NULL)
+        return;
+    for (kvx_list_t *n = t->rconns.next; n != &t->rconns; n = n->next) {
+        kvx_rconn_t *rc = kvx_container_of(n, kvx_rconn_t, all_link);
+        kvx_rx_t *rx;
+
+        if (rc->state != KVX_CONN_OPEN || rc->doomed || rc->nrxs == 0)
+            continue;
+        rx = kvx_list_first(&rc->rxs, kvx_rx_t, link);
+        if (kvx_stalled(rx->since_ns, rc->rx_done_ns, now, t->stall_ns))
+            kvx_rconn_abort(rc, "a rendezvous receive made no progress within the stall limit");
+    }
+}
+
+/* The connection a message names, if its token matches; NULL (counted) otherwise. */
+kvx_rconn_t *kvx_rconn_of(kvx_transport_t *t, const kvx_msg_t *m)
+{
+    kvx_rconn_t *rc = kvx_idtab_get(&t->rconn_ids, m->conn_id);
+    uint8_t a[8], b[8];
+
+    if (rc != NULL) {
+        kvx_put64(a, rc->token);
+        kvx_put64(b, m->token);
+    }
+    if (rc == NULL || rc->state != KVX_CONN_OPEN || rc->doomed || rc->pending_err != 0 ||
+        !kvx_equal_ct(a, b, 8)) {
+        kvx_debug(t, "message for unknown connection %u dropped", m->conn_id);
+        kvx_count(t, NULL, KVX_CNT(drop_unknown));
+        return NULL;
+    }
+    if (!rc->proven && m->type != KVX_MSG_PROOF && m->type != KVX_MSG_BYE) {
+        /* a kvx writer sends its PROOF first: this is not one */
+        kvx_count(t, rc->w, KVX_CNT(drop_unproven));
+        kvx_info(t, "writer %s: connection %u sent before proving the secret: closed", rc->w->name,
+                 rc->id);
+        kvx_rconn_close(rc);
+        return NULL;
+    }
+    return rc;
+}
+
+int kvx_rconn_ctl(kvx_rconn_t *rc, const uint8_t *hdr, size_t len)
+{
+    kvx_ctl_t *c;
+
+    if (rc->doomed)
+        return -ENOBUFS;
+    if (rc->nctl >= KVX_CTL_MAX || (c = malloc(sizeof(*c))) == NULL) {
+        kvx_rconn_doom(rc, "its control messages cannot leave");
+        return -ENOBUFS;
+    }
+    memcpy(c->hdr, hdr, len);
+    c->len = len;
+    kvx_list_add_tail(&rc->ctl, &c->link);
+    rc->nctl++;
+    kvx_rconn_want_work(rc);
+    kvx_rq_add(rc, sizeof(*c));
+    return 0;
+}
+
+/* ---- the bounds over all connections ------------------------------------------------------- */
+
+#define KVX_RQ_MAX ((size_t)32 << 20)
+/* A new connection that has not completed a transfer yet is spared eviction this long while an
+ * older one can give way. */
+#define KVX_SLOT_GRACE_NS (1000ull * 1000000ull)
+/* Endpoints a HELLO makes this transport open (to the address it names): per writer's name and
+ * per transport, this many per second, in bursts of as many. */
+#define KVX_EP_RATE_WRITER 256
+#define KVX_EP_RATE_TRANSPORT 4096
+
+void kvx_rq_sub(kvx_rconn_t *rc, size_t n)
+{
+    if (rc->lingering) { /* out of the transport's sum already (kvx_rconn_close) */
+        rc->qbytes -= n <= rc->qbytes ? n : rc->qbytes;
+        return;
+    }
+    /* never more than was added: a wrapped sum would close every connection as the largest */
+    if (n > rc->qbytes || n > rc->t->rqbytes) {
+        kvx_error(rc->t, "reply queue accounting: %zu taken, %zu held by connection %u, %zu in all",
+                  n, rc->qbytes, rc->id, rc->t->rqbytes);
+        n = rc->qbytes < rc->t->rqbytes ? rc->qbytes : rc->t->rqbytes;
+    }
+    rc->qbytes -= n;
+    rc->t->rqbytes -= n;
+}
+/* More queued for rc; past the transport's bound, the connection holding the most gives way. */
+void kvx_rq_add(kvx_rconn_t *rc, size_t n)
+{
+    kvx_transport_t *t = rc->t;
+    kvx_rconn_t *big = NULL;
+
+    rc->qbytes += n;
+    t->rqbytes += n;
+    if (t->rqbytes <= KVX_RQ_MAX)
+        return;
+    for (kvx_list_t *l = t->rconns.next; l != &t->rconns; l = l->next) {
+        kvx_rconn_t *x = kvx_container_of(l, kvx_rconn_t, all_link);
+        if (x->state == KVX_CONN_OPEN && !x->doomed && (big == NULL || x->qbytes > big->qbytes))
+            big = x;
+    }
+    if (big != NULL)
+        kvx_rconn_doom(big, "the transport's reply queues are full");
+}
+
+/* A rate bound as the time its budget is spent up to (a leaky bucket of per_s a second, in
+ * bursts of per_s): may one more go now? */
+static bool kvx_rate_ok(const uint64_t *tat, uint64_t now, uint64_t per_s)
+{
+    uint64_t iv = 1000000000ull / per_s, t0 = *tat > now ? *tat : now;
+    return t0 - now <= (per_s - 1) * iv;
+}
+static void kvx_rate_take(uint64_t *tat, uint64_t now, uint64_t per_s)
+{
+    *tat = (*tat > now ? *tat : now) + 1000000000ull / per_s;
+}
+
+bool kvx_hello_rate(kvx_transport_t *t, kvx_writer_t *w, uint64_t now)
+{
+    if (!kvx_rate_ok(&w->hello_credit_ns, now, KVX_EP_RATE_WRITER) ||
+        !kvx_rate_ok(&t->hello_credit_ns, now, KVX_EP_RATE_TRANSPORT))
+        return false;
+    kvx_rate_take(&w->hello_credit_ns, now, KVX_EP_RATE_WRITER);
+    kvx_rate_take(&t->hello_credit_ns, now, KVX_EP_RATE_TRANSPORT);
+    return true;
+}
+
+/* ---- connection slots ----------------------------------------------------------------------- */
+
+void kvx_slots_init(kvx_transport_t *t)
+{
+    if (t->rslots[0].next == NULL)
+        for (int i = 0; i < 3; i++)
+            kvx_list_init(&t->rslots[i]);
+}
+
+void kvx_slot_set(kvx_rconn_t *rc, int cls, uint64_t now)
+{
+    kvx_slots_init(rc->t);
+    kvx_list_del(&rc->slot_link);
+    rc->slot_class = (uint8_t)cls;
+    rc->since_ns = now;
+    kvx_list_add_tail(&rc->t->rslots[cls], &rc->slot_link);
+}
+
+/* It completed (a part of) a transfer: it goes last in the order of eviction. */
+void kvx_rconn_active(kvx_rconn_t *rc)
+{
+    if (rc->slot_class != KVX_SLOT_ACTIVE || rc->t->rslots[KVX_SLOT_ACTIVE].prev != &rc->slot_link)
+        kvx_slot_set(rc, KVX_SLOT_ACTIVE, kvx_now_ns());
+}
+
+/* Eviction order: unproven first, then fresh ones past their grace, then the least recently
+ * active, then fresh ones in their grace; oldest first within each. */
+static int kvx_slot_key(const kvx_rconn_t *rc, uint64_t now)
+{
+    if (rc->slot_class == KVX_SLOT_FRESH)
+        return now - rc->since_ns < KVX_SLOT_GRACE_NS ? 3 : 1;
+    return rc->slot_class == KVX_SLOT_ACTIVE ? 2 : 0;
+}
+
+static bool kvx_slot_before(const kvx_rconn_t *a, const kvx_rconn_t *b, uint64_t now)
+{
+    int ka = kvx_slot_key(a, now), kb = kvx_slot_key(b, now);
+    return ka != kb ? ka < kb : a->since_ns < b->since_ns;
+}
+
+/* The connection that gives way to a new one: of writer w (over its share), or of any. */
+kvx_rconn_t *kvx_slot_victim(kvx_transport_t *t, kvx_writer_t *w, uint64_t now)
+{
+    kvx_rconn_t *v = NULL;
+
+    if (w != NULL) {
+        for (kvx_list_t *n = w->rconns.next; n != &w->rconns; n = n->next) {
+            kvx_rconn_t *x = kvx_container_of(n, kvx_rconn_t, w_link);
+            if (v == NULL || kvx_slot_before(x, v, now))
+                v = x;
+        }
+        return v;
+    }
+    for (int i = 0; i < 3; i++)
+        if (!kvx_list_empty(&t->rslots[i])) {
+            kvx_rconn_t *x = kvx_list_first(&t->rslots[i], kvx_rconn_t, slot_link);
+            if (v == NULL || kvx_slot_before(x, v, now))
+                v = x;
+        }
+    return v;
+}
+
+/* Close every writer connection (the transport closes; UCX still runs). */
+void kvx_recv_close_all(kvx_transport_t *t)
+{
+    for (kvx_list_t *n = t->rconns.next, *next; n != &t->rconns; n = next) {
+        kvx_rconn_t *rc = kvx_container_of(n, kvx_rconn_t, all_link);
+        next = n->next;
+        if (rc->lingering) {
+            kvx_list_del(&rc->work_link);
+            kvx_rconn_end_linger(rc); /* the worker goes */
+        } else {
+            kvx_rconn_close(rc);
+        }
+    }
+}

@@ -1,0 +1,158 @@
+/*
+ * Peers: what a peer's connection tells it (kvx_peer_conn_ops: a failure fails its transfers, or
+ * parks them while a peer paired by address pairs again), the compatibility rules of metadata, a
+ * new connection for a peer that paired again, and the peer events. The calls that add and
+ * remove peers, which wait, are api_peer.c's; the peer table is table.c's.
+ */
+#include "peer/kvx_peer.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+/* ---- what a peer's connection tells it ------------------------------------------------------ */
+
+static void kvx_peer_conn_sent(kvx_conn_t *c, uint64_t xfer_id, int status)
+{
+    kvx_xfer_on_sent(c, xfer_id, status);
+}
+
+static void kvx_peer_conn_work(kvx_conn_t *c) { kvx_xfer_post(c, KVX_STEP_BUDGET); }
+
+static void kvx_peer_conn_received(kvx_conn_t *c, kvx_rrx_t *rx, int status)
+{
+    kvx_xfer_on_received(c, rx, status);
+}
+
+/* A peer paired by address pairs again (listen.c); its transfers in flight fail all the same,
+ * but those of a connection that never finished its handshake sent nothing: they wait for the
+ * next one. */
+static void kvx_peer_conn_failed(kvx_conn_t *c, int err)
+{
+    if (c->peer != NULL && c->peer->conn == c && c->peer->addr != NULL && !c->t->closed) {
+        kvx_peer_lost(c->t, c->peer, err);
+        kvx_xfer_repark(c, c->peer);
+    }
+    kvx_xfer_fail_conn(c, err);
+}
+
+const kvx_conn_ops_t kvx_peer_conn_ops = {
+    .on_sent = kvx_peer_conn_sent,
+    .on_work = kvx_peer_conn_work,
+    .on_failed = kvx_peer_conn_failed,
+    .on_received = kvx_peer_conn_received,
+};
+
+/* ---- compatibility rules -------------------------------------------------------------------- */
+
+/* The compatibility rules of kvx_peer_add. Returns 0, or the error with *why saying which rule. */
+int kvx_peer_check(const kvx_transport_t *t, const kvx_md_t *md, const kvx_peer_params_t *expect,
+                   const char **why)
+{
+    if (strcmp(md->agent_name, t->log.name) == 0) {
+        *why = "the metadata is this transport's own (same agent name)";
+        return -EEXIST;
+    }
+    if (expect != NULL && (expect->field_mask & KVX_PEER_PARAM_EXPECT_REGION) &&
+        (expect->base_addr != md->base || expect->num_blocks != md->num_blocks ||
+         expect->block_len != md->block_len)) {
+        *why = "base address, block count or block length disagree with the metadata";
+        return -EINVAL;
+    }
+    if (md->block_len != t->block_len) {
+        *why = "block length differs from ours";
+        return -KVX_EINCOMPAT;
+    }
+    if (md->fingerprint[0] != '\0' && t->fingerprint[0] != '\0' &&
+        strcmp(md->fingerprint, t->fingerprint) != 0) {
+        *why = "config fingerprint differs from ours";
+        return -KVX_EINCOMPAT;
+    }
+    return 0;
+}
+
+/* ---- pairing again: a new connection, events ----------------------------------------------- */
+
+/* A peer paired by address whose connection failed gets a new one from md, without waiting (its
+ * handshake completes in the background); the transfers parked meanwhile move to it. */
+int kvx_peer_reinstall(kvx_transport_t *t, kvx_peer_t *p, const kvx_md_t *md)
+{
+    const char *why;
+    kvx_conn_t *c, *old = p->conn;
+    bool restarted;
+    int rc;
+
+    /* the checks of the add or connect that made the peer, expectations included; not the
+     * generation: the address's answer is authoritative (a restarted process whose clock is
+     * behind has an older one) */
+    rc = kvx_peer_check(t, md, &p->expect, &why);
+    if (rc < 0) {
+        kvx_error(t, "peer %s (%s) at %s refused: %s", p->id, md->agent_name, p->addr, why);
+        return rc;
+    }
+    /* not prefaulted (the first copies fault the pages in); not the peer's until installed
+     * below, so a failure here starts no reconnection of its own */
+    rc = kvx_conn_open(t, p->id, md, &kvx_peer_conn_ops, &c);
+    if (rc < 0)
+        return rc;
+    /* installed at once: transfers wait behind the handshake, as after a slow kvx_peer_add */
+    p->conn = c;
+    c->peer = p;
+    memcpy(p->last_agent, c->agent_name, sizeof(p->last_agent));
+    p->last_base = c->remote_base;
+    p->last_num_blocks = c->remote_num_blocks;
+    restarted = c->generation != p->last_generation;
+    p->last_generation = c->generation;
+    kvx_info(t, "peer %s: paired again with %s at %s over %s (generation %s)", p->id, c->agent_name,
+             p->addr, c->transport, restarted ? "another: it restarted" : "the same");
+    kvx_peer_event(t, p, restarted ? KVX_PEER_EVENT_RESTARTED : KVX_PEER_EVENT_RECONNECTED, 0);
+    p->stats.reconnections++;
+    t->stats.reconnections++;
+    kvx_xfer_unpark(p, c, 0);
+    if (old != NULL)
+        kvx_conn_release(old, -ECONNABORTED); /* failed already: it only goes */
+    return 0;
+}
+
+void kvx_peer_event(kvx_transport_t *t, const kvx_peer_t *p, int type, int err)
+{
+    kvx_peer_event_t *e;
+
+    if (t->ev_count == KVX_PEER_EVENTS_MAX) { /* the oldest goes */
+        t->ev_head = (t->ev_head + 1) % KVX_PEER_EVENTS_MAX;
+        t->ev_count--;
+    }
+    e = &t->events[(t->ev_head + t->ev_count) % KVX_PEER_EVENTS_MAX];
+    memset(e, 0, sizeof(*e));
+    snprintf(e->peer_id, sizeof(e->peer_id), "%s", p->id);
+    e->type = type;
+    e->error = err;
+    e->generation = p->last_generation;
+    t->ev_count++;
+}
+
+static void kvx_reconnect_due(kvx_transport_t *t, uint64_t at)
+{
+    if (at < t->next_reconnect_ns) {
+        t->next_reconnect_ns = at;
+        kvx_kick(t, at);
+    }
+}
+
+void kvx_peer_lost(kvx_transport_t *t, kvx_peer_t *p, int err)
+{
+    if (p->reconnecting)
+        return;
+    p->reconnecting = true;
+    p->backoff_ns = KVX_RECONNECT_MIN_NS;
+    p->next_try_ns = kvx_now_ns();
+    kvx_list_add_tail(&t->reconnects, &p->reconnect_link);
+    kvx_info(t, "peer %s: connection failed (%s); pairing again with %s", p->id, kvx_strerror(err),
+             p->addr);
+    kvx_peer_event(t, p, KVX_PEER_EVENT_DOWN, err);
+    kvx_reconnect_due(t, p->next_try_ns);
+}

@@ -1,0 +1,24 @@
+/*
+ * What the receiving side's handshake (hello.c) and fences (fence.c) give the files of the
+ * receiving side above them (fence.c, recv.c), and no other file needs.
+ */
+#ifndef KVX_RECV_INT_H
+#define KVX_RECV_INT_H
+
+#include "conn/kvx_rconn.h"
+
+/* ---- hello.c: the handshake ----------------------------------------------------------------- */
+
+/* A HELLO arrived (inside UCX progress): checked, and kept for kvx_recv_hellos. */
+void kvx_recv_hello_in(kvx_transport_t *t, const kvx_msg_t *m, const void *hdr, size_t hdr_len);
+/* Make the connections of the HELLOs that arrived (force: none is held back by the rates).
+ * Returns the HELLOs done with. */
+unsigned kvx_recv_hellos(kvx_transport_t *t, bool force);
+void kvx_recv_proof(kvx_transport_t *t, const kvx_msg_t *m); /* a PROOF arrived */
+
+/* ---- fence.c: the writers' fences ----------------------------------------------------------- */
+
+/* Did a fence after the writer's epoch e cover tag? */
+bool kvx_writer_fenced(const kvx_writer_t *w, uint64_t e, uint64_t tag);
+
+#endif

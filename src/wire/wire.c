@@ -1,0 +1,430 @@
+/*
+ * What crosses the wire between two kvx transports: the headers of kvx's active messages, one
+ * table of their types (length, flags, who takes them), their encoder and a strict decoder (a
+ * fuzz target, like the metadata codec), each field at the same place in both. A peer's bytes are
+ * hostile input: the decoder checks every length, count and reserved field before anything is
+ * used, and recv.c then checks what the decoder cannot know (connection, token, region bounds).
+ *
+ * Every message starts with a common header, little-endian:
+ *    0 u8 version (2)   1 u8 type   2 u16 flags   4 u32 connection id   8 u64 token
+ * (the id and token the receiving side gave that connection; zero in HELLO). Flags: CRC (1)
+ * on WRITE, READ_REQ and READ_DATA: checksums are set; PROOF (2) on HELLO and MD_REQ, MD: a proof
+ * of the secret ends it; SECRET (4) on CHALLENGE; RNDV (8) on HELLO: the writer takes READ_DATA
+ * payloads by rendezvous, on HELLO_ACK: the receiver takes WRITE payloads by rendezvous (each
+ * side sends by rendezvous only what the other said it takes). Then, by type:
+ *   HELLO      16 capability[16] 32 u32 conn id 36 u32 endpoint sequence 40 u64 token
+ *              48 u64 generation
+ *              56 u8 name length 57 u8[3] 0 60 u32 worker address length 64 name, address
+ *              [, proof[32] with KVX_MSGF_PROOF]
+ *   HELLO_ACK  16 u32 receiver's connection id 20 i32 status 24 u64 its token 32 u64 epoch
+ *              40 u8[16] segment token (an owned region's: what its segment holds; else zero)
+ *              56 u8[16] nonce (with a secret: the PROOF that must come first; else zero)
+ *   PROOF      16 u8[32] HMAC-SHA256(secret, "kvx-proof" nonce connection id token) over the
+ *              HELLO_ACK's nonce and the receiver's connection id and token, the first message
+ *              a writer sends on a connection to a receiver with a secret
+ *   WRITE      16 u64 transfer id 24 u64 tag 32 u64 epoch 40 u32 runs 44 u32 0 48 runs;
+ *              the payload is the runs' bytes, in order
+ *   ACK        16 u32 entries 20 u32 0 24 entries {u64 transfer id, u32 bytes, i32 status}
+ *   READ_REQ   16 u64 transfer id 24 u64 stream offset 32 u32 runs 36 u32 priority (0 normal,
+ *              1 low, 2 high) 40 runs
+ *   READ_DATA  16 u64 transfer id 24 u64 stream offset 32 u32 length 36 u32 crc32c
+ *              40 i32 status 44 u32 0; the payload is length bytes (none when status < 0)
+ *   FENCE      16 u64 epoch
+ *   NOTICE     16 u64 transfer id 24 u64 tag 32 u64 epoch 40 u64 blocks 48 u64 bytes
+ *   NOTICE_ACK 16 u64 transfer id 24 i32 status 28 u32 0
+ *   BYE        (nothing more)
+ * and, on an endpoint of UCX's connection manager only (pairing by address, listen.c):
+ *   CHALLENGE  16 u8[16] nonce (flag KVX_MSGF_SECRET: a proof is required)
+ *   MD_REQ     16 u8[32] proof of the secret over both nonces (flag KVX_MSGF_PROOF; else zero)
+ *              48 u8[16] the connecting side's nonce
+ *   MD         16 i32 status 20 u32 metadata length 24 u8[16] the connecting side's nonce
+ *              40 u8[32] MAC over both nonces and the metadata (flag KVX_MSGF_PROOF; else
+ *              zero); the payload is the metadata (none when status < 0)
+ * A run is {u64 offset into the receiver's region, u32 length, u32 crc32c (KVX_MSGF_CRC)}.
+ */
+#include "wire/kvx_wire.h"
+
+#include <errno.h>
+#include <string.h>
+
+static const uint8_t kvx_zero[8];
+
+/* Every message type: its fixed length, the flags it may carry, who takes it, whether its payload
+ * may come by rendezvous, and its name. The decoder, the backend's dispatch and the fuzzer read
+ * this one table. */
+static const kvx_wire_type_t kvx_wire_types[] = {
+    [KVX_MSG_HELLO] = {KVX_WIRE_HELLO_LEN, KVX_MSGF_PROOF | KVX_MSGF_RNDV, KVX_TO_RECEIVER, false,
+                       "HELLO"},
+    [KVX_MSG_HELLO_ACK] = {KVX_WIRE_HELLO_ACK_LEN, KVX_MSGF_RNDV, KVX_TO_INITIATOR, false,
+                           "HELLO_ACK"},
+    [KVX_MSG_WRITE] = {KVX_WIRE_WRITE_LEN, KVX_MSGF_CRC, KVX_TO_RECEIVER, true, "WRITE"},
+    [KVX_MSG_ACK] = {KVX_WIRE_ACK_LEN, 0, KVX_TO_INITIATOR, false, "ACK"},
+    [KVX_MSG_READ_REQ] = {KVX_WIRE_READ_REQ_LEN, KVX_MSGF_CRC, KVX_TO_RECEIVER, false, "READ_REQ"},
+    [KVX_MSG_READ_DATA] = {KVX_WIRE_READ_DATA_LEN, KVX_MSGF_CRC, KVX_TO_INITIATOR, true,
+                           "READ_DATA"},
+    [KVX_MSG_FENCE] = {KVX_WIRE_FENCE_LEN, 0, KVX_TO_INITIATOR, false, "FENCE"},
+    [KVX_MSG_NOTICE] = {KVX_WIRE_NOTICE_LEN, 0, KVX_TO_RECEIVER, false, "NOTICE"},
+    [KVX_MSG_NOTICE_ACK] = {KVX_WIRE_NOTICE_ACK_LEN, 0, KVX_TO_INITIATOR, false, "NOTICE_ACK"},
+    [KVX_MSG_BYE] = {KVX_WIRE_HDR_LEN, 0, KVX_TO_RECEIVER, false, "BYE"},
+    [KVX_MSG_CHALLENGE] = {KVX_WIRE_CHALLENGE_LEN, KVX_MSGF_SECRET, KVX_TO_PAIRING, false,
+                           "CHALLENGE"},
+    [KVX_MSG_MD_REQ] = {KVX_WIRE_MD_REQ_LEN, KVX_MSGF_PROOF, KVX_TO_PAIRING, false, "MD_REQ"},
+    [KVX_MSG_MD] = {KVX_WIRE_MD_LEN, KVX_MSGF_PROOF, KVX_TO_PAIRING, false, "MD"},
+    [KVX_MSG_PROOF] = {KVX_WIRE_PROOF_LEN, 0, KVX_TO_RECEIVER, false, "PROOF"},
+};
+
+const kvx_wire_type_t *kvx_wire_type(unsigned type)
+{
+    static const kvx_wire_type_t none = {0, 0, KVX_TO_NOBODY, false, "?"};
+
+    if (type >= sizeof(kvx_wire_types) / sizeof(kvx_wire_types[0]) ||
+        kvx_wire_types[type].fixed == 0)
+        return &none;
+    return &kvx_wire_types[type];
+}
+
+void kvx_wire_put_hdr(uint8_t *p, int type, unsigned flags, uint32_t conn_id, uint64_t token)
+{
+    p[0] = KVX_WIRE_VERSION;
+    p[1] = (uint8_t)type;
+    kvx_put16(p + 2, (uint16_t)flags);
+    kvx_put32(p + 4, conn_id);
+    kvx_put64(p + 8, token);
+}
+
+void kvx_wire_run_get(const uint8_t *runs, uint32_t i, kvx_wire_run_t *r)
+{
+    const uint8_t *p = runs + (size_t)i * KVX_WIRE_RUN_LEN;
+    r->offset = kvx_get64(p);
+    r->len = kvx_get32(p + 8);
+    r->crc = kvx_get32(p + 12);
+}
+
+void kvx_wire_run_put(uint8_t *runs, uint32_t i, const kvx_wire_run_t *r)
+{
+    uint8_t *p = runs + (size_t)i * KVX_WIRE_RUN_LEN;
+    kvx_put64(p, r->offset);
+    kvx_put32(p + 8, r->len);
+    kvx_put32(p + 12, r->crc);
+}
+
+/* Runs: a count within bounds, exactly that many, each non-empty; their total in *total. */
+static int kvx_wire_runs(const uint8_t *runs, uint32_t n, size_t avail, uint64_t *total)
+{
+    uint64_t sum = 0;
+
+    if (n == 0 || n > KVX_WIRE_MAX_RUNS || avail != (size_t)n * KVX_WIRE_RUN_LEN)
+        return -EBADMSG;
+    for (uint32_t i = 0; i < n; i++) {
+        kvx_wire_run_t r;
+        kvx_wire_run_get(runs, i, &r);
+        if (r.len == 0)
+            return -EBADMSG;
+        sum += r.len; /* at most 2^12 runs of < 2^32 bytes: no overflow */
+    }
+    *total = sum;
+    return 0;
+}
+
+static bool kvx_wire_text_ok(const uint8_t *s, size_t len)
+{
+    for (size_t i = 0; i < len; i++)
+        if (s[i] < 0x21 || s[i] > 0x7e)
+            return false;
+    return true;
+}
+
+int kvx_wire_decode(const void *hdr, size_t hdr_len, size_t data_len, kvx_msg_t *m)
+{
+    const uint8_t *p = hdr;
+    const kvx_wire_type_t *ty;
+    size_t fixed;
+    uint64_t total;
+
+    if (p == NULL || hdr_len < KVX_WIRE_HDR_LEN || p[0] != KVX_WIRE_VERSION)
+        return -EBADMSG;
+    memset(m, 0, sizeof(*m));
+    m->type = p[1];
+    m->flags = kvx_get16(p + 2);
+    m->conn_id = kvx_get32(p + 4);
+    m->token = kvx_get64(p + 8);
+    ty = kvx_wire_type(m->type);
+    fixed = ty->fixed;
+    /* a known type, its fixed part whole, and only the flags it may carry */
+    if (fixed == 0 || hdr_len < fixed || (m->flags & ~ty->flags))
+        return -EBADMSG;
+    /* only WRITE, READ_DATA and MD carry a payload */
+    if (data_len != 0 && m->type != KVX_MSG_WRITE && m->type != KVX_MSG_READ_DATA &&
+        m->type != KVX_MSG_MD)
+        return -EBADMSG;
+    /* the pairing messages name no connection */
+    if (ty->to == KVX_TO_PAIRING && (m->conn_id != 0 || m->token != 0 || hdr_len != fixed))
+        return -EBADMSG;
+
+    switch (m->type) {
+    case KVX_MSG_HELLO: {
+        size_t name_len = p[56], waddr_len = kvx_get32(p + 60);
+        size_t proof = (m->flags & KVX_MSGF_PROOF) ? KVX_PROOF_LEN : 0;
+        if (m->conn_id != 0 || m->token != 0 || memcmp(p + 57, kvx_zero, 3) != 0 || name_len == 0 ||
+            name_len > KVX_NAME_MAX || waddr_len == 0 || waddr_len > KVX_WIRE_MAX_WADDR ||
+            hdr_len != fixed + name_len + waddr_len + proof || !kvx_wire_text_ok(p + 64, name_len))
+            return -EBADMSG;
+        m->u.hello.capability = p + 16;
+        m->u.hello.conn_id = kvx_get32(p + 32);
+        m->u.hello.ep_sn = kvx_get32(p + 36);
+        m->u.hello.token = kvx_get64(p + 40);
+        m->u.hello.generation = kvx_get64(p + 48);
+        memcpy(m->u.hello.name, p + 64, name_len);
+        m->u.hello.name[name_len] = '\0';
+        m->u.hello.waddr = p + 64 + name_len;
+        m->u.hello.waddr_len = (uint32_t)waddr_len;
+        m->u.hello.proof = proof ? p + 64 + name_len + waddr_len : NULL;
+        m->u.hello.signed_len = fixed + name_len + waddr_len;
+        return 0;
+    }
+    case KVX_MSG_HELLO_ACK:
+        if (hdr_len != fixed)
+            return -EBADMSG;
+        m->u.hello_ack.rconn_id = kvx_get32(p + 16);
+        m->u.hello_ack.status = (int32_t)kvx_get32(p + 20);
+        m->u.hello_ack.token = kvx_get64(p + 24);
+        m->u.hello_ack.epoch = kvx_get64(p + 32);
+        m->u.hello_ack.seg_token = p + 40;
+        m->u.hello_ack.nonce = p + 56;
+        if (m->u.hello_ack.status > 0)
+            return -EBADMSG;
+        return 0;
+    case KVX_MSG_WRITE:
+        m->u.write.xfer_id = kvx_get64(p + 16);
+        m->u.write.tag = kvx_get64(p + 24);
+        m->u.write.epoch = kvx_get64(p + 32);
+        m->u.write.nruns = kvx_get32(p + 40);
+        m->u.write.runs = p + fixed;
+        if (kvx_get32(p + 44) != 0 ||
+            kvx_wire_runs(p + fixed, m->u.write.nruns, hdr_len - fixed, &total) < 0 ||
+            total != data_len)
+            return -EBADMSG;
+        return 0;
+    case KVX_MSG_ACK:
+        m->u.ack.n = kvx_get32(p + 16);
+        m->u.ack.entries = p + fixed;
+        if (kvx_get32(p + 20) != 0 || m->u.ack.n == 0 || m->u.ack.n > KVX_WIRE_MAX_ACKS ||
+            hdr_len != fixed + (size_t)m->u.ack.n * KVX_WIRE_ACK_ENTRY_LEN)
+            return -EBADMSG;
+        return 0;
+    case KVX_MSG_READ_REQ:
+        m->u.read_req.xfer_id = kvx_get64(p + 16);
+        m->u.read_req.stream_off = kvx_get64(p + 24);
+        m->u.read_req.nruns = kvx_get32(p + 32);
+        m->u.read_req.runs = p + fixed;
+        m->u.read_req.prio = (uint8_t)kvx_wire_prio_get(kvx_get32(p + 36));
+        if (kvx_get32(p + 36) > 2 ||
+            kvx_wire_runs(p + fixed, m->u.read_req.nruns, hdr_len - fixed, &total) < 0 ||
+            total > KVX_READ_REQ_MAX)
+            return -EBADMSG;
+        m->u.read_req.bytes = total;
+        return 0;
+    case KVX_MSG_READ_DATA:
+        if (hdr_len != fixed || kvx_get32(p + 44) != 0)
+            return -EBADMSG;
+        m->u.read_data.xfer_id = kvx_get64(p + 16);
+        m->u.read_data.stream_off = kvx_get64(p + 24);
+        m->u.read_data.len = kvx_get32(p + 32);
+        m->u.read_data.crc = kvx_get32(p + 36);
+        m->u.read_data.status = (int32_t)kvx_get32(p + 40);
+        if (m->u.read_data.status > 0 ||
+            (m->u.read_data.status == 0 ? m->u.read_data.len != data_len || data_len == 0
+                                        : m->u.read_data.len != 0 || data_len != 0))
+            return -EBADMSG;
+        return 0;
+    case KVX_MSG_FENCE:
+        if (hdr_len != fixed)
+            return -EBADMSG;
+        m->u.fence.epoch = kvx_get64(p + 16);
+        return 0;
+    case KVX_MSG_NOTICE:
+        if (hdr_len != fixed)
+            return -EBADMSG;
+        m->u.notice.xfer_id = kvx_get64(p + 16);
+        m->u.notice.tag = kvx_get64(p + 24);
+        m->u.notice.epoch = kvx_get64(p + 32);
+        m->u.notice.blocks = kvx_get64(p + 40);
+        m->u.notice.bytes = kvx_get64(p + 48);
+        return 0;
+    case KVX_MSG_NOTICE_ACK:
+        if (hdr_len != fixed || kvx_get32(p + 28) != 0)
+            return -EBADMSG;
+        m->u.notice_ack.xfer_id = kvx_get64(p + 16);
+        m->u.notice_ack.status = (int32_t)kvx_get32(p + 24);
+        if (m->u.notice_ack.status > 0)
+            return -EBADMSG;
+        return 0;
+    case KVX_MSG_BYE:
+        return hdr_len == fixed ? 0 : -EBADMSG;
+    case KVX_MSG_PROOF:
+        if (hdr_len != fixed)
+            return -EBADMSG;
+        m->u.proof.mac = p + 16;
+        return 0;
+    case KVX_MSG_CHALLENGE:
+        m->u.challenge.nonce = p + 16;
+        return 0;
+    case KVX_MSG_MD_REQ:
+        m->u.md_req.proof = (m->flags & KVX_MSGF_PROOF) ? p + 16 : NULL;
+        m->u.md_req.cnonce = p + 48;
+        for (size_t i = 0; m->u.md_req.proof == NULL && i < KVX_PROOF_LEN; i++)
+            if (p[16 + i] != 0)
+                return -EBADMSG;
+        return 0;
+    case KVX_MSG_MD:
+        m->u.md.status = (int32_t)kvx_get32(p + 16);
+        m->u.md.len = kvx_get32(p + 20);
+        m->u.md.cnonce = p + 24;
+        m->u.md.mac = (m->flags & KVX_MSGF_PROOF) ? p + 40 : NULL;
+        for (size_t i = 0; m->u.md.mac == NULL && i < KVX_PROOF_LEN; i++)
+            if (p[40 + i] != 0)
+                return -EBADMSG;
+        if (m->u.md.status > 0 || (m->u.md.status == 0 ? m->u.md.len != data_len || data_len == 0 ||
+                                                             data_len > KVX_WIRE_MAX_MD
+                                                       : m->u.md.len != 0 || data_len != 0))
+            return -EBADMSG;
+        return 0;
+    default:
+        return -EBADMSG;
+    }
+}
+
+/* The encoder: every field the decoder reads, at the same place; reserved fields zero. */
+static void kvx_wire_put_bytes(uint8_t *p, const uint8_t *src, size_t len)
+{
+    if (src != NULL)
+        memcpy(p, src, len);
+    else
+        memset(p, 0, len);
+}
+
+size_t kvx_wire_encode(const kvx_msg_t *m, uint8_t *p)
+{
+    size_t fixed = kvx_wire_type(m->type)->fixed, n;
+
+    memset(p, 0, fixed);
+    kvx_wire_put_hdr(p, m->type, m->flags, m->conn_id, m->token);
+    switch (m->type) {
+    case KVX_MSG_HELLO:
+        n = strlen(m->u.hello.name);
+        kvx_wire_put_bytes(p + 16, m->u.hello.capability, 16);
+        kvx_put32(p + 32, m->u.hello.conn_id);
+        kvx_put32(p + 36, m->u.hello.ep_sn);
+        kvx_put64(p + 40, m->u.hello.token);
+        kvx_put64(p + 48, m->u.hello.generation);
+        p[56] = (uint8_t)n;
+        kvx_put32(p + 60, m->u.hello.waddr_len);
+        memcpy(p + fixed, m->u.hello.name, n);
+        memcpy(p + fixed + n, m->u.hello.waddr, m->u.hello.waddr_len);
+        return fixed + n + m->u.hello.waddr_len; /* the proof, if any, follows: signed_len */
+    case KVX_MSG_HELLO_ACK:
+        kvx_put32(p + 16, m->u.hello_ack.rconn_id);
+        kvx_put32(p + 20, (uint32_t)m->u.hello_ack.status);
+        kvx_put64(p + 24, m->u.hello_ack.token);
+        kvx_put64(p + 32, m->u.hello_ack.epoch);
+        kvx_wire_put_bytes(p + 40, m->u.hello_ack.seg_token, KVX_SEG_TOKEN_LEN);
+        kvx_wire_put_bytes(p + 56, m->u.hello_ack.nonce, KVX_WIRE_NONCE_LEN);
+        return fixed;
+    case KVX_MSG_PROOF:
+        kvx_wire_put_bytes(p + 16, m->u.proof.mac, KVX_PROOF_LEN);
+        return fixed;
+    case KVX_MSG_WRITE: /* the runs: in place after the header (kvx_wire_run_put), or copied */
+        kvx_put64(p + 16, m->u.write.xfer_id);
+        kvx_put64(p + 24, m->u.write.tag);
+        kvx_put64(p + 32, m->u.write.epoch);
+        kvx_put32(p + 40, m->u.write.nruns);
+        n = (size_t)m->u.write.nruns * KVX_WIRE_RUN_LEN;
+        if (m->u.write.runs != NULL && m->u.write.runs != p + fixed)
+            memcpy(p + fixed, m->u.write.runs, n);
+        return fixed + n;
+    case KVX_MSG_ACK: /* the entries: in place after the header (kvx_wire_ack_put), or copied */
+        kvx_put32(p + 16, m->u.ack.n);
+        n = (size_t)m->u.ack.n * KVX_WIRE_ACK_ENTRY_LEN;
+        if (m->u.ack.entries != NULL && m->u.ack.entries != p + fixed)
+            memcpy(p + fixed, m->u.ack.entries, n);
+        return fixed + n;
+    case KVX_MSG_READ_REQ: /* the runs as for WRITE */
+        kvx_put64(p + 16, m->u.read_req.xfer_id);
+        kvx_put64(p + 24, m->u.read_req.stream_off);
+        kvx_put32(p + 32, m->u.read_req.nruns);
+        kvx_put32(p + 36, kvx_wire_prio_put(m->u.read_req.prio));
+        n = (size_t)m->u.read_req.nruns * KVX_WIRE_RUN_LEN;
+        if (m->u.read_req.runs != NULL && m->u.read_req.runs != p + fixed)
+            memcpy(p + fixed, m->u.read_req.runs, n);
+        return fixed + n;
+    case KVX_MSG_READ_DATA:
+        kvx_put64(p + 16, m->u.read_data.xfer_id);
+        kvx_put64(p + 24, m->u.read_data.stream_off);
+        kvx_put32(p + 32, m->u.read_data.len);
+        kvx_put32(p + 36, m->u.read_data.crc);
+        kvx_put32(p + 40, (uint32_t)m->u.read_data.status);
+        return fixed;
+    case KVX_MSG_FENCE:
+        kvx_put64(p + 16, m->u.fence.epoch);
+        return fixed;
+    case KVX_MSG_NOTICE:
+        kvx_put64(p + 16, m->u.notice.xfer_id);
+        kvx_put64(p + 24, m->u.notice.tag);
+        kvx_put64(p + 32, m->u.notice.epoch);
+        kvx_put64(p + 40, m->u.notice.blocks);
+        kvx_put64(p + 48, m->u.notice.bytes);
+        return fixed;
+    case KVX_MSG_NOTICE_ACK:
+        kvx_put64(p + 16, m->u.notice_ack.xfer_id);
+        kvx_put32(p + 24, (uint32_t)m->u.notice_ack.status);
+        return fixed;
+    case KVX_MSG_CHALLENGE:
+        kvx_wire_put_bytes(p + 16, m->u.challenge.nonce, KVX_WIRE_NONCE_LEN);
+        return fixed;
+    case KVX_MSG_MD_REQ:
+        kvx_wire_put_bytes(p + 16, m->u.md_req.proof, KVX_PROOF_LEN);
+        kvx_wire_put_bytes(p + 48, m->u.md_req.cnonce, KVX_WIRE_NONCE_LEN);
+        return fixed;
+    case KVX_MSG_MD:
+        kvx_put32(p + 16, (uint32_t)m->u.md.status);
+        kvx_put32(p + 20, m->u.md.len);
+        kvx_wire_put_bytes(p + 24, m->u.md.cnonce, KVX_WIRE_NONCE_LEN);
+        kvx_wire_put_bytes(p + 40, m->u.md.mac, KVX_PROOF_LEN);
+        return fixed;
+    default: /* BYE */
+        return fixed;
+    }
+}
+
+void kvx_wire_ack_get(const uint8_t *entries, uint32_t i, uint64_t *xfer_id, uint32_t *bytes,
+                      int32_t *status)
+{
+    const uint8_t *p = entries + (size_t)i * KVX_WIRE_ACK_ENTRY_LEN;
+    *xfer_id = kvx_get64(p);
+    *bytes = kvx_get32(p + 8);
+    *status = (int32_t)kvx_get32(p + 12);
+}
+
+void kvx_wire_ack_put(uint8_t *entries, uint32_t i, uint64_t xfer_id, uint32_t bytes,
+                      int32_t status)
+{
+    uint8_t *p = entries + (size_t)i * KVX_WIRE_ACK_ENTRY_LEN;
+    kvx_put64(p, xfer_id);
+    kvx_put32(p + 8, bytes);
+    kvx_put32(p + 12, (uint32_t)status);
+}
+
+/* HMAC-SHA256(secret, "kvx-proof" || nonce || connection id (le32) || token (le64)): what a
+ * writer with the secret answers HELLO_ACK's nonce with. */
+void kvx_wire_proof_mac(const uint8_t *secret, size_t secret_len, const uint8_t *nonce,
+                        uint32_t rconn_id, uint64_t token, uint8_t out[KVX_PROOF_LEN])
+{
+    uint8_t buf[9 + KVX_WIRE_NONCE_LEN + 12];
+    kvx_iov_t part = {buf, sizeof(buf)};
+
+    memcpy(buf, "kvx-proof", 9);
+    memcpy(buf + 9, nonce, KVX_WIRE_NONCE_LEN);
+    kvx_put32(buf + 9 + KVX_WIRE_NONCE_LEN, rconn_id);
+    kvx_put64(buf + 13 + KVX_WIRE_NONCE_LEN, token);
+    kvx_hmac_sha256(secret, secret_len, &part, 1, out);
+}
