@@ -30,7 +30,7 @@
 #define BL 65536
 #define NB 16
 #define ROUNDS 20
-#define AM_ID 0x4b /* kvx's (src/ucx_int.h) */
+#define AM_ID 0x4b /* kvx's (src/ucx/ucx_int.h) */
 
 /* ---- the listener: bare UCX speaking kvx's pairing ---------------------------------------- */
 

@@ -378,7 +378,7 @@ int kvx_transport_listen(kvx_transport_t *t, const char *addr)
     } else if (t->listening) {
         rc = -EALREADY;
     } else {
-        rc = kvx_ucx_listen(t, (const struct sockaddr *)&ss, len, &bound);
+        rc = kvx_ucx_listen(t->ucx, (const struct sockaddr *)&ss, len, &bound);
         if (rc == 0) {
             t->listening = true;
             kvx_addr_format(&bound, t->listen_addr, sizeof(t->listen_addr));

@@ -110,7 +110,7 @@ static int kvx_metadata_encode(kvx_transport_t *t, uint8_t **buf_p, size_t *len_
     uint8_t *buf;
     int rc;
 
-    kvx_ucx_local_address(t, &waddr, &waddr_len);
+    kvx_ucx_local_address(t->ucx, &waddr, &waddr_len);
     snprintf(md.agent_name, sizeof(md.agent_name), "%s", t->log.name);
     snprintf(md.fingerprint, sizeof(md.fingerprint), "%s", t->fingerprint);
     md.base = (uintptr_t)t->base;
@@ -213,12 +213,28 @@ static void kvx_transport_free_params(kvx_transport_t *t)
     t->notices = NULL;
 }
 
-/* What the backend reports of the worker, and which layer hears it. */
-static const kvx_ucx_ops_t kvx_core_ops = {
-    .on_request = kvx_recv_on_message,
-    .on_reply = kvx_xfer_on_message,
-    .on_conn_request = kvx_listen_on_request,
-    .on_drop = kvx_count_drop,
+/* What the backend reports of the worker (arg: the transport), and which layer hears it. */
+static void kvx_transport_on_request(void *arg, const kvx_msg_t *m, const void *hdr, size_t hdr_len,
+                                     const uint8_t *data, size_t data_len)
+{
+    kvx_recv_on_message(arg, m, hdr, hdr_len, data, data_len);
+}
+static void kvx_transport_on_reply(void *arg, const kvx_msg_t *m, const uint8_t *data,
+                                   size_t data_len)
+{
+    kvx_xfer_on_message(arg, m, data, data_len);
+}
+static void kvx_transport_on_conn_request(void *arg, void *conn_req)
+{
+    kvx_listen_on_request(arg, conn_req);
+}
+static void kvx_transport_on_drop(void *arg, int why) { kvx_count_drop(arg, why); }
+
+static const kvx_ucx_ops_t kvx_transport_ucx_ops = {
+    .on_request = kvx_transport_on_request,
+    .on_reply = kvx_transport_on_reply,
+    .on_conn_request = kvx_transport_on_conn_request,
+    .on_drop = kvx_transport_on_drop,
 };
 
 int kvx_transport_create(const kvx_params_t *params, kvx_transport_t **transport_p)
@@ -230,7 +246,7 @@ int kvx_transport_create(const kvx_params_t *params, kvx_transport_t **transport
         return -EINVAL;
     rc = kvx_params_check(params);
     if (rc < 0) {
-        kvx_error(NULL, "kvx_transport_create: invalid parameters");
+        kvx_log(NULL, KVX_LOG_ERROR, "kvx_transport_create: invalid parameters");
         return rc;
     }
     t = calloc(1, sizeof(*t));
@@ -323,7 +339,7 @@ int kvx_transport_create(const kvx_params_t *params, kvx_transport_t **transport
     }
     if (getrandom(t->capability, sizeof(t->capability), 0) != (ssize_t)sizeof(t->capability)) {
         rc = -errno;
-        kvx_error(NULL, "kvx_transport_create: getrandom: %s", strerror(errno));
+        kvx_log(NULL, KVX_LOG_ERROR, "kvx_transport_create: getrandom: %s", strerror(errno));
         goto err_free;
     }
     if (params->field_mask & KVX_PARAM_LOG) {
@@ -333,12 +349,16 @@ int kvx_transport_create(const kvx_params_t *params, kvx_transport_t **transport
         t->log.level = params->log_level;
     }
 
-    rc = kvx_ucx_init(t, &kvx_core_ops);
+    rc = kvx_ucx_init(&(kvx_ucx_config_t){.log = t->log,
+                                          .keepalive_ms = t->keepalive_ms,
+                                          .net_devices = t->net_devices},
+                      &kvx_transport_ucx_ops, t, &t->ucx);
     if (rc < 0)
         goto err_free;
     if (params->field_mask & KVX_PARAM_OWN_REGION) {
         void *base;
-        rc = kvx_ucx_region_alloc(t, t->region_len, &base, &t->rkey, &t->rkey_len);
+        rc = kvx_ucx_region_alloc(t->ucx, t->region_len, &base, &t->rkey, &t->rkey_len,
+                                  t->seg_token);
         if (rc < 0)
             goto err_ucx;
         t->base = base;
@@ -362,8 +382,7 @@ int kvx_transport_create(const kvx_params_t *params, kvx_transport_t **transport
 err_md:
     free(t->metadata);
 err_ucx:
-    kvx_ucx_fini(t);
-    kvx_ucx_free(t);
+    kvx_ucx_free(t->ucx);
 err_free:
     close(t->cq_fd);
     pthread_cond_destroy(&t->cond);
@@ -438,14 +457,14 @@ int kvx_transport_close(kvx_transport_t *t)
                      (unsigned long long)(KVX_CLOSE_DRAIN_NS / 1000000ull));
             break;
         }
-        kvx_ucx_progress(t);
+        kvx_ucx_progress(t->ucx);
     }
     /* Anything UCX still calls back during teardown finds its objects alive; free them after.
      * Keys of mapped regions go first: they belong to the worker (every mapped connection has
      * failed above, which let go of its key; this makes sure). */
     for (kvx_list_t *n = t->conns.next; n != &t->conns; n = n->next)
         kvx_ucx_unmap(kvx_container_of(n, kvx_conn_t, all_link)->ucx);
-    kvx_ucx_fini(t);
+    kvx_ucx_fini(t->ucx);
     while (!kvx_list_empty(&t->conns)) {
         kvx_conn_t *c = kvx_list_first(&t->conns, kvx_conn_t, all_link);
         kvx_list_del(&c->all_link);
@@ -480,7 +499,8 @@ void kvx_transport_destroy(kvx_transport_t *t)
     if (t == NULL)
         return;
     kvx_transport_close(t);
-    kvx_ucx_free(t); /* an owned region lives until here */
+    kvx_ucx_free(t->ucx); /* an owned region lives until here */
+    t->ucx = NULL;
     kvx_events_free(t);
     pthread_cond_destroy(&t->cond);
     pthread_mutex_destroy(&t->lock);

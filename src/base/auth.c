@@ -24,8 +24,8 @@ static void kvx_auth_fetch(void)
     kvx_hmac_alg = EVP_MAC_fetch(NULL, "HMAC", NULL);
     kvx_sha256_alg = EVP_MD_fetch(NULL, "SHA2-256", NULL);
     if (kvx_hmac_alg == NULL || kvx_sha256_alg == NULL)
-        kvx_error(NULL, "libcrypto has no %s: nothing signed or verified will match",
-                  kvx_hmac_alg == NULL ? "HMAC" : "SHA2-256");
+        kvx_log(NULL, KVX_LOG_ERROR, "libcrypto has no %s: nothing signed or verified will match",
+                kvx_hmac_alg == NULL ? "HMAC" : "SHA2-256");
 }
 
 /*
@@ -35,7 +35,7 @@ static void kvx_auth_fetch(void)
  */
 static void kvx_auth_fail(const char *what, uint8_t out[32])
 {
-    kvx_error(NULL, "libcrypto: %s failed: the result will not verify", what);
+    kvx_log(NULL, KVX_LOG_ERROR, "libcrypto: %s failed: the result will not verify", what);
     if (RAND_bytes(out, 32) == 1)
         return;
     if (getrandom(out, 32, 0) == 32)

@@ -111,9 +111,9 @@ static inline uint64_t kvx_now_ns(void)
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
-/* How a transport logs: the first member of struct kvx_transport, so that log.c reads it through
- * the transport's pointer without seeing the rest (C lets a struct's pointer be its first
- * member's). */
+/* How a transport logs: every layer's state that logs holds one (the core's is the transport's,
+ * the backend has a copy), and the logging macros take that state: kvx_info(core, ...) logs
+ * through core->log. With no logger (NULL), kvx_log uses the process-wide sink. */
 typedef struct kvx_logger {
     kvx_log_fn fn; /* own: the transport's own sink (NULL: stderr), else the process default */
     void *arg;
@@ -122,12 +122,12 @@ typedef struct kvx_logger {
     char name[KVX_NAME_MAX + 1]; /* the transport's name (its agent name): it prefixes its lines */
 } kvx_logger_t;
 
-void kvx_log(const kvx_transport_t *t, int level, const char *fmt, ...)
+void kvx_log(const kvx_logger_t *lg, int level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-#define kvx_error(t, ...) kvx_log((t), KVX_LOG_ERROR, __VA_ARGS__)
-#define kvx_warn(t, ...) kvx_log((t), KVX_LOG_WARN, __VA_ARGS__)
-#define kvx_info(t, ...) kvx_log((t), KVX_LOG_INFO, __VA_ARGS__)
-#define kvx_debug(t, ...) kvx_log((t), KVX_LOG_DEBUG, __VA_ARGS__)
+#define kvx_error(o, ...) kvx_log(&(o)->log, KVX_LOG_ERROR, __VA_ARGS__)
+#define kvx_warn(o, ...) kvx_log(&(o)->log, KVX_LOG_WARN, __VA_ARGS__)
+#define kvx_info(o, ...) kvx_log(&(o)->log, KVX_LOG_INFO, __VA_ARGS__)
+#define kvx_debug(o, ...) kvx_log(&(o)->log, KVX_LOG_DEBUG, __VA_ARGS__)
 
 /* Who a transport is: same kernel (boot id) and pid namespace means a peer's pid names the same
  * process here (host.c). */

@@ -57,9 +57,8 @@ static void kvx_log_default(kvx_log_fn *fn, void **arg, int *level)
     pthread_mutex_unlock(&kvx_log_lock);
 }
 
-void kvx_log(const kvx_transport_t *t, int level, const char *fmt, ...)
+void kvx_log(const kvx_logger_t *lg, int level, const char *fmt, ...)
 {
-    const kvx_logger_t *lg = (const kvx_logger_t *)t; /* its first member */
     kvx_log_fn fn;
     void *arg;
     int max;

@@ -356,7 +356,7 @@ static int kvx_conn_hello(kvx_conn_t *c)
                                .generation = t->generation}};
     int rc;
 
-    kvx_ucx_local_address(t, &waddr, &waddr_len);
+    kvx_ucx_local_address(t->ucx, &waddr, &waddr_len);
     if (waddr_len > KVX_WIRE_MAX_WADDR) {
         kvx_error(t, "ucx: this worker's address is %zu bytes", waddr_len);
         return -EINVAL;
@@ -467,7 +467,7 @@ int kvx_conn_open(kvx_transport_t *t, const char *peer_id, const kvx_md_t *md,
     c->watched = watch == 1;
     rc = kvx_idtab_alloc(&t->conn_ids, c, &c->id);
     if (rc == 0) {
-        rc = kvx_ucx_ep_open(t, md->worker_addr, md->agent_name, &kvx_conn_ep_ops, c, &c->ucx);
+        rc = kvx_ucx_ep_open(t->ucx, md->worker_addr, md->agent_name, &kvx_conn_ep_ops, c, &c->ucx);
         if (rc < 0)
             kvx_idtab_release(&t->conn_ids, c->id);
     }

@@ -7,7 +7,7 @@
 #ifndef KVX_CONN_H
 #define KVX_CONN_H
 
-#include "ucx/kvx_ucx.h"
+#include "core/kvx_objects.h"
 
 /* ---- the initiator's connections (conn.c) ------------------------------------------------ */
 

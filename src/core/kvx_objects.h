@@ -8,7 +8,7 @@
 #ifndef KVX_OBJECTS_H
 #define KVX_OBJECTS_H
 
-#include "wire/kvx_wire.h"
+#include "ucx/kvx_ucx.h"
 
 /* ---- objects -------------------------------------------------------------------------------- */
 
@@ -17,11 +17,7 @@ typedef struct kvx_conn kvx_conn_t;
 typedef struct kvx_xfer kvx_xfer_t;
 typedef struct kvx_rconn kvx_rconn_t;
 typedef struct kvx_writer kvx_writer_t;
-typedef struct kvx_send kvx_send_t;
 typedef struct kvx_pairing kvx_pairing_t;
-typedef struct kvx_ucx kvx_ucx_t;           /* backend state of a transport (ucx_int.h) */
-typedef struct kvx_ucx_ep kvx_ucx_ep_t;     /* backend state of an endpoint (ucx_int.h) */
-typedef struct kvx_ep_ops kvx_ep_ops_t;     /* what an endpoint tells its owner (kvx_ucx.h) */
 typedef struct kvx_conn_ops kvx_conn_ops_t; /* what a connection tells its owner (conn.c) */
 
 enum kvx_op { KVX_OP_WRITE = 0, KVX_OP_READ = 1 };
@@ -335,9 +331,8 @@ void kvx_kick(kvx_transport_t *t, uint64_t when_ns);
 /* A transfer of peer p ended with status after lat_ns (bytes: what it covered). */
 void kvx_stats_xfer(kvx_transport_t *t, kvx_peer_t *p, int op, int status, uint64_t bytes,
                     uint64_t lat_ns);
-/* Count a message dropped before it could be tied to a connection. */
+/* Count a message dropped before it could be tied to a connection (why: KVX_DROP_*). */
 void kvx_count_drop(kvx_transport_t *t, int why);
-enum { KVX_DROP_MALFORMED, KVX_DROP_CAPABILITY, KVX_DROP_UNKNOWN, KVX_DROP_RNDV };
 
 /* ---- transfer objects and completion queues (cq.c) ------------------------------------- */
 

@@ -12,16 +12,12 @@
 void kvx_count_drop(kvx_transport_t *t, int why)
 {
     kvx_debug(t, "message dropped (%s)",
-              why == KVX_DROP_MALFORMED    ? "malformed"
-              : why == KVX_DROP_CAPABILITY ? "no capability"
-              : why == KVX_DROP_UNKNOWN    ? "unknown connection"
-                                           : "rendezvous");
+              why == KVX_DROP_MALFORMED ? "malformed"
+              : why == KVX_DROP_UNKNOWN ? "unknown connection"
+                                        : "rendezvous");
     switch (why) {
     case KVX_DROP_MALFORMED:
         t->rcounters.drop_malformed++;
-        break;
-    case KVX_DROP_CAPABILITY:
-        t->rcounters.drop_capability++;
         break;
     case KVX_DROP_UNKNOWN:
         t->rcounters.drop_unknown++;

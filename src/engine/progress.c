@@ -47,7 +47,7 @@ static void kvx_progress_housekeeping(kvx_transport_t *t, uint64_t now)
 
 unsigned kvx_progress_step(kvx_transport_t *t)
 {
-    unsigned n = kvx_ucx_progress(t);
+    unsigned n = kvx_ucx_progress(t->ucx);
     kvx_list_t todo;
     uint64_t now;
 
@@ -208,19 +208,19 @@ static bool kvx_progress_sleep(kvx_transport_t *t, int fd, uint64_t now, uint64_
                                bool stalled)
 {
     struct pollfd fds[2] = {{.fd = fd, .events = POLLIN},
-                            {.fd = kvx_ucx_event_fd(t), .events = POLLIN}};
+                            {.fd = kvx_ucx_event_fd(t->ucx), .events = POLLIN}};
     uint64_t d = until_ns > now ? until_ns - now : 0, v;
     struct timespec ts = {.tv_sec = (time_t)(d / 1000000000ull),
                           .tv_nsec = (long)(d % 1000000000ull)};
     nfds_t nfds = 2;
     bool refused = false;
 
-    if (kvx_ucx_arm(t) == -EBUSY) {
+    if (kvx_ucx_arm(t->ucx) == -EBUSY) {
         if (!stalled)
             return true;
         refused = true;
         nfds = 1;
-    } else if (kvx_ucx_progress(t) > 0) {
+    } else if (kvx_ucx_progress(t->ucx) > 0) {
         /* ucp_worker_arm arms only the interfaces in use. One whose last endpoint just went
          * (a peer removed) is re-armed by a callback that the next ucp_worker_progress runs;
          * asleep before that, a message arriving on it (a peer connecting again) would wake

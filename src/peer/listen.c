@@ -221,7 +221,7 @@ void kvx_listen_on_request(kvx_transport_t *t, void *conn_req)
         getrandom(pg->nonce, sizeof(pg->nonce), 0) != (ssize_t)sizeof(pg->nonce)) {
         kvx_debug(t, "listener: a connection rejected (%u waiting)", t->naccepted);
         free(pg);
-        kvx_ucx_reject(t, conn_req);
+        kvx_ucx_reject(t->ucx, conn_req);
         return;
     }
     pg->t = t;
@@ -244,7 +244,7 @@ static void kvx_listen_accept(kvx_pairing_t *pg)
 
     pg->conn_req = NULL;
     /* a failed ucp_ep_create releases the request itself */
-    rc = kvx_ucx_pair_open(t, req, NULL, 0, &kvx_pair_ep_ops, pg, &pg->ucx);
+    rc = kvx_ucx_pair_open(t->ucx, req, NULL, 0, &kvx_pair_ep_ops, pg, &pg->ucx);
     if (rc < 0) {
         pg->closing = true; /* nothing to close */
         return;
@@ -441,7 +441,7 @@ int kvx_listen_dial(kvx_transport_t *t, const struct sockaddr_storage *ss, sockl
         free(pg);
         return -EIO;
     }
-    rc = kvx_ucx_pair_open(t, NULL, (const struct sockaddr *)ss, len, &kvx_pair_ep_ops, pg,
+    rc = kvx_ucx_pair_open(t->ucx, NULL, (const struct sockaddr *)ss, len, &kvx_pair_ep_ops, pg,
                            &pg->ucx);
     if (rc < 0) {
         free(pg);
@@ -615,12 +615,12 @@ void kvx_listen_close_all(kvx_transport_t *t)
     for (kvx_list_t *n = t->pairings.next; n != &t->pairings; n = n->next) {
         kvx_pairing_t *pg = kvx_container_of(n, kvx_pairing_t, link);
         if (pg->conn_req != NULL) {
-            kvx_ucx_reject(t, pg->conn_req);
+            kvx_ucx_reject(t->ucx, pg->conn_req);
             pg->conn_req = NULL;
             pg->closing = true; /* no endpoint */
         }
     }
-    kvx_ucx_unlisten(t);
+    kvx_ucx_unlisten(t->ucx);
     t->listening = false;
     for (kvx_list_t *n = t->pairings.next, *next; n != &t->pairings; n = next) {
         kvx_pairing_t *pg = kvx_container_of(n, kvx_pairing_t, link);

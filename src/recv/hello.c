@@ -106,7 +106,7 @@ static void kvx_recv_refuse_hello(kvx_transport_t *t, const uint8_t *buf, size_t
         free(rc);
         return;
     }
-    if (kvx_ucx_ep_accept(t, m.u.hello.waddr, m.u.hello.ep_sn, came_on, m.u.hello.name,
+    if (kvx_ucx_ep_accept(t->ucx, m.u.hello.waddr, m.u.hello.ep_sn, came_on, m.u.hello.name,
                           &kvx_rconn_ep_ops, rc, &rc->ucx) < 0) {
         kvx_idtab_release(&t->rconn_ids, rc->id);
         free(rc);
@@ -222,7 +222,7 @@ void kvx_recv_hello_in(kvx_transport_t *t, const kvx_msg_t *m, const void *hdr, 
     memcpy(h->buf, hdr, hdr_len);
     h->len = hdr_len;
     h->retired = retired;
-    h->came_on = kvx_ucx_came_on(t);
+    h->came_on = kvx_ucx_came_on(t->ucx);
     snprintf(h->name, sizeof(h->name), "%s", m->u.hello.name);
     kvx_list_add_tail(&t->hellos, &h->link);
     t->nhellos++;
@@ -285,7 +285,7 @@ static int kvx_recv_hello(kvx_transport_t *t, const uint8_t *buf, size_t len,
     }
     /* UCX parses the writer's address here: what holds the capability (and, with a secret, what
      * proved it) may make this transport parse an address (docs/security.md) */
-    if ((err = kvx_ucx_ep_accept(t, m.u.hello.waddr, m.u.hello.ep_sn, came_on, m.u.hello.name,
+    if ((err = kvx_ucx_ep_accept(t->ucx, m.u.hello.waddr, m.u.hello.ep_sn, came_on, m.u.hello.name,
                                  &kvx_rconn_ep_ops, rc, &rc->ucx)) < 0) {
         kvx_idtab_release(&t->rconn_ids, rc->id);
         free(rc);

@@ -1,5 +1,5 @@
 /*
- * The UCX backend's pairing by address (listen.c's): UCX's connection manager - the listener, its
+ * The UCX backend's pairing by address (peer/'s): UCX's connection manager - the listener, its
  * connection requests, the endpoints it pairs and the messages sent on them.
  */
 #include "ucx/ucx_int.h"
@@ -11,18 +11,17 @@
 
 static void kvx_ucx_conn_cb(ucp_conn_request_h req, void *arg)
 {
-    kvx_transport_t *t = arg;
-    t->ucx->ops->on_conn_request(t, req);
+    kvx_ucx_t *u = arg;
+    u->ops->on_conn_request(u->arg, req);
 }
 
-int kvx_ucx_listen(kvx_transport_t *t, const struct sockaddr *sa, socklen_t len,
+int kvx_ucx_listen(kvx_ucx_t *u, const struct sockaddr *sa, socklen_t len,
                    struct sockaddr_storage *bound)
 {
-    kvx_ucx_t *u = t->ucx;
     ucp_listener_params_t p = {
         .field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER,
         .sockaddr = {.addr = sa, .addrlen = len},
-        .conn_handler = {.cb = kvx_ucx_conn_cb, .arg = t},
+        .conn_handler = {.cb = kvx_ucx_conn_cb, .arg = u},
     };
     ucp_listener_attr_t a = {.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR};
     ucs_status_t s;
@@ -31,13 +30,13 @@ int kvx_ucx_listen(kvx_transport_t *t, const struct sockaddr *sa, socklen_t len,
         return -EALREADY;
     s = ucp_listener_create(u->worker, &p, &u->listener);
     if (s != UCS_OK) {
-        kvx_error(t, "ucx: ucp_listener_create: %s", ucs_status_string(s));
+        kvx_error(u, "ucx: ucp_listener_create: %s", ucs_status_string(s));
         u->listener = NULL;
         return s == UCS_ERR_BUSY ? -EADDRINUSE : kvx_ucx_errno(s);
     }
     s = ucp_listener_query(u->listener, &a);
     if (s != UCS_OK) {
-        kvx_error(t, "ucx: ucp_listener_query: %s", ucs_status_string(s));
+        kvx_error(u, "ucx: ucp_listener_query: %s", ucs_status_string(s));
         ucp_listener_destroy(u->listener);
         u->listener = NULL;
         return kvx_ucx_errno(s);
@@ -46,26 +45,24 @@ int kvx_ucx_listen(kvx_transport_t *t, const struct sockaddr *sa, socklen_t len,
     return 0;
 }
 
-void kvx_ucx_unlisten(kvx_transport_t *t)
+void kvx_ucx_unlisten(kvx_ucx_t *u)
 {
-    kvx_ucx_t *u = t->ucx;
-
     if (u != NULL && u->listener != NULL) {
         ucp_listener_destroy(u->listener);
         u->listener = NULL;
     }
 }
 
-void kvx_ucx_reject(kvx_transport_t *t, void *conn_req)
+void kvx_ucx_reject(kvx_ucx_t *u, void *conn_req)
 {
-    ucs_status_t s = ucp_listener_reject(t->ucx->listener, conn_req);
+    ucs_status_t s = ucp_listener_reject(u->listener, conn_req);
     if (s != UCS_OK)
-        kvx_warn(t, "ucx: ucp_listener_reject: %s", ucs_status_string(s));
+        kvx_warn(u, "ucx: ucp_listener_reject: %s", ucs_status_string(s));
 }
 
 /* An endpoint of UCX's connection manager: from a connection request (conn_req) the listener
  * got, or to a listener's address (sa). */
-int kvx_ucx_pair_open(kvx_transport_t *t, void *conn_req, const struct sockaddr *sa, socklen_t len,
+int kvx_ucx_pair_open(kvx_ucx_t *u, void *conn_req, const struct sockaddr *sa, socklen_t len,
                       const kvx_ep_ops_t *ops, void *owner, kvx_ucx_ep_t **ep_p)
 {
     kvx_ucx_ep_t *e = calloc(1, sizeof(*e));
@@ -73,7 +70,7 @@ int kvx_ucx_pair_open(kvx_transport_t *t, void *conn_req, const struct sockaddr 
 
     if (e == NULL)
         return -ENOMEM;
-    e->t = t;
+    e->u = u;
     e->ops = ops;
     e->owner = owner;
     e->pair = true;
@@ -93,14 +90,14 @@ int kvx_ucx_pair_open(kvx_transport_t *t, void *conn_req, const struct sockaddr 
         ep_params.sockaddr.addr = sa;
         ep_params.sockaddr.addrlen = len;
     }
-    s = ucp_ep_create(t->ucx->worker, &ep_params, &e->ep);
+    s = ucp_ep_create(u->worker, &ep_params, &e->ep);
     if (s != UCS_OK) {
-        kvx_error(t, "ucx: ucp_ep_create (%s): %s", ep_params.name, ucs_status_string(s));
+        kvx_error(u, "ucx: ucp_ep_create (%s): %s", ep_params.name, ucs_status_string(s));
         free(e);
         return kvx_ucx_errno(s);
     }
-    e->pair_next = t->ucx->pair_eps;
-    t->ucx->pair_eps = e;
+    e->pair_next = u->pair_eps;
+    u->pair_eps = e;
     *ep_p = e;
     return 0;
 }

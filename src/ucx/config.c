@@ -137,7 +137,7 @@ static bool kvx_ucx_reported(const char *key)
     return false;
 }
 
-static void kvx_ucx_apply(kvx_transport_t *t, ucp_config_t *cfg, kvx_ucx_setting_t *st)
+static void kvx_ucx_apply(kvx_ucx_t *u, ucp_config_t *cfg, kvx_ucx_setting_t *st)
 {
     char env[128];
     ucs_status_t s;
@@ -157,7 +157,7 @@ static void kvx_ucx_apply(kvx_transport_t *t, ucp_config_t *cfg, kvx_ucx_setting
             st->form = i;
             return;
         }
-        kvx_debug(t, "ucx: cannot set %s=%s: %s", st->key[i], st->val, ucs_status_string(s));
+        kvx_debug(u, "ucx: cannot set %s=%s: %s", st->key[i], st->val, ucs_status_string(s));
     }
 }
 
@@ -173,7 +173,7 @@ void kvx_ucx_stop(kvx_ucx_t *u)
 
 /* Context and worker with kvx's settings applied. Returns 1 when UCX reported one of them
  * unused and another form exists (the caller starts again), 0 when started, or an errno. */
-static int kvx_ucx_start(kvx_transport_t *t, kvx_ucx_t *u, kvx_ucx_setting_t *set, size_t nset)
+static int kvx_ucx_start(kvx_ucx_t *u, const char *net_devices, kvx_ucx_setting_t *set, size_t nset)
 {
     ucp_config_t *cfg = NULL;
     ucs_status_t s;
@@ -181,15 +181,15 @@ static int kvx_ucx_start(kvx_transport_t *t, kvx_ucx_t *u, kvx_ucx_setting_t *se
 
     s = ucp_config_read(NULL, NULL, &cfg);
     if (s != UCS_OK) {
-        kvx_error(t, "ucx: ucp_config_read: %s", ucs_status_string(s));
+        kvx_error(u, "ucx: ucp_config_read: %s", ucs_status_string(s));
         return -ENODEV;
     }
     for (size_t i = 0; i < nset; i++)
-        kvx_ucx_apply(t, cfg, &set[i]);
-    if (t->net_devices != NULL) { /* the application's choice: it overrides UCX_NET_DEVICES */
-        s = ucp_config_modify(cfg, "NET_DEVICES", t->net_devices);
+        kvx_ucx_apply(u, cfg, &set[i]);
+    if (net_devices != NULL) { /* the application's choice: it overrides UCX_NET_DEVICES */
+        s = ucp_config_modify(cfg, "NET_DEVICES", net_devices);
         if (s != UCS_OK) {
-            kvx_error(t, "ucx: NET_DEVICES=%s: %s", t->net_devices, ucs_status_string(s));
+            kvx_error(u, "ucx: NET_DEVICES=%s: %s", net_devices, ucs_status_string(s));
             ucp_config_release(cfg);
             return -EINVAL;
         }
@@ -200,7 +200,7 @@ static int kvx_ucx_start(kvx_transport_t *t, kvx_ucx_t *u, kvx_ucx_setting_t *se
             UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED | UCP_PARAM_FIELD_NAME,
         .features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP,
         .mt_workers_shared = 0,
-        .name = t->log.name,
+        .name = u->log.name,
     };
     /* kvx's own lock serializes every call on the worker (caller threads, progress thread). */
     ucp_worker_params_t wparams = {
@@ -217,9 +217,9 @@ static int kvx_ucx_start(kvx_transport_t *t, kvx_ucx_t *u, kvx_ucx_setting_t *se
     if (s == UCS_OK) {
         s = ucp_worker_create(u->ctx, &wparams, &u->worker);
         if (s != UCS_OK)
-            kvx_error(t, "ucx: ucp_worker_create: %s", ucs_status_string(s));
+            kvx_error(u, "ucx: ucp_worker_create: %s", ucs_status_string(s));
     } else {
-        kvx_error(t, "ucx: ucp_init: %s", ucs_status_string(s));
+        kvx_error(u, "ucx: ucp_init: %s", ucs_status_string(s));
     }
     ucs_log_pop_handler();
     kvx_ucx_capturing = false;
@@ -228,12 +228,12 @@ static int kvx_ucx_start(kvx_transport_t *t, kvx_ucx_t *u, kvx_ucx_setting_t *se
         if (st->form < 0 || !kvx_ucx_reported(st->key[st->form]))
             continue;
         if (st->form == 0 && st->key[1] != NULL && !st->rejected) {
-            kvx_debug(t, "ucx: %s=%s unused by this UCX; trying %s", st->key[0], st->val,
+            kvx_debug(u, "ucx: %s=%s unused by this UCX; trying %s", st->key[0], st->val,
                       st->key[1]);
             st->rejected = true;
             retry = 1;
         } else {
-            kvx_warn(t, "ucx: this UCX ignored kvx's setting %s=%s", st->key[st->form], st->val);
+            kvx_warn(u, "ucx: this UCX ignored kvx's setting %s=%s", st->key[st->form], st->val);
         }
     }
     pthread_mutex_unlock(&kvx_ucx_capture_lock);
@@ -255,14 +255,14 @@ static int kvx_ucx_start(kvx_transport_t *t, kvx_ucx_t *u, kvx_ucx_setting_t *se
  * on the listening socket). So on 1.13 kvx sets UCX_TCP_CM_REUSEADDR=y once, before its first
  * worker, unless the environment says otherwise.
  */
-static void kvx_ucx_reuseaddr_env(kvx_transport_t *t)
+static void kvx_ucx_reuseaddr_env(kvx_ucx_t *u)
 {
     static bool done;
 
     pthread_mutex_lock(&kvx_ucx_capture_lock);
     if (!done && getenv("UCX_TCP_CM_REUSEADDR") == NULL) {
         if (setenv("UCX_TCP_CM_REUSEADDR", "y", 0) == 0)
-            kvx_debug(t, "ucx: UCX_TCP_CM_REUSEADDR=y (this UCX reads it from the environment)");
+            kvx_debug(u, "ucx: UCX_TCP_CM_REUSEADDR=y (this UCX reads it from the environment)");
     }
     done = true;
     pthread_mutex_unlock(&kvx_ucx_capture_lock);
@@ -270,7 +270,7 @@ static void kvx_ucx_reuseaddr_env(kvx_transport_t *t)
 
 /* kvx_ucx_init's context and worker: kvx's settings, and a second start when UCX reported the
  * first form of one unused. */
-int kvx_ucx_create(kvx_transport_t *t, kvx_ucx_t *u)
+int kvx_ucx_create(kvx_ucx_t *u, const kvx_ucx_config_t *cfg)
 {
     static const char *const eh[] = {"UCX_SYSV_ERROR_HANDLING", "UCX_POSIX_ERROR_HANDLING", NULL};
     static const char *const seg[] = {"UCX_SYSV_SEG_SIZE", "UCX_POSIX_SEG_SIZE", NULL};
@@ -298,7 +298,7 @@ int kvx_ucx_create(kvx_transport_t *t, kvx_ucx_t *u)
     memset(set, 0, sizeof(set));
     ucp_get_version(&major, &minor, &release);
     if (major == 1 && minor <= 13)
-        kvx_ucx_reuseaddr_env(t);
+        kvx_ucx_reuseaddr_env(u);
     if (kvx_ucx_tls_uses_shm()) {
         set[nset++] = (kvx_ucx_setting_t){{"MM_ERROR_HANDLING", NULL}, eh, "y", -1, false};
         set[nset++] = (kvx_ucx_setting_t){{"MM_SEG_SIZE", NULL}, seg, "32k", -1, false};
@@ -316,23 +316,23 @@ int kvx_ucx_create(kvx_transport_t *t, kvx_ucx_t *u)
     /* SO_REUSEADDR for a listener (kvx_ucx_reuseaddr_env says why; on 1.13, done there) */
     if (!(major == 1 && minor <= 13))
         set[nset++] = (kvx_ucx_setting_t){{"TCP_CM_REUSEADDR", NULL}, reuse, "y", -1, false};
-    if (t->keepalive_ms != 0) {
+    if (cfg->keepalive_ms != 0) {
         kvx_ucx_setting_t *st = &set[nset++];
         *st = (kvx_ucx_setting_t){{"KEEPALIVE_INTERVAL", NULL}, NULL, "", -1, false};
-        snprintf(st->val, sizeof(st->val), "%llums", (unsigned long long)t->keepalive_ms);
+        snprintf(st->val, sizeof(st->val), "%llums", (unsigned long long)cfg->keepalive_ms);
         /* UCX checks 128 endpoints per round by default: with more peers than that, a dead one
          * could go unnoticed for several intervals, and the endpoints peers left behind here
          * after removing us would be reclaimed at only 128 per interval. */
         set[nset++] = (kvx_ucx_setting_t){{"KEEPALIVE_NUM_EPS", NULL}, NULL, "inf", -1, false};
     }
-    rc = kvx_ucx_start(t, u, set, nset);
+    rc = kvx_ucx_start(u, cfg->net_devices, set, nset);
     if (rc == 1)
-        rc = kvx_ucx_start(t, u, set, nset);
+        rc = kvx_ucx_start(u, cfg->net_devices, set, nset);
     if (rc != 0)
         return rc > 0 ? -ENODEV : rc;
     for (size_t i = 0; i < nset; i++)
         if (set[i].form >= 0)
-            kvx_debug(t, "ucx %u.%u.%u: %s=%s", major, minor, release, set[i].key[set[i].form],
+            kvx_debug(u, "ucx %u.%u.%u: %s=%s", major, minor, release, set[i].key[set[i].form],
                       set[i].val);
     return 0;
 }

@@ -13,35 +13,35 @@ static bool kvx_ucx_shared_mapping(uintptr_t p, uint64_t len);
 
 /*
  * The owner's half of the segment proof (segment.c): a fresh random token in the trailer at the
- * end of the region's System V segment, which every HELLO_ACK also carries (hello.c). Without
+ * end of the region's System V segment, which every HELLO_ACK also carries (recv/hello.c). Without
  * such a segment the token stays zero and no peer maps the region.
  */
-static void kvx_ucx_seg_token(kvx_transport_t *t, uint8_t *base, size_t len)
+static void kvx_ucx_seg_token(kvx_ucx_t *u, uint8_t *base, size_t len, uint8_t *seg_token)
 {
     uint8_t token[KVX_SEG_TOKEN_LEN] = {0};
     kvx_seg_info_t s;
 
-    memset(t->seg_token, 0, sizeof(t->seg_token));
+    memset(seg_token, 0, KVX_SEG_TOKEN_LEN);
     if (kvx_seg_lookup((uintptr_t)base, &s) < 0 || !s.sysv || s.lo != (uintptr_t)base ||
         s.off != 0 || s.segsz < KVX_SEG_TRAILER_LEN || s.segsz - KVX_SEG_TRAILER_LEN < len ||
         s.segsz > s.hi - s.lo) {
-        kvx_info(t, "ucx: the owned region is not a System V segment of its own: peers on this "
+        kvx_info(u, "ucx: the owned region is not a System V segment of its own: peers on this "
                     "host use messages");
         return;
     }
-    while (kvx_equal_ct(token, t->seg_token, sizeof(token)))
+    while (kvx_equal_ct(token, seg_token, sizeof(token)))
         if (getrandom(token, sizeof(token), 0) != (ssize_t)sizeof(token)) {
-            kvx_warn(t, "ucx: no random segment token (%m): peers on this host use messages");
+            kvx_warn(u, "ucx: no random segment token (%m): peers on this host use messages");
             return;
         }
     if (kvx_seg_own_add(s.shmid) < 0) {
-        kvx_warn(t, "ucx: no memory to list the owned region's segment: peers use messages");
+        kvx_warn(u, "ucx: no memory to list the owned region's segment: peers use messages");
         return;
     }
-    t->ucx->seg_id = s.shmid;
-    t->ucx->seg_listed = true;
+    u->seg_id = s.shmid;
+    u->seg_listed = true;
     kvx_seg_trailer_put(base + s.segsz - KVX_SEG_TRAILER_LEN, len, token);
-    memcpy(t->seg_token, token, sizeof(token));
+    memcpy(seg_token, token, sizeof(token));
 }
 
 /*
@@ -52,10 +52,9 @@ static void kvx_ucx_seg_token(kvx_transport_t *t, uint8_t *base, size_t len)
  * goes into the metadata. When UCX could only give private memory (no shared-memory transport),
  * the region works all the same, peers use messages, and its contents start unspecified (logged).
  */
-int kvx_ucx_region_alloc(kvx_transport_t *t, size_t len, void **base_p, const void **rkey_p,
-                         size_t *rkey_len_p)
+int kvx_ucx_region_alloc(kvx_ucx_t *u, size_t len, void **base_p, const void **rkey_p,
+                         size_t *rkey_len_p, uint8_t *seg_token)
 {
-    kvx_ucx_t *u = t->ucx;
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
     ucp_mem_map_params_t mp = {
         .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
@@ -66,12 +65,13 @@ int kvx_ucx_region_alloc(kvx_transport_t *t, size_t len, void **base_p, const vo
     ucp_mem_attr_t attr = {.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH};
     ucs_status_t s;
 
+    memset(seg_token, 0, KVX_SEG_TOKEN_LEN); /* none unless kvx_ucx_seg_token sets one */
     if (len > SIZE_MAX - 2 * page)
         return -ENOMEM;
     mp.length = (len + page - 1) / page * page + page;
     s = ucp_mem_map(u->ctx, &mp, &u->region);
     if (s != UCS_OK) {
-        kvx_error(t, "ucx: allocating a region of %zu bytes: %s", len, ucs_status_string(s));
+        kvx_error(u, "ucx: allocating a region of %zu bytes: %s", len, ucs_status_string(s));
         u->region = NULL;
         return s == UCS_ERR_NO_MEMORY ? -ENOMEM : kvx_ucx_errno(s);
     }
@@ -81,25 +81,23 @@ int kvx_ucx_region_alloc(kvx_transport_t *t, size_t len, void **base_p, const vo
     if (s == UCS_OK)
         s = ucp_rkey_pack(u->ctx, u->region, &u->rkey, &u->rkey_len);
     if (s != UCS_OK) {
-        kvx_error(t, "ucx: the owned region: %s", ucs_status_string(s));
-        kvx_ucx_region_free(t);
+        kvx_error(u, "ucx: the owned region: %s", ucs_status_string(s));
+        kvx_ucx_region_free(u);
         return -ENOMEM;
     }
     if (!kvx_ucx_shared_mapping((uintptr_t)attr.address, len))
-        kvx_info(t, "ucx: the owned region is private memory (no shared-memory transport): peers "
+        kvx_info(u, "ucx: the owned region is private memory (no shared-memory transport): peers "
                     "use messages, its contents start unspecified");
     else
-        kvx_ucx_seg_token(t, attr.address, len);
+        kvx_ucx_seg_token(u, attr.address, len, seg_token);
     *base_p = attr.address;
     *rkey_p = u->rkey;
     *rkey_len_p = u->rkey_len;
     return 0;
 }
 
-void kvx_ucx_region_free(kvx_transport_t *t)
+void kvx_ucx_region_free(kvx_ucx_t *u)
 {
-    kvx_ucx_t *u = t->ucx;
-
     if (u->rkey != NULL)
         ucp_rkey_buffer_release(u->rkey);
     u->rkey = NULL;
@@ -163,12 +161,12 @@ int kvx_ucx_map(kvx_ucx_ep_t *e, const void *rkey, size_t rkey_len, uint64_t rad
     s = ucp_ep_rkey_unpack(e->ep, rkey, &e->rkey);
     if (s != UCS_OK) {
         e->rkey = NULL;
-        kvx_debug(e->t, "ucx: the peer's region key: %s", ucs_status_string(s));
+        kvx_debug(e->u, "ucx: the peer's region key: %s", ucs_status_string(s));
         return -EOPNOTSUPP;
     }
     s = ucp_rkey_ptr(e->rkey, raddr, &first);
     if (s != UCS_OK) {
-        kvx_info(e->t, "ucx: the peer's region gives no mapping here: %s", ucs_status_string(s));
+        kvx_info(e->u, "ucx: the peer's region gives no mapping here: %s", ucs_status_string(s));
         kvx_ucx_unmap(e);
         return -EOPNOTSUPP;
     }
@@ -181,9 +179,9 @@ int kvx_ucx_map(kvx_ucx_ep_t *e, const void *rkey, size_t rkey_len, uint64_t rad
                                  &why);
     if (rc < 0) {
         if (rc == -EPERM)
-            kvx_warn(e->t, "ucx: the peer's region key names a segment kvx does not map (%s)", why);
+            kvx_warn(e->u, "ucx: the peer's region key names a segment kvx does not map (%s)", why);
         else
-            kvx_info(e->t, "ucx: the peer's region gives no mapping of %llu bytes here (%s)",
+            kvx_info(e->u, "ucx: the peer's region gives no mapping of %llu bytes here (%s)",
                      (unsigned long long)len, why);
         kvx_ucx_unmap(e);
         return rc;

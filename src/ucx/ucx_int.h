@@ -1,24 +1,27 @@
 /*
  * What the UCX backend's files share, and no other file includes (the layers above see only
- * kvx_ucx.h): UCP's headers, the backend's state, the helpers more than
- * one of its files calls. Every UCP call kvx makes lives in these files (context, worker,
- * endpoints, kvx's active messages in and out, progress, wake-up); the rest of kvx sees plain
- * errnos. UCP's RMA feature is never enabled: UCX's own put and get handlers, which write and read
- * any address a message names, do not exist in kvx's workers. Every byte a peer sends arrives
- * through kvx_ucx_am_cb (ucx.c) and is checked by kvx before it goes anywhere.
+ * kvx_ucx.h): UCP's headers, the backend's state, the helpers more than one of its files calls.
+ * Every UCP call kvx makes lives in these files (context, worker, endpoints, kvx's active
+ * messages in and out, progress, wake-up); the rest of kvx sees plain errnos. UCP's RMA feature is
+ * never enabled: UCX's own put and get handlers, which write and read any address a message
+ * names, do not exist in kvx's workers. Every byte a peer sends arrives through kvx_ucx_am_cb
+ * (worker.c) and is checked by kvx before it goes anywhere.
  *
- * The files, lowest first; each calls only files before it, never one of its own rank or above
- * (scripts/layers checks it):
- *   ucx_config.c, ucx_mem.c  the settings kvx applies to UCX, the context and worker made with
- *                 them (and the log capture that tells which applied, the environment); owned
- *                 regions and mapping a peer's. Neither calls
- *                 the other.
- *   ucx_ep.c      endpoints (open, close, the catch-up endpoints), messages out
- *   ucx_cm.c      pairing by address: UCX's connection manager, over ucx_ep.c's endpoints
- *   ucx.c         the backend's entry: kvx_ucx_init (the context and worker themselves are
- *                 made by ucx_config.c's kvx_ucx_create, with the settings it applies) and the
- *                 teardown that ends all of the above (catch-up endpoints, listener, owned
- *                 region); messages in; progress and wake-up
+ * The files, lowest first; each calls only files of the ranks before it, never one of its own
+ * rank or above (scripts/layers checks it):
+ *   config.c, mem.c     the settings kvx applies to UCX, the context and worker made with them
+ *                       (and the log capture that tells which applied, the environment); owned
+ *                       regions and mapping a peer's
+ *   lanes.c, ep.c,      what an endpoint's lanes are (read from UCX's own description); an
+ *   msg.c               endpoint towards a worker address (its link, its error handler, its
+ *                       place among this worker's endpoints to that worker); kvx's messages
+ *                       out on an endpoint and the receive of a rendezvous payload
+ *   catchup.c, cm.c     the catch-up endpoints that keep UCX's pairing by creation order
+ *                       (docs/design/catchup-endpoints.md), and with them a HELLO's endpoint
+ *                       (kvx_ucx_ep_accept) and an endpoint's close; UCX's connection manager
+ *   worker.c            the backend's entry: kvx_ucx_init (the context and worker themselves are
+ *                       made by config.c's kvx_ucx_create) and the teardown that ends all of the
+ *                       above; messages in; progress and wake-up
  */
 #ifndef KVX_UCX_INT_H
 #define KVX_UCX_INT_H
@@ -31,7 +34,9 @@
 #define KVX_AM_ID 0x4b
 
 struct kvx_ucx {
+    kvx_logger_t log;         /* the transport's (kvx_ucx_config_t) */
     const kvx_ucx_ops_t *ops; /* what the layers above hear of the worker (kvx_ucx_init) */
+    void *arg;                /* ... and the argument they get */
     ucp_context_h ctx;
     ucp_worker_h worker;
     ucp_address_t *waddr;
@@ -54,13 +59,13 @@ struct kvx_ucx {
     void *rkey; /* its packed key (in the metadata) */
     size_t rkey_len;
     ucp_listener_h listener; /* kvx_transport_listen */
-    kvx_ucx_ep_t *pair_eps;  /* endpoints of UCX's connection manager (listen.c) */
+    kvx_ucx_ep_t *pair_eps;  /* endpoints of UCX's connection manager (pairing by address) */
     /* the endpoint the message being handled came on (its sender's REPLY), or NULL: a
      * rendezvous payload is received only for a connection whose endpoint that is
      * (kvx_ucx_recv), and a HELLO's connection takes it (kvx_ucx_came_on, kvx_ucx_ep_accept) */
-    ucp_ep_h rx_reply_ep;
-    struct kvx_ucx_link *links; /* every UCX endpoint kvx opened towards a worker address */
-    struct kvx_ucx_rx *rx_free; /* receive records to reuse (kvx_ucx_recv) */
+    ucp_ep_h came_on_ep;
+    struct kvx_ucx_link *links;     /* every UCX endpoint kvx opened towards a worker address */
+    struct kvx_ucx_recv *recv_free; /* receive records to reuse (kvx_ucx_recv) */
     uint64_t next_link_id;
 };
 
@@ -90,10 +95,10 @@ struct kvx_ucx_link {
 };
 
 struct kvx_ucx_ep {
-    kvx_transport_t *t;
+    kvx_ucx_t *u;
     ucp_ep_h ep;
     const kvx_ep_ops_t *ops; /* what its owner hears: given when it opened */
-    void *owner;             /* kvx_conn_t *, kvx_rconn_t * or kvx_pairing_t * */
+    void *owner;             /* a connection of either side, or a pairing */
     bool pair;               /* an endpoint of UCX's connection manager (a pairing's) */
     kvx_ucx_ep_t *pair_next;
     kvx_send_t *free;          /* messages to reuse */
@@ -147,20 +152,33 @@ static inline int kvx_ucx_errno(ucs_status_t s)
     }
 }
 
-/* ucx_config.c */
+/* config.c */
 /* Context and worker (u->ctx, u->worker) with kvx's settings applied. Returns 0 or an errno. */
-int kvx_ucx_create(kvx_transport_t *t, kvx_ucx_t *u);
+int kvx_ucx_create(kvx_ucx_t *u, const kvx_ucx_config_t *cfg);
 void kvx_ucx_stop(kvx_ucx_t *u);                                /* the worker and the context */
 size_t kvx_ucx_env_size(const char *const *names, size_t dflt); /* "32k" from names[0..] */
 
-/* ucx_mem.c */
-void kvx_ucx_region_free(kvx_transport_t *t);
+/* mem.c */
+void kvx_ucx_region_free(kvx_ucx_t *u);
 
-/* ucx_ep.c */
+/* ep.c */
 void kvx_ucx_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status); /* an endpoint's (arg) */
+/* The uid of the worker at waddr (*ok: UCX could read it). */
+uint64_t kvx_ucx_uid(const void *waddr, bool *ok);
+/* The entry of remote worker uid (made when create), or NULL. */
+struct kvx_ucx_sn *kvx_ucx_sn_find(kvx_ucx_t *u, uint64_t uid, bool create);
+/* An endpoint to waddr (uid: its worker's, ok: known), counted among those towards that worker. */
+int kvx_ucx_ep_new(kvx_ucx_t *u, const void *waddr, uint64_t uid, bool ok, const char *name,
+                   kvx_ucx_ep_t **ep_p);
+/* Close e's UCX endpoint itself (forced), with close parameters cp: UCX's request, if any. */
+void *kvx_ucx_ep_close_ucp(kvx_ucx_ep_t *e, const ucp_request_param_t *cp);
+void kvx_ucx_drop_links(kvx_ucx_t *u); /* after the worker went */
+
+/* msg.c */
+void kvx_ucx_free_recvs(kvx_ucx_t *u); /* the receive records to reuse */
+
+/* catchup.c */
 void kvx_ucx_reap_fillers(kvx_ucx_t *u);  /* the catch-up endpoints whose peer failed */
 void kvx_ucx_close_fillers(kvx_ucx_t *u); /* all of them (the worker goes) */
-void kvx_ucx_drop_links(kvx_ucx_t *u);    /* after the worker went */
-void kvx_ucx_free_rxs(kvx_ucx_t *u);      /* the receive records to reuse */
 
 #endif /* KVX_UCX_INT_H */
