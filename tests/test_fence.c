@@ -620,12 +620,12 @@ static bool answer_gone(kvx_transport_t *rx)
 {
     bool gone = false;
 
-    kvx_lock(rx);
+    kvx_lock(&rx->core);
     for (kvx_list_t *n = rx->pairings.next; n != &rx->pairings; n = n->next) {
         kvx_pairing_t *pg = kvx_container_of(n, kvx_pairing_t, link);
         gone |= pg->accepted && pg->answered && pg->refs == 0;
     }
-    kvx_unlock(rx);
+    kvx_unlock(&rx->core);
     return gone;
 }
 

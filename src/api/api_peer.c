@@ -26,15 +26,15 @@ static void kvx_conn_wait(kvx_conn_t *c, bool wait_wired, uint64_t until_ns)
     kvx_transport_t *t = c->t;
 
     c->pins++;
-    t->busy++;
-    while (!t->closed && kvx_now_ns() < until_ns &&
+    t->core.unlocked_calls++;
+    while (!t->core.closed && kvx_now_ns() < until_ns &&
            (wait_wired ? c->state == KVX_CONN_OPEN && !c->wired && c->pending_err == 0
                        : c->state == KVX_CONN_CLOSING && !c->lingering))
         kvx_progress_wait_event(t, until_ns);
-    t->busy--;
+    t->core.unlocked_calls--;
     c->pins--;
-    if (t->closed)
-        pthread_cond_broadcast(&t->cond); /* close waits for busy calls to leave */
+    if (t->core.closed)
+        pthread_cond_broadcast(&t->core.cond); /* close waits for busy calls to leave */
 }
 
 /*
@@ -47,12 +47,12 @@ static int kvx_peer_turn_begin(kvx_transport_t *t, kvx_peer_t *p)
 {
     uint64_t ticket = p->turn_next++;
 
-    t->busy++;
-    while (p->turn_now != ticket && !t->closed)
+    t->core.unlocked_calls++;
+    while (p->turn_now != ticket && !t->core.closed)
         kvx_progress_wait_event(t, kvx_now_ns() + 10000000ull);
-    t->busy--;
-    if (t->closed) {
-        pthread_cond_broadcast(&t->cond); /* close waits for busy calls to leave */
+    t->core.unlocked_calls--;
+    if (t->core.closed) {
+        pthread_cond_broadcast(&t->core.cond); /* close waits for busy calls to leave */
         return -ESHUTDOWN;
     }
     return 0;
@@ -62,7 +62,7 @@ static void kvx_peer_turn_end(kvx_transport_t *t, kvx_peer_t *p)
 {
     p->turn_now++;
     if (p->turn_now != p->turn_next)
-        pthread_cond_broadcast(&t->cond); /* the next add or remove of this id */
+        pthread_cond_broadcast(&t->core.cond); /* the next add or remove of this id */
 }
 
 /*
@@ -118,31 +118,31 @@ static int kvx_peer_add_at(kvx_transport_t *t, const char *peer_id, const void *
         return -EINVAL;
     rc = kvx_md_decode(metadata, metadata_len, &md);
     if (rc < 0) {
-        kvx_error(t, "peer %s: metadata rejected: %s", peer_id, kvx_strerror(rc));
+        kvx_error(&t->core, "peer %s: metadata rejected: %s", peer_id, kvx_strerror(rc));
         return rc;
     }
-    kvx_lock(t);
-    if (t->closed) {
+    kvx_lock(&t->core);
+    if (t->core.closed) {
         rc = -ESHUTDOWN;
         goto out;
     }
     /* with a secret, nothing of the blob reaches UCX's parsers unless it was signed with it */
-    rc = kvx_md_verify(metadata, metadata_len, &md, t->secret, t->secret_len);
+    rc = kvx_md_verify(metadata, metadata_len, &md, t->core.secret, t->core.secret_len);
     if (rc < 0) {
-        kvx_error(t, "peer %s (%s) rejected: %s", peer_id, md.agent_name,
-                  t->secret ? "metadata not signed with this transport's secret"
-                            : "the peer requires a shared secret and this transport has none");
+        kvx_error(&t->core, "peer %s (%s) rejected: %s", peer_id, md.agent_name,
+                  t->core.secret ? "metadata not signed with this transport's secret"
+                                 : "the peer requires a shared secret and this transport has none");
         goto out;
     }
-    rc = kvx_peer_check(t, &md, params, &why);
+    rc = kvx_peer_check(&t->core, &md, params, &why);
     if (rc < 0) {
-        kvx_error(t, "peer %s (%s) rejected: %s", peer_id, md.agent_name, why);
+        kvx_error(&t->core, "peer %s (%s) rejected: %s", peer_id, md.agent_name, why);
         goto out;
     }
     /* A new id gets its entry now, invisible until a connection is installed: it holds the
      * queue of adds and removes of that id. */
-    p = kvx_peer_lookup(t, peer_id);
-    if (p == NULL && (p = kvx_peer_new(t, peer_id)) == NULL) {
+    p = kvx_peer_lookup(&t->core, peer_id);
+    if (p == NULL && (p = kvx_peer_new(&t->core, peer_id)) == NULL) {
         rc = -ENOMEM;
         goto out;
     }
@@ -156,8 +156,8 @@ static int kvx_peer_add_at(kvx_transport_t *t, const char *peer_id, const void *
     /* a blob older than the peer's live connection: a stale copy (of a process since
      * restarted, say); a listener's answer never is */
     if (addr == NULL && kvx_peer_stale(p, md.generation)) {
-        kvx_error(t, "peer %s (%s) rejected: its metadata is older than the peer's (%s)", peer_id,
-                  md.agent_name, p->conn->agent_name);
+        kvx_error(&t->core, "peer %s (%s) rejected: its metadata is older than the peer's (%s)",
+                  peer_id, md.agent_name, p->conn->agent_name);
         rc = -ESTALE;
         goto out_turn;
     }
@@ -168,12 +168,12 @@ static int kvx_peer_add_at(kvx_transport_t *t, const char *peer_id, const void *
         goto out_turn;
     c->pins++;
     kvx_conn_wait(c, true, kvx_now_ns() + KVX_CONNECT_WAIT_NS);
-    if (c->mapped != NULL && !t->closed)
+    if (c->mapped != NULL && !t->core.closed)
         kvx_conn_prefault(c);
     c->pins--;
-    rc = t->closed ? -ESHUTDOWN : c->state != KVX_CONN_OPEN ? c->err : c->pending_err;
+    rc = t->core.closed ? -ESHUTDOWN : c->state != KVX_CONN_OPEN ? c->err : c->pending_err;
     if (rc < 0) {
-        kvx_error(t, "peer %s (%s): %s", peer_id, md.agent_name, kvx_strerror(rc));
+        kvx_error(&t->core, "peer %s (%s): %s", peer_id, md.agent_name, kvx_strerror(rc));
         if (c->state == KVX_CONN_OPEN)
             kvx_conn_fail(c, rc);
         else
@@ -183,13 +183,13 @@ static int kvx_peer_add_at(kvx_transport_t *t, const char *peer_id, const void *
         goto out_turn;
     }
     if (!c->wired)
-        kvx_info(t, "peer %s (%s) has not answered yet; wire-up goes on in the background", peer_id,
-                 md.agent_name);
+        kvx_info(&t->core, "peer %s (%s) has not answered yet; wire-up goes on in the background",
+                 peer_id, md.agent_name);
     /* Install the new connection, then retire the old one. The peer id stays known
      * throughout: a write submitted meanwhile goes to one connection or the other. */
     old = p->conn;
     if (p->removed)
-        t->nconnected++;
+        t->core.nconnected++;
     p->conn = c;
     p->removed = false;
     p->last_err = 0;
@@ -208,13 +208,13 @@ static int kvx_peer_add_at(kvx_transport_t *t, const char *peer_id, const void *
     addr_copy = NULL;
     kvx_listen_peer_forget(t, p);
     kvx_xfer_unpark(p, c, 0);
-    kvx_info(t, "peer %s: connected to %s over %s (messages of %zu bytes)%s", peer_id,
+    kvx_info(&t->core, "peer %s: connected to %s over %s (messages of %zu bytes)%s", peer_id,
              c->agent_name, c->transport, c->seg, c->watched ? ", watching its process" : "");
     if (old != NULL) {
-        kvx_info(t, "peer %s: replaced its connection to %s", peer_id, old->agent_name);
+        kvx_info(&t->core, "peer %s: replaced its connection to %s", peer_id, old->agent_name);
         if (params != NULL && (params->field_mask & KVX_PEER_PARAM_FLAGS) &&
             (params->flags & KVX_PEER_ADD_PURGE))
-            for (kvx_list_t *n = t->active.next; n != &t->active; n = n->next) {
+            for (kvx_list_t *n = t->core.active.next; n != &t->core.active; n = n->next) {
                 kvx_xfer_t *x = kvx_container_of(n, kvx_xfer_t, active_link);
                 if (x->peer == p && x->conn == old)
                     kvx_xfer_purge(x); /* ENDING ones too: they still name their connection */
@@ -224,9 +224,9 @@ static int kvx_peer_add_at(kvx_transport_t *t, const char *peer_id, const void *
     rc = 0;
 out_turn:
     kvx_peer_turn_end(t, p);
-    kvx_peer_maybe_free(t, p); /* an entry made for an add that failed */
+    kvx_peer_maybe_free(&t->core, p); /* an entry made for an add that failed */
 out:
-    kvx_unlock(t);
+    kvx_unlock(&t->core);
     free(addr_copy);
     return rc;
 }
@@ -239,12 +239,12 @@ static int kvx_peer_remove_impl(kvx_transport_t *t, const char *peer_id, unsigne
 
     if (t == NULL || !kvx_peer_id_ok(peer_id) || (flags & ~(unsigned)KVX_PEER_REMOVE_PURGE))
         return -EINVAL;
-    kvx_lock(t);
-    if (t->closed) {
+    kvx_lock(&t->core);
+    if (t->core.closed) {
         rc = -ESHUTDOWN;
         goto out;
     }
-    p = kvx_peer_lookup(t, peer_id);
+    p = kvx_peer_lookup(&t->core, peer_id);
     if (p == NULL || (p->conn == NULL && p->turn_now == p->turn_next))
         goto out;
     /* after the adds and removes of this id called before this one */
@@ -256,16 +256,16 @@ static int kvx_peer_remove_impl(kvx_transport_t *t, const char *peer_id, unsigne
     c = p->conn;
     if (c == NULL) {
         kvx_peer_turn_end(t, p);
-        kvx_peer_maybe_free(t, p);
+        kvx_peer_maybe_free(&t->core, p);
         goto out;
     }
     if (flags & KVX_PEER_REMOVE_PURGE) {
         /* forget what finished and was not polled yet (p keeps its connection meanwhile, so
          * releasing cannot free it), and mark what is in flight to be forgotten as it ends:
-         * every transfer not DONE is on t->active, ENDING ones too (on no connection list) */
+         * every transfer not DONE is on t->core.active, ENDING ones too (on no connection list) */
         while (!kvx_list_empty(&p->cq))
-            kvx_xfer_release(kvx_list_first(&p->cq, kvx_xfer_t, conn_link));
-        for (kvx_list_t *n = t->active.next; n != &t->active; n = n->next) {
+            kvx_xfer_free(kvx_list_first(&p->cq, kvx_xfer_t, conn_link));
+        for (kvx_list_t *n = t->core.active.next; n != &t->core.active; n = n->next) {
             kvx_xfer_t *x = kvx_container_of(n, kvx_xfer_t, active_link);
             if (x->peer == p)
                 kvx_xfer_purge(x);
@@ -274,17 +274,17 @@ static int kvx_peer_remove_impl(kvx_transport_t *t, const char *peer_id, unsigne
     p->conn = NULL;
     p->removed = true;
     p->last_err = c->err;
-    t->nconnected--;
+    t->core.nconnected--;
     free(p->addr); /* no more pairing again */
     p->addr = NULL;
     kvx_listen_peer_forget(t, p);
     kvx_xfer_unpark(p, NULL, -ECONNABORTED);
     kvx_conn_retire(c, -ECONNABORTED);
     kvx_peer_turn_end(t, p);
-    kvx_peer_maybe_free(t, p);
+    kvx_peer_maybe_free(&t->core, p);
     rc = 1;
 out:
-    kvx_unlock(t);
+    kvx_unlock(&t->core);
     return rc;
 }
 
@@ -298,6 +298,23 @@ int kvx_peer_remove_ex(kvx_transport_t *t, const char *peer_id, unsigned flags)
     return kvx_peer_remove_impl(t, peer_id, flags);
 }
 
+/* The peer's counters, from its statistics (the one count of its transfers' ends). */
+static void kvx_peer_counters(const kvx_peer_t *p, kvx_peer_attr_t *attr)
+{
+    const kvx_stats_t *s = &p->stats;
+
+    attr->bytes_written = s->bytes[KVX_OP_WRITE];
+    attr->bytes_read = s->bytes[KVX_OP_READ];
+    attr->xfers_done = s->xfers[KVX_OP_WRITE][KVX_STATUS_OK] + s->xfers[KVX_OP_READ][KVX_STATUS_OK];
+    attr->xfers_failed = 0;
+    for (int op = 0; op < 2; op++)
+        for (int cls = KVX_STATUS_OK + 1; cls < KVX_STATUS_CLASSES; cls++)
+            attr->xfers_failed += s->xfers[op][cls];
+    attr->xfers_inflight = p->inflight;
+    attr->latency_sum_ns = s->latency_sum_ns;
+    attr->latency_max_ns = p->latency_max_ns;
+}
+
 int kvx_peer_query(kvx_transport_t *t, const char *peer_id, kvx_peer_attr_t *attr)
 {
     kvx_peer_t *p;
@@ -308,12 +325,12 @@ int kvx_peer_query(kvx_transport_t *t, const char *peer_id, kvx_peer_attr_t *att
     if (t == NULL || !kvx_peer_id_ok(peer_id) || attr == NULL)
         return -EINVAL;
     m = attr->field_mask;
-    kvx_lock(t);
-    if (t->closed) {
+    kvx_lock(&t->core);
+    if (t->core.closed) {
         rc = -ESHUTDOWN;
         goto out;
     }
-    p = kvx_peer_lookup(t, peer_id);
+    p = kvx_peer_lookup(&t->core, peer_id);
     if (!kvx_peer_known(p)) {
         rc = -ENOENT;
         goto out;
@@ -337,7 +354,7 @@ int kvx_peer_query(kvx_transport_t *t, const char *peer_id, kvx_peer_attr_t *att
     if (m & KVX_PEER_ATTR_REGION) {
         attr->remote_base = p->last_base;
         attr->remote_num_blocks = p->last_num_blocks;
-        attr->block_len = t->block_len;
+        attr->block_len = t->core.block_len;
     }
     if (m & KVX_PEER_ATTR_GENERATION)
         attr->generation = p->last_generation;
@@ -347,17 +364,10 @@ int kvx_peer_query(kvx_transport_t *t, const char *peer_id, kvx_peer_attr_t *att
         if (w != NULL)
             attr->recv = w->counters;
     }
-    if (m & KVX_PEER_ATTR_COUNTERS) {
-        attr->bytes_written = p->bytes_written;
-        attr->bytes_read = p->bytes_read;
-        attr->xfers_done = p->xfers_done;
-        attr->xfers_failed = p->xfers_failed;
-        attr->xfers_inflight = p->inflight;
-        attr->latency_sum_ns = p->lat_sum_ns;
-        attr->latency_max_ns = p->lat_max_ns;
-    }
+    if (m & KVX_PEER_ATTR_COUNTERS)
+        kvx_peer_counters(p, attr);
 out:
-    kvx_unlock(t);
+    kvx_unlock(&t->core);
     return rc;
 }
 
@@ -372,20 +382,20 @@ int kvx_transport_listen(kvx_transport_t *t, const char *addr)
     rc = kvx_addr_parse(addr, true, &ss, &len);
     if (rc < 0)
         return rc;
-    kvx_lock(t);
-    if (t->closed) {
+    kvx_lock(&t->core);
+    if (t->core.closed) {
         rc = -ESHUTDOWN;
     } else if (t->listening) {
         rc = -EALREADY;
     } else {
-        rc = kvx_ucx_listen(t->ucx, (const struct sockaddr *)&ss, len, &bound);
+        rc = kvx_ucx_listen(t->core.ucx, (const struct sockaddr *)&ss, len, &bound);
         if (rc == 0) {
             t->listening = true;
             kvx_addr_format(&bound, t->listen_addr, sizeof(t->listen_addr));
-            kvx_info(t, "listening at %s", t->listen_addr);
+            kvx_info(&t->core, "listening at %s", t->listen_addr);
         }
     }
-    kvx_unlock(t);
+    kvx_unlock(&t->core);
     return rc;
 }
 
@@ -407,21 +417,21 @@ int kvx_peer_connect(kvx_transport_t *t, const char *peer_id, const char *addr,
         return rc;
     /* the peer remembers the address resolved: pairing again never waits on a name lookup */
     kvx_addr_format(&ss, numeric, sizeof(numeric));
-    if (kvx_enter(t) < 0)
+    if (kvx_enter(&t->core) < 0)
         return -ESHUTDOWN;
     rc = kvx_listen_dial(t, &ss, len, &pg);
     if (rc < 0) {
-        kvx_unlock(t);
+        kvx_unlock(&t->core);
         return rc;
     }
-    t->busy++;
-    while (!t->closed && !kvx_listen_dial_over(pg))
+    t->core.unlocked_calls++;
+    while (!t->core.closed && !kvx_listen_dial_over(pg))
         kvx_progress_wait_event(t, pg->expires_ns);
-    t->busy--;
-    if (t->closed)
-        pthread_cond_broadcast(&t->cond); /* close waits for busy calls to leave */
+    t->core.unlocked_calls--;
+    if (t->core.closed)
+        pthread_cond_broadcast(&t->core.cond); /* close waits for busy calls to leave */
     rc = kvx_listen_dial_end(pg, peer_id, addr, &md, &md_len);
-    kvx_unlock(t);
+    kvx_unlock(&t->core);
     if (rc == 0)
         rc = kvx_peer_add_at(t, peer_id, md, md_len, params, numeric);
     free(md);
@@ -434,7 +444,7 @@ int kvx_peer_event_poll(kvx_transport_t *t, kvx_peer_event_t *out, size_t max)
 
     if (t == NULL || (out == NULL && max != 0))
         return -EINVAL;
-    if (kvx_enter(t) < 0)
+    if (kvx_enter(&t->core) < 0)
         return -ESHUTDOWN;
     while (n < max && n < INT32_MAX && t->ev_count > 0) {
         out[n++] = t->events[t->ev_head];
@@ -442,7 +452,7 @@ int kvx_peer_event_poll(kvx_transport_t *t, kvx_peer_event_t *out, size_t max)
         t->ev_count--;
     }
     kvx_events_update(t);
-    kvx_unlock(t);
+    kvx_unlock(&t->core);
     return (int)n;
 }
 
@@ -468,19 +478,19 @@ int kvx_stats_query(kvx_transport_t *t, const char *peer_id, kvx_stats_t *stats)
 
     if (t == NULL || stats == NULL || (peer_id != NULL && !kvx_peer_id_ok(peer_id)))
         return -EINVAL;
-    kvx_lock(t);
-    if (t->closed) {
+    kvx_lock(&t->core);
+    if (t->core.closed) {
         rc = -ESHUTDOWN;
     } else if (peer_id == NULL) {
-        kvx_stats_copy(&t->stats, stats);
+        kvx_stats_copy(&t->core.stats, stats);
     } else {
-        kvx_peer_t *p = kvx_peer_lookup(t, peer_id);
+        kvx_peer_t *p = kvx_peer_lookup(&t->core, peer_id);
         if (!kvx_peer_known(p))
             rc = -ENOENT;
         else
             kvx_stats_copy(&p->stats, stats);
     }
-    kvx_unlock(t);
+    kvx_unlock(&t->core);
     return rc;
 }
 
@@ -492,10 +502,10 @@ int kvx_peer_list(kvx_transport_t *t, char *buf, size_t *len_p)
     if (t == NULL || len_p == NULL || (buf == NULL && *len_p != 0))
         return -EINVAL;
     cap = *len_p;
-    if (kvx_enter(t) < 0)
+    if (kvx_enter(&t->core) < 0)
         return -ESHUTDOWN;
-    for (size_t i = 0; i < t->ptab_cap; i++)
-        for (const kvx_peer_t *p = t->ptab[i]; p != NULL; p = p->hnext) {
+    for (size_t i = 0; i < t->core.ptab_cap; i++)
+        for (const kvx_peer_t *p = t->core.ptab[i]; p != NULL; p = p->hnext) {
             size_t len = strlen(p->id) + 1;
             if (p->removed)
                 continue;
@@ -504,7 +514,7 @@ int kvx_peer_list(kvx_transport_t *t, char *buf, size_t *len_p)
             need += len;
             n++;
         }
-    kvx_unlock(t);
+    kvx_unlock(&t->core);
     rc = need <= cap ? n : -ENOSPC;
     *len_p = need;
     return rc;

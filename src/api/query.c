@@ -17,12 +17,12 @@ int kvx_notice_poll(kvx_transport_t *t, kvx_notice_t *out, size_t max)
         return -EINVAL;
     if (max > INT32_MAX)
         max = INT32_MAX;
-    if (kvx_enter(t) < 0)
+    if (kvx_enter(&t->core) < 0)
         return -ESHUTDOWN;
     kvx_progress_step(t);
     n = kvx_notice_take(t, out, max);
     kvx_events_update(t);
-    kvx_unlock(t);
+    kvx_unlock(&t->core);
     return (int)n;
 }
 
@@ -32,22 +32,22 @@ int kvx_transport_event_fd_ex(kvx_transport_t *t, unsigned kinds, int *fd_p)
 
     if (t == NULL || fd_p == NULL || kinds == 0 || (kinds & ~(unsigned)KVX_EVENT_ALL) != 0)
         return -EINVAL;
-    kvx_lock(t);
-    if (t->closed) {
+    kvx_lock(&t->core);
+    if (t->core.closed) {
         rc = -ESHUTDOWN;
         goto out;
     }
     if (t->evfd[kinds].fd < 0) {
         rc = kvx_events_open(t, kinds);
         if (rc < 0) {
-            kvx_error(t, "event fd: eventfd: %s", strerror(-rc));
+            kvx_error(&t->core, "event fd: eventfd: %s", strerror(-rc));
             goto out;
         }
         rc = 0;
     }
     *fd_p = t->evfd[kinds].fd;
 out:
-    kvx_unlock(t);
+    kvx_unlock(&t->core);
     return rc;
 }
 
@@ -64,8 +64,8 @@ int kvx_transport_wait(kvx_transport_t *t, const char *peer_id, int timeout_ms)
 
     if (t == NULL)
         return -EINVAL;
-    kvx_lock(t);
+    kvx_lock(&t->core);
     rc = kvx_progress_wait_cq(t, peer_id, end);
-    kvx_unlock(t);
+    kvx_unlock(&t->core);
     return rc;
 }

@@ -110,25 +110,25 @@ static int kvx_metadata_encode(kvx_transport_t *t, uint8_t **buf_p, size_t *len_
     uint8_t *buf;
     int rc;
 
-    kvx_ucx_local_address(t->ucx, &waddr, &waddr_len);
-    snprintf(md.agent_name, sizeof(md.agent_name), "%s", t->log.name);
-    snprintf(md.fingerprint, sizeof(md.fingerprint), "%s", t->fingerprint);
-    md.base = (uintptr_t)t->base;
-    md.num_blocks = t->num_blocks;
-    md.block_len = t->block_len;
-    md.generation = t->generation;
-    memcpy(md.capability, t->capability, sizeof(md.capability));
-    md.host = t->host;
+    kvx_ucx_local_address(t->core.ucx, &waddr, &waddr_len);
+    snprintf(md.agent_name, sizeof(md.agent_name), "%s", t->core.log.name);
+    snprintf(md.fingerprint, sizeof(md.fingerprint), "%s", t->core.fingerprint);
+    md.base = (uintptr_t)t->core.base;
+    md.num_blocks = t->core.num_blocks;
+    md.block_len = t->core.block_len;
+    md.generation = t->core.generation;
+    memcpy(md.capability, t->core.capability, sizeof(md.capability));
+    md.host = t->core.host;
     md.worker_addr = waddr;
     md.worker_addr_len = (uint32_t)waddr_len;
     md.rkey = t->rkey;
     md.rkey_len = (uint32_t)t->rkey_len;
-    md.flags = t->secret != NULL ? KVX_MDF_MAC : 0;
+    md.flags = t->core.secret != NULL ? KVX_MDF_MAC : 0;
     len = kvx_md_encoded_len(&md);
     buf = malloc(len);
     if (buf == NULL)
         return -ENOMEM;
-    rc = kvx_md_encode(&md, t->secret, t->secret_len, buf, len);
+    rc = kvx_md_encode(&md, t->core.secret, t->core.secret_len, buf, len);
     if (rc < 0) {
         free(buf);
         return rc;
@@ -171,16 +171,17 @@ static int kvx_transport_retire(kvx_transport_t *t)
 
     if (o == NULL)
         return -ENOMEM;
-    memcpy(old, t->capability, sizeof(old));
-    if (getrandom(t->capability, sizeof(t->capability), 0) != (ssize_t)sizeof(t->capability)) {
+    memcpy(old, t->core.capability, sizeof(old));
+    if (getrandom(t->core.capability, sizeof(t->core.capability), 0) !=
+        (ssize_t)sizeof(t->core.capability)) {
         rc = errno ? -errno : -EIO;
-        memcpy(t->capability, old, sizeof(old));
+        memcpy(t->core.capability, old, sizeof(old));
         free(o);
         return rc;
     }
     rc = kvx_metadata_encode(t, &buf, &len);
     if (rc < 0) {
-        memcpy(t->capability, old, sizeof(old));
+        memcpy(t->core.capability, old, sizeof(old));
         free(o);
         return rc;
     }
@@ -196,19 +197,19 @@ static int kvx_transport_retire(kvx_transport_t *t)
     memcpy(t->retired[0], old, sizeof(old));
     if (t->nretired < KVX_RETIRED_MAX)
         t->nretired++;
-    kvx_info(t, "capability retired: new metadata (%zu bytes)", len);
+    kvx_info(&t->core, "capability retired: new metadata (%zu bytes)", len);
     return 0;
 }
 
 /* What create copied from the parameters. */
 static void kvx_transport_free_params(kvx_transport_t *t)
 {
-    if (t->secret != NULL)
-        memset(t->secret, 0, t->secret_len);
-    free(t->secret);
+    if (t->core.secret != NULL)
+        memset(t->core.secret, 0, t->core.secret_len);
+    free(t->core.secret);
     free(t->net_devices);
     free(t->notices);
-    t->secret = NULL;
+    t->core.secret = NULL;
     t->net_devices = NULL;
     t->notices = NULL;
 }
@@ -252,27 +253,28 @@ int kvx_transport_create(const kvx_params_t *params, kvx_transport_t **transport
     t = calloc(1, sizeof(*t));
     if (t == NULL)
         return -ENOMEM;
-    pthread_mutex_init(&t->lock, NULL);
+    pthread_mutex_init(&t->core.lock, NULL);
     {
         pthread_condattr_t ca;
         pthread_condattr_init(&ca);
         pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-        pthread_cond_init(&t->cond, &ca);
+        pthread_cond_init(&t->core.cond, &ca);
         pthread_condattr_destroy(&ca);
     }
-    kvx_list_init(&t->ready);
+    kvx_list_init(&t->core.ready);
     kvx_list_init(&t->conns);
     kvx_list_init(&t->pairings);
     kvx_list_init(&t->reconnects);
     t->next_reconnect_ns = UINT64_MAX;
     kvx_list_init(&t->work);
-    kvx_list_init(&t->active);
+    kvx_list_init(&t->core.active);
     kvx_list_init(&t->rwork);
     kvx_list_init(&t->hellos);
     kvx_list_init(&t->rconns);
     kvx_list_init(&t->refusing);
-    t->next_deadline_ns = UINT64_MAX;
-    t->next_seq = 1;
+    t->core.next_deadline_ns = UINT64_MAX;
+    t->core.next_seq = 1;
+    kvx_engine_hooks(t);
     t->wake_fd = -1;
     for (unsigned m = 0; m <= KVX_EVENT_ALL; m++)
         t->evfd[m].fd = -1;
@@ -280,19 +282,19 @@ int kvx_transport_create(const kvx_params_t *params, kvx_transport_t **transport
     t->cq_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC | EFD_SEMAPHORE);
     if (t->cq_fd < 0) {
         rc = -errno;
-        pthread_cond_destroy(&t->cond);
-        pthread_mutex_destroy(&t->lock);
+        pthread_cond_destroy(&t->core.cond);
+        pthread_mutex_destroy(&t->core.lock);
         free(t);
         return rc;
     }
-    t->base = params->base;
-    t->num_blocks = params->num_blocks;
-    t->block_len = params->block_len;
-    t->region_len = params->num_blocks * params->block_len;
-    t->integrity = (params->field_mask & KVX_PARAM_INTEGRITY) && params->integrity != 0;
+    t->core.base = params->base;
+    t->core.num_blocks = params->num_blocks;
+    t->core.block_len = params->block_len;
+    t->core.region_len = params->num_blocks * params->block_len;
+    t->core.integrity = (params->field_mask & KVX_PARAM_INTEGRITY) && params->integrity != 0;
     if (params->field_mask & KVX_PARAM_RNDV) {
-        t->rndv_mode = params->rndv_mode;
-        t->rndv_thresh = params->rndv_thresh;
+        t->core.rndv_mode = params->rndv_mode;
+        t->core.rndv_thresh = params->rndv_thresh;
     }
     t->notice_cap =
         (params->field_mask & KVX_PARAM_NOTICES) ? params->notice_queue : KVX_DEFAULT_NOTICES;
@@ -302,13 +304,13 @@ int kvx_transport_create(const kvx_params_t *params, kvx_transport_t **transport
         goto err_free;
     }
     if (params->field_mask & KVX_PARAM_SECRET) {
-        t->secret = malloc(params->secret_len);
-        if (t->secret == NULL) {
+        t->core.secret = malloc(params->secret_len);
+        if (t->core.secret == NULL) {
             rc = -ENOMEM;
             goto err_free;
         }
-        memcpy(t->secret, params->secret, params->secret_len);
-        t->secret_len = params->secret_len;
+        memcpy(t->core.secret, params->secret, params->secret_len);
+        t->core.secret_len = params->secret_len;
     }
     if ((params->field_mask & KVX_PARAM_NET_DEVICES) &&
         (t->net_devices = strdup(params->net_devices)) == NULL) {
@@ -316,52 +318,53 @@ int kvx_transport_create(const kvx_params_t *params, kvx_transport_t **transport
         goto err_free;
     }
     if (params->field_mask & KVX_PARAM_AGENT_NAME)
-        snprintf(t->log.name, sizeof(t->log.name), "%s", params->agent_name);
+        snprintf(t->core.log.name, sizeof(t->core.log.name), "%s", params->agent_name);
     else
-        kvx_default_name(t->log.name, sizeof(t->log.name));
+        kvx_default_name(t->core.log.name, sizeof(t->core.log.name));
     if ((params->field_mask & KVX_PARAM_FINGERPRINT) && params->fingerprint != NULL)
-        snprintf(t->fingerprint, sizeof(t->fingerprint), "%s", params->fingerprint);
+        snprintf(t->core.fingerprint, sizeof(t->core.fingerprint), "%s", params->fingerprint);
     t->num_threads = (params->field_mask & KVX_PARAM_NUM_THREADS) ? params->num_threads : 1;
     /* every duration is at most KVX_MS_MAX (checked above): in ns, it cannot overflow */
-    t->deadline_ns = ((params->field_mask & KVX_PARAM_DEADLINE) ? params->deadline_ms
-                                                                : KVX_DEFAULT_DEADLINE_MS) *
-                     1000000ull;
-    t->keepalive_ms = (params->field_mask & KVX_PARAM_KEEPALIVE) ? params->keepalive_ms
-                                                                 : KVX_DEFAULT_KEEPALIVE_MS;
-    t->stall_ns =
+    t->core.deadline_ns = ((params->field_mask & KVX_PARAM_DEADLINE) ? params->deadline_ms
+                                                                     : KVX_DEFAULT_DEADLINE_MS) *
+                          1000000ull;
+    t->core.keepalive_ms = (params->field_mask & KVX_PARAM_KEEPALIVE) ? params->keepalive_ms
+                                                                      : KVX_DEFAULT_KEEPALIVE_MS;
+    t->core.stall_ns =
         ((params->field_mask & KVX_PARAM_STALL) ? params->stall_ms : KVX_DEFAULT_STALL_MS) *
         1000000ull;
-    kvx_host_self(&t->host);
+    kvx_host_self(&t->core.host);
     {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
-        t->generation = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+        t->core.generation = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
     }
-    if (getrandom(t->capability, sizeof(t->capability), 0) != (ssize_t)sizeof(t->capability)) {
+    if (getrandom(t->core.capability, sizeof(t->core.capability), 0) !=
+        (ssize_t)sizeof(t->core.capability)) {
         rc = -errno;
         kvx_log(NULL, KVX_LOG_ERROR, "kvx_transport_create: getrandom: %s", strerror(errno));
         goto err_free;
     }
     if (params->field_mask & KVX_PARAM_LOG) {
-        t->log.own = true;
-        t->log.fn = params->log_fn;
-        t->log.arg = params->log_arg;
-        t->log.level = params->log_level;
+        t->core.log.own = true;
+        t->core.log.fn = params->log_fn;
+        t->core.log.arg = params->log_arg;
+        t->core.log.level = params->log_level;
     }
 
-    rc = kvx_ucx_init(&(kvx_ucx_config_t){.log = t->log,
-                                          .keepalive_ms = t->keepalive_ms,
+    rc = kvx_ucx_init(&(kvx_ucx_config_t){.log = t->core.log,
+                                          .keepalive_ms = t->core.keepalive_ms,
                                           .net_devices = t->net_devices},
-                      &kvx_transport_ucx_ops, t, &t->ucx);
+                      &kvx_transport_ucx_ops, t, &t->core.ucx);
     if (rc < 0)
         goto err_free;
     if (params->field_mask & KVX_PARAM_OWN_REGION) {
         void *base;
-        rc = kvx_ucx_region_alloc(t->ucx, t->region_len, &base, &t->rkey, &t->rkey_len,
-                                  t->seg_token);
+        rc = kvx_ucx_region_alloc(t->core.ucx, t->core.region_len, &base, &t->rkey, &t->rkey_len,
+                                  t->core.seg_token);
         if (rc < 0)
             goto err_ucx;
-        t->base = base;
+        t->core.base = base;
         t->owned = true;
     }
     rc = kvx_metadata_build(t);
@@ -372,21 +375,22 @@ int kvx_transport_create(const kvx_params_t *params, kvx_transport_t **transport
         if (rc < 0)
             goto err_md;
     }
-    kvx_info(t,
+    kvx_info(&t->core,
              "created: %llu blocks of %llu bytes at %p%s, fingerprint '%s', %u progress thread(s)",
-             (unsigned long long)t->num_blocks, (unsigned long long)t->block_len, (void *)t->base,
-             t->owned ? " (owned)" : "", t->fingerprint, t->thread_running ? 1u : 0u);
+             (unsigned long long)t->core.num_blocks, (unsigned long long)t->core.block_len,
+             (void *)t->core.base, t->owned ? " (owned)" : "", t->core.fingerprint,
+             t->thread_running ? 1u : 0u);
     *transport_p = t;
     return 0;
 
 err_md:
     free(t->metadata);
 err_ucx:
-    kvx_ucx_free(t->ucx);
+    kvx_ucx_free(t->core.ucx);
 err_free:
     close(t->cq_fd);
-    pthread_cond_destroy(&t->cond);
-    pthread_mutex_destroy(&t->lock);
+    pthread_cond_destroy(&t->core.cond);
+    pthread_mutex_destroy(&t->core.lock);
     kvx_transport_free_params(t);
     free(t);
     return rc;
@@ -401,29 +405,29 @@ int kvx_transport_close(kvx_transport_t *t)
 
     if (t == NULL)
         return -EINVAL;
-    kvx_lock(t);
-    if (t->closed) {
+    kvx_lock(&t->core);
+    if (t->core.closed) {
         /* another thread is closing: return once it has finished, as the first close does */
         while (!t->close_done)
-            pthread_cond_wait(&t->cond, &t->lock);
-        kvx_unlock(t);
+            pthread_cond_wait(&t->core.cond, &t->core.lock);
+        kvx_unlock(&t->core);
         return 0;
     }
     /* From here every other call returns -ESHUTDOWN. Calls waiting with the lock released (in
-     * kvx_transport_wait, or in peer add/remove on t->cond) wake, see it and leave; the
+     * kvx_transport_wait, or in peer add/remove on t->core.cond) wake, see it and leave; the
      * teardown starts once none is left. */
-    t->closed = true;
+    t->core.closed = true;
     t->cq_signaled = false; /* one count for every waiter, whatever was signaled before */
     kvx_notify_waiters(t);
-    pthread_cond_broadcast(&t->cond);
-    while (t->busy > 0 || t->waiters > 0)
-        pthread_cond_wait(&t->cond, &t->lock);
-    kvx_unlock(t);
+    pthread_cond_broadcast(&t->core.cond);
+    while (t->core.unlocked_calls > 0 || t->waiters > 0)
+        pthread_cond_wait(&t->core.cond, &t->core.lock);
+    kvx_unlock(&t->core);
     kvx_progress_stop(t);
 
-    kvx_lock(t);
-    for (size_t i = 0; i < t->ptab_cap; i++) {
-        for (kvx_peer_t *p = t->ptab[i]; p != NULL; p = p->hnext) {
+    kvx_lock(&t->core);
+    for (size_t i = 0; i < t->core.ptab_cap; i++) {
+        for (kvx_peer_t *p = t->core.ptab[i]; p != NULL; p = p->hnext) {
             kvx_conn_t *c = p->conn;
             kvx_listen_peer_forget(t, p);
             kvx_xfer_unpark(p, NULL, -ECONNABORTED);
@@ -453,23 +457,23 @@ int kvx_transport_close(kvx_transport_t *t)
         if (!closing)
             break;
         if (kvx_now_ns() > end) {
-            kvx_warn(t, "connections still closing after %llu ms",
+            kvx_warn(&t->core, "connections still closing after %llu ms",
                      (unsigned long long)(KVX_CLOSE_DRAIN_NS / 1000000ull));
             break;
         }
-        kvx_ucx_progress(t->ucx);
+        kvx_ucx_progress(t->core.ucx);
     }
     /* Anything UCX still calls back during teardown finds its objects alive; free them after.
      * Keys of mapped regions go first: they belong to the worker (every mapped connection has
      * failed above, which let go of its key; this makes sure). */
     for (kvx_list_t *n = t->conns.next; n != &t->conns; n = n->next)
         kvx_ucx_unmap(kvx_container_of(n, kvx_conn_t, all_link)->ucx);
-    kvx_ucx_fini(t->ucx);
+    kvx_ucx_fini(t->core.ucx);
     while (!kvx_list_empty(&t->conns)) {
         kvx_conn_t *c = kvx_list_first(&t->conns, kvx_conn_t, all_link);
         kvx_list_del(&c->all_link);
         if (c->state != KVX_CONN_CLOSED)
-            kvx_warn(t, "connection to %s did not close in time", c->agent_name);
+            kvx_warn(&t->core, "connection to %s did not close in time", c->agent_name);
         kvx_ucx_ep_free(c->ucx); /* the worker is gone: nothing left to release in UCX */
         if (c->pidfd >= 0)
             close(c->pidfd);
@@ -477,8 +481,8 @@ int kvx_transport_close(kvx_transport_t *t)
     }
     kvx_recv_free_all(t);
     kvx_listen_free_all(t);
-    kvx_xfer_free_all(t);
-    kvx_peer_free_all(t);
+    kvx_xfer_free_all(&t->core);
+    kvx_peer_free_all(&t->core);
     free(t->conn_ids.slots);
     memset(&t->conn_ids, 0, sizeof(t->conn_ids));
     free(t->metadata);
@@ -488,9 +492,9 @@ int kvx_transport_close(kvx_transport_t *t)
     t->cq_fd = -1;
     kvx_events_closed(t); /* a loop waiting on one wakes, and its calls say closed */
     t->close_done = true;
-    pthread_cond_broadcast(&t->cond);
-    kvx_info(t, "closed");
-    kvx_unlock(t);
+    pthread_cond_broadcast(&t->core.cond);
+    kvx_info(&t->core, "closed");
+    kvx_unlock(&t->core);
     return 0;
 }
 
@@ -499,11 +503,11 @@ void kvx_transport_destroy(kvx_transport_t *t)
     if (t == NULL)
         return;
     kvx_transport_close(t);
-    kvx_ucx_free(t->ucx); /* an owned region lives until here */
-    t->ucx = NULL;
+    kvx_ucx_free(t->core.ucx); /* an owned region lives until here */
+    t->core.ucx = NULL;
     kvx_events_free(t);
-    pthread_cond_destroy(&t->cond);
-    pthread_mutex_destroy(&t->lock);
+    pthread_cond_destroy(&t->core.cond);
+    pthread_mutex_destroy(&t->core.lock);
     kvx_transport_free_params(t);
     free(t);
 }
@@ -512,34 +516,34 @@ int kvx_transport_query(kvx_transport_t *t, kvx_transport_attr_t *attr)
 {
     if (t == NULL || attr == NULL)
         return -EINVAL;
-    if (kvx_enter(t) < 0)
+    if (kvx_enter(&t->core) < 0)
         return -ESHUTDOWN;
     if (attr->field_mask & KVX_TRANSPORT_ATTR_AGENT_NAME)
-        memcpy(attr->agent_name, t->log.name, sizeof(attr->agent_name));
+        memcpy(attr->agent_name, t->core.log.name, sizeof(attr->agent_name));
     if (attr->field_mask & KVX_TRANSPORT_ATTR_FINGERPRINT)
-        memcpy(attr->fingerprint, t->fingerprint, sizeof(attr->fingerprint));
+        memcpy(attr->fingerprint, t->core.fingerprint, sizeof(attr->fingerprint));
     if (attr->field_mask & KVX_TRANSPORT_ATTR_REGION) {
-        attr->base = t->base;
-        attr->num_blocks = t->num_blocks;
-        attr->block_len = t->block_len;
+        attr->base = t->core.base;
+        attr->num_blocks = t->core.num_blocks;
+        attr->block_len = t->core.block_len;
     }
     if (attr->field_mask & KVX_TRANSPORT_ATTR_NUM_THREADS)
         attr->num_threads = t->thread_running ? 1 : 0;
     if (attr->field_mask & KVX_TRANSPORT_ATTR_DEADLINE)
-        attr->deadline_ms = t->deadline_ns / 1000000ull;
+        attr->deadline_ms = t->core.deadline_ns / 1000000ull;
     if (attr->field_mask & KVX_TRANSPORT_ATTR_METADATA_LEN)
         attr->metadata_len = t->metadata_len;
     if (attr->field_mask & KVX_TRANSPORT_ATTR_NUM_PEERS)
-        attr->num_peers = t->nconnected;
+        attr->num_peers = t->core.nconnected;
     if (attr->field_mask & KVX_TRANSPORT_ATTR_STALL)
-        attr->stall_ms = t->stall_ns / 1000000ull;
+        attr->stall_ms = t->core.stall_ns / 1000000ull;
     if (attr->field_mask & KVX_TRANSPORT_ATTR_LISTEN)
         snprintf(attr->listen_addr, sizeof(attr->listen_addr), "%s", t->listen_addr);
     if (attr->field_mask & KVX_TRANSPORT_ATTR_RECV)
-        attr->recv = t->rcounters;
+        attr->recv = t->core.rcounters;
     if (attr->field_mask & KVX_TRANSPORT_ATTR_MAPS_REFUSED)
-        attr->maps_refused = t->maps_refused;
-    kvx_unlock(t);
+        attr->maps_refused = t->core.maps_refused;
+    kvx_unlock(&t->core);
     return 0;
 }
 
@@ -549,8 +553,8 @@ int kvx_transport_metadata(kvx_transport_t *t, void *buf, size_t *len_p)
 
     if (t == NULL || len_p == NULL || (buf == NULL && *len_p != 0))
         return -EINVAL;
-    kvx_lock(t);
-    if (t->closed) {
+    kvx_lock(&t->core);
+    if (t->core.closed) {
         rc = -ESHUTDOWN;
     } else if (*len_p < t->metadata_len) {
         *len_p = t->metadata_len;
@@ -559,7 +563,7 @@ int kvx_transport_metadata(kvx_transport_t *t, void *buf, size_t *len_p)
         memcpy(buf, t->metadata, t->metadata_len);
         *len_p = t->metadata_len;
     }
-    kvx_unlock(t);
+    kvx_unlock(&t->core);
     return rc;
 }
 
@@ -588,30 +592,31 @@ static int kvx_tag_cmp(const void *a, const void *b)
  * Returns false when the transport closes meanwhile. */
 static bool kvx_fence_rxs_wait(kvx_transport_t *t, const char *writer, uint64_t until_ns)
 {
-    t->busy++;
-    while (!t->closed && kvx_recv_fence_rxs(t, writer, false) > 0 && kvx_now_ns() < until_ns) {
+    t->core.unlocked_calls++;
+    while (!t->core.closed && kvx_recv_fence_rxs(t, writer, false) > 0 && kvx_now_ns() < until_ns) {
         uint64_t next = kvx_now_ns() + 1000000ull;
         /* this call steps progress itself: a receive that ended (or the close that ends it)
          * must not wait for the progress thread's next wake-up */
         kvx_progress_step(t);
         kvx_progress_wait_event(t, next < until_ns ? next : until_ns);
     }
-    t->busy--;
-    if (t->closed)
-        pthread_cond_broadcast(&t->cond); /* close waits for busy calls to leave */
-    return !t->closed;
+    t->core.unlocked_calls--;
+    if (t->core.closed)
+        pthread_cond_broadcast(&t->core.cond); /* close waits for busy calls to leave */
+    return !t->core.closed;
 }
 
 static void kvx_fence_rxs(kvx_transport_t *t, const char *writer)
 {
-    uint64_t wait =
-        t->stall_ns != 0 && t->stall_ns < KVX_FENCE_RX_WAIT_NS ? t->stall_ns : KVX_FENCE_RX_WAIT_NS;
+    uint64_t wait = t->core.stall_ns != 0 && t->core.stall_ns < KVX_FENCE_RX_WAIT_NS
+                        ? t->core.stall_ns
+                        : KVX_FENCE_RX_WAIT_NS;
 
     if (kvx_recv_fence_rxs(t, writer, false) == 0 ||
         !kvx_fence_rxs_wait(t, writer, kvx_now_ns() + wait))
         return;
     if (kvx_recv_fence_rxs(t, writer, true) > 0) {
-        kvx_warn(t,
+        kvx_warn(&t->core,
                  "fence of %s: rendezvous receives still in flight after %llu ms: their "
                  "connections close",
                  writer ? writer : "every writer", (unsigned long long)(wait / 1000000));
@@ -640,7 +645,7 @@ int kvx_fence_ex(kvx_transport_t *t, const char *writer, const uint64_t *tags, s
             if (n == 0 || sorted[k] != sorted[n - 1])
                 sorted[n++] = sorted[k];
     }
-    if (kvx_enter(t) < 0)
+    if (kvx_enter(&t->core) < 0)
         return -ESHUTDOWN;
     /* what can fail comes first (the bounds, memory, the new capability): on error nothing is
      * fenced and the capability stays */
@@ -648,16 +653,16 @@ int kvx_fence_ex(kvx_transport_t *t, const char *writer, const uint64_t *tags, s
     if (rc == 0 && (flags & KVX_FENCE_RETIRE))
         rc = kvx_transport_retire(t);
     if (rc < 0) {
-        kvx_warn(t, "fence of %s: %s; nothing fenced", writer ? writer : "every writer",
+        kvx_warn(&t->core, "fence of %s: %s; nothing fenced", writer ? writer : "every writer",
                  kvx_strerror(rc));
-        kvx_unlock(t);
+        kvx_unlock(&t->core);
         return rc;
     }
     rc = kvx_recv_fence(t, writer, sorted, n);
-    kvx_info(t, "fence of %s%s%s: %d connection(s)", writer ? writer : "every writer",
+    kvx_info(&t->core, "fence of %s%s%s: %d connection(s)", writer ? writer : "every writer",
              n ? " (some tags)" : "", (flags & KVX_FENCE_RETIRE) ? ", capability retired" : "", rc);
     kvx_fence_rxs(t, writer);
-    kvx_unlock(t);
+    kvx_unlock(&t->core);
     return rc;
 }
 
@@ -674,8 +679,8 @@ int kvx_transport_poll(kvx_transport_t *t, const char *peer_id, kvx_completion_t
         return -EINVAL;
     if (max > INT32_MAX)
         max = INT32_MAX;
-    kvx_defer_to_waiters(t);
-    if (kvx_enter(t) < 0)
+    kvx_defer_to_waiters(&t->core);
+    if (kvx_enter(&t->core) < 0)
         return -ESHUTDOWN;
     kvx_progress_step(t);
     /* An application that polls in a loop drives UCX itself, and the progress thread steps
@@ -684,20 +689,20 @@ int kvx_transport_poll(kvx_transport_t *t, const char *peer_id, kvx_completion_t
     if (!t->ev_used)
         atomic_store_explicit(&t->app_poll_ns, kvx_now_ns(), memory_order_relaxed);
     if (peer_id != NULL) {
-        kvx_peer_t *p = kvx_peer_lookup(t, peer_id);
+        kvx_peer_t *p = kvx_peer_lookup(&t->core, peer_id);
         if (p != NULL)
             n = kvx_cq_drain(p, out, max);
     } else {
-        while (n < max && !kvx_list_empty(&t->ready)) {
-            kvx_peer_t *p = kvx_list_first(&t->ready, kvx_peer_t, ready_link);
+        while (n < max && !kvx_list_empty(&t->core.ready)) {
+            kvx_peer_t *p = kvx_list_first(&t->core.ready, kvx_peer_t, ready_link);
             /* rotate, so that one busy peer cannot starve the others */
             kvx_list_del(&p->ready_link);
-            kvx_list_add_tail(&t->ready, &p->ready_link);
+            kvx_list_add_tail(&t->core.ready, &p->ready_link);
             n += kvx_cq_drain(p, out + n, max - n);
         }
     }
     kvx_events_update(t);
-    kvx_unlock(t);
+    kvx_unlock(&t->core);
     return (int)n;
 }
 
@@ -714,25 +719,25 @@ static int kvx_submit(kvx_transport_t *t, int op, const char *peer_id, const uin
     int rc;
 
     if (t == NULL || peer_id == NULL || id_p == NULL || (count != 0 && (!local || !remote)) ||
-        count > UINT32_MAX || count > UINT64_MAX / t->block_len ||
+        count > UINT32_MAX || count > UINT64_MAX / t->core.block_len ||
         ((fm & KVX_XFER_PARAM_DEADLINE) && params->deadline_ms > KVX_MS_MAX) ||
         ((fm & KVX_XFER_PARAM_PRIORITY) && params->priority >= KVX_PRIO_LEVELS) ||
         (flags & ~(uint32_t)KVX_XFER_NOTIFY) || ((flags & KVX_XFER_NOTIFY) && op != KVX_OP_WRITE))
         return -EINVAL;
-    kvx_lock(t);
-    if (t->closed) {
+    kvx_lock(&t->core);
+    if (t->core.closed) {
         rc = -ESHUTDOWN;
         goto out;
     }
-    p = kvx_peer_lookup(t, peer_id);
+    p = kvx_peer_lookup(&t->core, peer_id);
     if (p == NULL || p->conn == NULL) {
-        kvx_debug(t, "submit: unknown peer '%s'", peer_id);
+        kvx_debug(&t->core, "submit: unknown peer '%s'", peer_id);
         rc = -ENOENT;
         goto out;
     }
     rc = kvx_xfer_submit(t, p, op, local, remote, count, params, id_p);
 out:
-    kvx_unlock(t);
+    kvx_unlock(&t->core);
     return rc;
 }
 
@@ -761,11 +766,11 @@ int kvx_xfer_cancel(kvx_transport_t *t, const uint64_t *ids, size_t count, int m
     if (t == NULL || (ids == NULL && count != 0) ||
         (mode != KVX_CANCEL_IMMEDIATE && mode != KVX_CANCEL_WAIT) || count > INT32_MAX)
         return -EINVAL;
-    if (kvx_enter(t) < 0)
+    if (kvx_enter(&t->core) < 0)
         return -ESHUTDOWN;
     call = ++t->cancel_calls;
     for (size_t i = 0; i < count; i++) {
-        kvx_xfer_t *x = kvx_xfer_lookup(t, ids[i]);
+        kvx_xfer_t *x = kvx_xfer_lookup(&t->core, ids[i]);
 
         if (x == NULL || x->purged) /* a purged transfer is forgotten already */
             continue;
@@ -789,6 +794,6 @@ int kvx_xfer_cancel(kvx_transport_t *t, const uint64_t *ids, size_t count, int m
             pending[np] = x->id;
         np++;
     }
-    kvx_unlock(t);
+    kvx_unlock(&t->core);
     return np;
 }

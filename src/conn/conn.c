@@ -18,7 +18,7 @@
 
 /* the tokens a segment holds (segment.c) fit the fields that keep them */
 _Static_assert(sizeof(((kvx_conn_t *)0)->seg_token) == KVX_SEG_TOKEN_LEN &&
-                   sizeof(((kvx_transport_t *)0)->seg_token) == KVX_SEG_TOKEN_LEN,
+                   sizeof(((kvx_core_t *)0)->seg_token) == KVX_SEG_TOKEN_LEN,
                "segment tokens");
 
 void kvx_conn_maybe_free(kvx_conn_t *c)
@@ -41,7 +41,7 @@ void kvx_conn_maybe_free(kvx_conn_t *c)
 static void kvx_conn_closed(kvx_conn_t *c)
 {
     c->state = KVX_CONN_CLOSED;
-    c->t->conn_event = true;
+    c->t->core.conn_event = true;
     kvx_conn_maybe_free(c);
 }
 
@@ -89,13 +89,14 @@ void kvx_conn_fail(kvx_conn_t *c, int err)
         return;
     c->state = KVX_CONN_CLOSING;
     c->err = err;
-    c->t->conn_event = true;
+    c->t->core.conn_event = true;
     kvx_list_del(&c->work_link);
     kvx_idtab_release(&c->t->conn_ids, c->id);
-    kvx_info(c->t, "connection to %s closing: %s", c->agent_name, kvx_strerror(err));
+    kvx_info(&c->t->core, "connection to %s closing: %s", c->agent_name, kvx_strerror(err));
     /* with rendezvous receives in flight it does not linger: only the endpoint's close ends
      * them, and their reads are reported once they ended */
-    linger = !c->t->closed && c->reqs > 0 && c->nrrxs == 0 && strncmp(c->transport, "tcp", 3) == 0;
+    linger =
+        !c->t->core.closed && c->reqs > 0 && c->nrrxs == 0 && strncmp(c->transport, "tcp", 3) == 0;
     c->lingering = linger;
     c->ops->on_failed(c, err); /* its transfers fail (or wait for a reconnection) */
     kvx_conn_unmap(c);         /* no copy runs outside the lock: nothing uses the mapping now */
@@ -106,7 +107,8 @@ void kvx_conn_fail(kvx_conn_t *c, int err)
             c->reqs++;
     }
     if (linger) {
-        kvx_info(c->t, "connection to %s: its endpoint closes once UCX has sent what it holds",
+        kvx_info(&c->t->core,
+                 "connection to %s: its endpoint closes once UCX has sent what it holds",
                  c->agent_name);
         return;
     }
@@ -133,8 +135,8 @@ static void kvx_conn_map(kvx_conn_t *c, const kvx_md_t *md)
                      c->seg_token);
     if (rc < 0) {
         if (rc == -EPERM)
-            t->maps_refused++;
-        kvx_info(t, "peer %s: its region gives no mapping here; messages carry the data",
+            t->core.maps_refused++;
+        kvx_info(&t->core, "peer %s: its region gives no mapping here; messages carry the data",
                  md->agent_name);
         return;
     }
@@ -148,11 +150,11 @@ void kvx_conn_map_prove(kvx_conn_t *c, const uint8_t *token)
     if (c->unproven == NULL)
         return;
     if (!kvx_seg_token_ok(c->seg_token, token)) {
-        kvx_warn(c->t,
+        kvx_warn(&c->t->core,
                  "peer %s: its handshake does not bring the token of the segment its region key "
                  "names: not mapped, messages carry the data",
                  c->agent_name);
-        c->t->maps_refused++;
+        c->t->core.maps_refused++;
         kvx_conn_unmap(c);
         return;
     }
@@ -181,29 +183,31 @@ void kvx_conn_prefault(kvx_conn_t *c)
     uint64_t t0 = kvx_now_ns();
     int rc = 0;
 
-    t->busy++;
-    while (off < len && rc == 0 && !t->closed && c->state == KVX_CONN_OPEN && c->mapped != NULL) {
+    t->core.unlocked_calls++;
+    while (off < len && rc == 0 && !t->core.closed && c->state == KVX_CONN_OPEN &&
+           c->mapped != NULL) {
         size_t n = len - off < KVX_PREFAULT_STEP ? len - off : KVX_PREFAULT_STEP;
-        kvx_unlock(t);
+        kvx_unlock(&t->core);
         rc = madvise((void *)(start + off), n, MADV_POPULATE_WRITE) == 0 ? 0 : -errno;
-        kvx_lock(t);
+        kvx_lock(&t->core);
         off += n;
     }
-    t->busy--;
-    if (t->closed) {
-        pthread_cond_broadcast(&t->cond); /* close waits for busy calls to leave */
+    t->core.unlocked_calls--;
+    if (t->core.closed) {
+        pthread_cond_broadcast(&t->core.cond); /* close waits for busy calls to leave */
         return;
     }
     if (c->state != KVX_CONN_OPEN || c->mapped == NULL)
         return;
     if (rc < 0 && rc != -EINVAL) { /* EINVAL: a kernel without MADV_POPULATE_WRITE */
-        kvx_warn(t, "peer %s: its region's pages cannot be had here (%s): messages carry the data",
+        kvx_warn(&t->core,
+                 "peer %s: its region's pages cannot be had here (%s): messages carry the data",
                  c->agent_name, kvx_strerror(rc));
         kvx_conn_unmap(c);
         return;
     }
-    kvx_info(t, "peer %s: its mapped region (%zu bytes) prefaulted in %.1f ms", c->agent_name, len,
-             (double)(kvx_now_ns() - t0) / 1e6);
+    kvx_info(&t->core, "peer %s: its mapped region (%zu bytes) prefaulted in %.1f ms",
+             c->agent_name, len, (double)(kvx_now_ns() - t0) / 1e6);
 }
 
 /* A lingering connection's endpoint closes now (forced). */
@@ -244,8 +248,8 @@ void kvx_on_conn_error(kvx_conn_t *c, int status)
     if (c->state != KVX_CONN_OPEN || c->pending_err != 0)
         return;
     c->pending_err = status != 0 ? status : -ECONNRESET;
-    c->t->conn_event = true;
-    kvx_info(c->t, "UCX reports connection to %s failed: %s", c->agent_name,
+    c->t->core.conn_event = true;
+    kvx_info(&c->t->core, "UCX reports connection to %s failed: %s", c->agent_name,
              kvx_strerror(c->pending_err));
     kvx_conn_want_work(c);
 }
@@ -286,19 +290,19 @@ void kvx_conn_housekeeping(kvx_transport_t *t, uint64_t now)
         if (c->state != KVX_CONN_OPEN)
             continue;
         if (c->watched && !kvx_host_alive(&c->host, c->pidfd)) {
-            kvx_info(t, "connection to %s: its process %u has exited", c->agent_name,
+            kvx_info(&t->core, "connection to %s: its process %u has exited", c->agent_name,
                      (unsigned)c->host.pid);
             kvx_conn_fail(c, -ECONNRESET);
-        } else if (t->stall_ns != 0 && kvx_conn_busy(c) && now > c->last_progress_ns &&
-                   now - c->last_progress_ns > t->stall_ns) {
-            kvx_warn(t, "connection to %s made no progress for %llu ms: failing it", c->agent_name,
-                     (unsigned long long)((now - c->last_progress_ns) / 1000000ull));
+        } else if (t->core.stall_ns != 0 && kvx_conn_busy(c) && now > c->last_progress_ns &&
+                   now - c->last_progress_ns > t->core.stall_ns) {
+            kvx_warn(&t->core, "connection to %s made no progress for %llu ms: failing it",
+                     c->agent_name, (unsigned long long)((now - c->last_progress_ns) / 1000000ull));
             kvx_conn_fail(c, -ETIMEDOUT);
-        } else if (t->stall_ns != 0 && c->nrrxs > 0 &&
+        } else if (t->core.stall_ns != 0 && c->nrrxs > 0 &&
                    kvx_stalled(kvx_list_first(&c->rrxs, kvx_rrx_t, link)->since_ns, c->rrx_done_ns,
-                               now, t->stall_ns)) {
+                               now, t->core.stall_ns)) {
             /* other messages may come meanwhile: a receive's own clock bounds it */
-            kvx_warn(t,
+            kvx_warn(&t->core,
                      "connection to %s: a rendezvous receive of read data made no progress "
                      "for the stall limit: failing it",
                      c->agent_name);
@@ -319,7 +323,7 @@ static kvx_conn_t *kvx_conn_new(kvx_transport_t *t, const kvx_md_t *md)
     }
     c->t = t;
     c->pidfd = -1;
-    c->crc = t->integrity;
+    c->crc = t->core.integrity;
     c->remote_base = md->base;
     c->remote_num_blocks = md->num_blocks;
     c->remote_len = md->num_blocks * md->block_len;
@@ -347,30 +351,30 @@ static int kvx_conn_hello(kvx_conn_t *c)
     const void *waddr;
     size_t waddr_len, len;
     kvx_msg_t m = {.type = KVX_MSG_HELLO,
-                   .flags =
-                       (t->secret ? KVX_MSGF_PROOF : 0) | (kvx_rndv_takes(t) ? KVX_MSGF_RNDV : 0),
+                   .flags = (t->core.secret ? KVX_MSGF_PROOF : 0) |
+                            (kvx_core_takes_rndv(&t->core) ? KVX_MSGF_RNDV : 0),
                    .u.hello = {.capability = c->capability,
                                .conn_id = c->id,
                                .ep_sn = kvx_ucx_ep_sn(c->ucx),
                                .token = c->token,
-                               .generation = t->generation}};
+                               .generation = t->core.generation}};
     int rc;
 
-    kvx_ucx_local_address(t->ucx, &waddr, &waddr_len);
+    kvx_ucx_local_address(t->core.ucx, &waddr, &waddr_len);
     if (waddr_len > KVX_WIRE_MAX_WADDR) {
-        kvx_error(t, "ucx: this worker's address is %zu bytes", waddr_len);
+        kvx_error(&t->core, "ucx: this worker's address is %zu bytes", waddr_len);
         return -EINVAL;
     }
     s = kvx_ucx_send_get(c->ucx);
     if (s == NULL)
         return -ENOMEM;
-    snprintf(m.u.hello.name, sizeof(m.u.hello.name), "%s", t->log.name);
+    snprintf(m.u.hello.name, sizeof(m.u.hello.name), "%s", t->core.log.name);
     m.u.hello.waddr = waddr;
     m.u.hello.waddr_len = (uint32_t)waddr_len;
     len = kvx_wire_encode(&m, s->hdr);
-    if (t->secret != NULL) {
+    if (t->core.secret != NULL) {
         kvx_iov_t part = {s->hdr, len};
-        kvx_hmac_sha256(t->secret, t->secret_len, &part, 1, s->hdr + len);
+        kvx_hmac_sha256(t->core.secret, t->core.secret_len, &part, 1, s->hdr + len);
         len += KVX_PROOF_LEN;
     }
     s->named = true; /* the receiver's connection takes the endpoint paired with this one */
@@ -384,8 +388,8 @@ void kvx_conn_wired(kvx_conn_t *c, unsigned ack_flags)
 {
     kvx_transport_t *t = c->t;
     char why[256];
-    kvx_rndv_in_t in = {.mode = t->rndv_mode,
-                        .thresh = t->rndv_thresh,
+    kvx_rndv_in_t in = {.mode = t->core.rndv_mode,
+                        .thresh = t->core.rndv_thresh,
                         .peer_takes = (ack_flags & KVX_MSGF_RNDV) != 0,
                         .rndv_lanes = c->lanes.rndv,
                         .am_lanes = c->lanes.am,
@@ -395,7 +399,7 @@ void kvx_conn_wired(kvx_conn_t *c, unsigned ack_flags)
     c->rndv_min = kvx_rndv_choose(&in, why, sizeof(why));
     /* by hardware RMA: runs over the threshold move by UCX's zero-copy rendezvous */
     c->rma_hw = c->rndv_min != UINT64_MAX && kvx_rndv_zcopy(&in);
-    kvx_debug(t, "connection %u to %s: writes over %s (rendezvous lanes '%s'): %s", c->id,
+    kvx_debug(&t->core, "connection %u to %s: writes over %s (rendezvous lanes '%s'): %s", c->id,
               c->agent_name, c->lanes.am, c->lanes.rndv, why);
     c->wired = true;
 }
@@ -457,9 +461,9 @@ int kvx_conn_open(kvx_transport_t *t, const char *peer_id, const kvx_md_t *md,
     if (c == NULL)
         return -ENOMEM;
     c->ops = ops;
-    watch = kvx_host_watch(&t->host, &md->host, &c->pidfd);
+    watch = kvx_host_watch(&t->core.host, &md->host, &c->pidfd);
     if (watch < 0) {
-        kvx_error(t, "peer %s (%s): its process %u on this host has exited", peer_id,
+        kvx_error(&t->core, "peer %s (%s): its process %u on this host has exited", peer_id,
                   md->agent_name, (unsigned)md->host.pid);
         free(c);
         return watch;
@@ -467,7 +471,8 @@ int kvx_conn_open(kvx_transport_t *t, const char *peer_id, const kvx_md_t *md,
     c->watched = watch == 1;
     rc = kvx_idtab_alloc(&t->conn_ids, c, &c->id);
     if (rc == 0) {
-        rc = kvx_ucx_ep_open(t->ucx, md->worker_addr, md->agent_name, &kvx_conn_ep_ops, c, &c->ucx);
+        rc = kvx_ucx_ep_open(t->core.ucx, md->worker_addr, md->agent_name, &kvx_conn_ep_ops, c,
+                             &c->ucx);
         if (rc < 0)
             kvx_idtab_release(&t->conn_ids, c->id);
     }
@@ -487,7 +492,8 @@ int kvx_conn_open(kvx_transport_t *t, const char *peer_id, const kvx_md_t *md,
     c->last_progress_ns = kvx_now_ns();
     rc = kvx_conn_hello(c);
     if (rc < 0) {
-        kvx_error(t, "peer %s (%s): handshake: %s", peer_id, md->agent_name, kvx_strerror(rc));
+        kvx_error(&t->core, "peer %s (%s): handshake: %s", peer_id, md->agent_name,
+                  kvx_strerror(rc));
         kvx_conn_fail(c, rc);
         return rc;
     }

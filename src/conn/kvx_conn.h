@@ -11,8 +11,6 @@
 
 /* ---- the initiator's connections (conn.c) ------------------------------------------------ */
 
-enum kvx_conn_state { KVX_CONN_OPEN = 0, KVX_CONN_CLOSING, KVX_CONN_CLOSED };
-
 /* A read request in flight: its part of the stream, and where the next byte of it lands. */
 typedef struct kvx_rreq {
     uint64_t xfer_id; /* 0: free */
@@ -70,7 +68,7 @@ static inline bool kvx_stalled(uint64_t since_ns, uint64_t done_ns, uint64_t now
  * kvx_peer_add on; the handshake (HELLO, answered with HELLO_ACK: the receiver's id and token
  * for this connection) completes in the background (wired). A failure makes it CLOSING (the
  * endpoint closing, forced) then CLOSED. No API call waits for any of this with the transport
- * lock held: they wait on t->cond, which progress signals.
+ * lock held: they wait on t->core.cond, which progress signals.
  */
 struct kvx_conn {
     kvx_transport_t *t;
@@ -152,12 +150,6 @@ int kvx_conn_open(kvx_transport_t *t, const char *peer_id, const kvx_md_t *md,
  * by rendezvous from now on as this transport's mode, the lanes and the receiver agree (it takes
  * rendezvous payloads: KVX_MSGF_RNDV), said at debug level with the reason. */
 void kvx_conn_wired(kvx_conn_t *c, unsigned ack_flags);
-/* Whether this transport takes rendezvous payloads (it did not choose KVX_RNDV_EAGER): what its
- * handshakes tell peers (KVX_MSGF_RNDV), and what it refuses when a peer sends one anyway. */
-static inline bool kvx_rndv_takes(const kvx_transport_t *t)
-{
-    return t->rndv_mode != KVX_RNDV_EAGER;
-}
 /* Start a rendezvous receive of rx->len bytes into rx->dest (checked by the caller) for a
  * message of c whose payload descriptor is desc, from inside its handler: 0 (landed at once: rx
  * is the caller's again), 1 (in flight, listed on c: the owner's on_received follows, and may
@@ -232,9 +224,6 @@ struct kvx_writer {
     uint64_t hello_credit_ns; /* its endpoint-open budget: refilled with time (rconn.c) */
     kvx_recv_counters_t counters;
 };
-
-/* Retired capabilities remembered (older ones are dropped like any unknown one). */
-#define KVX_RETIRED_MAX 8
 
 /* A connection from a writer: made when its HELLO arrives with our capability. Acknowledgements
  * go out in messages of KVX_ACK_BATCH entries; at most KVX_ACKS_MAX wait at once. */

@@ -66,7 +66,7 @@ typedef struct kvx_serve {
 
 static inline void kvx_count(kvx_transport_t *t, kvx_writer_t *w, size_t field)
 {
-    ((uint64_t *)&t->rcounters)[field]++;
+    ((uint64_t *)&t->core.rcounters)[field]++;
     if (w != NULL)
         ((uint64_t *)&w->counters)[field]++;
 }

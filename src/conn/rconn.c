@@ -178,10 +178,10 @@ void kvx_rconn_close(kvx_rconn_t *rc)
     kvx_list_del(&rc->slot_link);
     kvx_list_del(&rc->work_link);
     kvx_rconn_drop_queued(rc);
-    kvx_info(t, "writer %s: connection %u closed", rc->w->name, rc->id);
+    kvx_info(&t->core, "writer %s: connection %u closed", rc->w->name, rc->id);
     /* a connection with rendezvous receives in flight closes at once: its close is what ends
      * them (UCX cannot cancel them otherwise), so that none outlives it */
-    if (rc->tcp && rc->sending > 0 && rc->pending_err == 0 && !t->closed && rc->nrxs == 0 &&
+    if (rc->tcp && rc->sending > 0 && rc->pending_err == 0 && !t->core.closed && rc->nrxs == 0 &&
         t->nlingering < KVX_LINGER_MAX) {
         rc->lingering = true;
         t->nlingering++;
@@ -190,8 +190,8 @@ void kvx_rconn_close(kvx_rconn_t *rc)
         t->rqbytes -= rc->qbytes <= t->rqbytes ? rc->qbytes : t->rqbytes;
         return;
     }
-    if (rc->tcp && rc->sending > 0 && rc->pending_err == 0 && !t->closed)
-        kvx_warn(t, "writer %s: connection %u closed at once: %u others linger already",
+    if (rc->tcp && rc->sending > 0 && rc->pending_err == 0 && !t->core.closed)
+        kvx_warn(&t->core, "writer %s: connection %u closed at once: %u others linger already",
                  rc->w->name, rc->id, t->nlingering);
     kvx_rconn_end_linger(rc);
 }
@@ -206,7 +206,7 @@ static void kvx_rconn_end(kvx_rconn_t *rc, const char *why, bool overflow)
     rc->doomed = true;
     if (overflow)
         kvx_count(rc->t, rc->w, KVX_CNT(conns_overflow));
-    kvx_warn(rc->t,
+    kvx_warn(&rc->t->core,
              "writer %s: connection %u closed: %s (%u acknowledgements, %u reads, %u "
              "control messages waiting, %u held by UCX)",
              rc->w->name, rc->id, why, rc->nacks, rc->nserve, rc->nctl, rc->sending);
@@ -240,7 +240,7 @@ static void kvx_recv_on_error(kvx_rconn_t *rc, int status)
     if (rc->state != KVX_CONN_OPEN || rc->pending_err != 0)
         return;
     rc->pending_err = status != 0 ? status : -ECONNRESET;
-    kvx_info(rc->t, "writer %s: connection %u failed: %s", rc->w ? rc->w->name : "?", rc->id,
+    kvx_info(&rc->t->core, "writer %s: connection %u failed: %s", rc->w ? rc->w->name : "?", rc->id,
              kvx_strerror(rc->pending_err));
     kvx_rconn_want_work(rc);
 }
@@ -285,7 +285,7 @@ int kvx_rconn_recv(kvx_rconn_t *rc, kvx_rx_t *rx, void *desc, uint64_t off, size
     kvx_list_add_tail(&rc->rxs, &rx->link);
     rc->nrxs++;
     kvx_rq_add(rc, KVX_RX_COST); /* in the bound over all connections' queues */
-    r = kvx_ucx_recv(rc->ucx, desc, rc->t->base + off, len, rx, &rc->ucx_refs);
+    r = kvx_ucx_recv(rc->ucx, desc, rc->t->core.base + off, len, rx, &rc->ucx_refs);
     if (r != 1) { /* landed at once, or not at all: the caller finishes */
         kvx_list_del(&rx->link);
         rc->nrxs--;
@@ -318,7 +318,7 @@ const kvx_ep_ops_t kvx_rconn_ep_ops = {
  */
 void kvx_rconn_housekeeping(kvx_transport_t *t, uint64_t now)
 {
-    if (t->stall_ns == 0 || t->rconns.next == NULL)
+    if (t->core.stall_ns == 0 || t->rconns.next == NULL)
         return;
     for (kvx_list_t *n = t->rconns.next; n != &t->rconns; n = n->next) {
         kvx_rconn_t *rc = kvx_container_of(n, kvx_rconn_t, all_link);
@@ -327,7 +327,7 @@ void kvx_rconn_housekeeping(kvx_transport_t *t, uint64_t now)
         if (rc->state != KVX_CONN_OPEN || rc->doomed || rc->nrxs == 0)
             continue;
         rx = kvx_list_first(&rc->rxs, kvx_rx_t, link);
-        if (kvx_stalled(rx->since_ns, rc->rx_done_ns, now, t->stall_ns))
+        if (kvx_stalled(rx->since_ns, rc->rx_done_ns, now, t->core.stall_ns))
             kvx_rconn_abort(rc, "a rendezvous receive made no progress within the stall limit");
     }
 }
@@ -344,15 +344,15 @@ kvx_rconn_t *kvx_rconn_of(kvx_transport_t *t, const kvx_msg_t *m)
     }
     if (rc == NULL || rc->state != KVX_CONN_OPEN || rc->doomed || rc->pending_err != 0 ||
         !kvx_equal_ct(a, b, 8)) {
-        kvx_debug(t, "message for unknown connection %u dropped", m->conn_id);
+        kvx_debug(&t->core, "message for unknown connection %u dropped", m->conn_id);
         kvx_count(t, NULL, KVX_CNT(drop_unknown));
         return NULL;
     }
     if (!rc->proven && m->type != KVX_MSG_PROOF && m->type != KVX_MSG_BYE) {
         /* a kvx writer sends its PROOF first: this is not one */
         kvx_count(t, rc->w, KVX_CNT(drop_unproven));
-        kvx_info(t, "writer %s: connection %u sent before proving the secret: closed", rc->w->name,
-                 rc->id);
+        kvx_info(&t->core, "writer %s: connection %u sent before proving the secret: closed",
+                 rc->w->name, rc->id);
         kvx_rconn_close(rc);
         return NULL;
     }
@@ -397,8 +397,9 @@ void kvx_rq_sub(kvx_rconn_t *rc, size_t n)
     }
     /* never more than was added: a wrapped sum would close every connection as the largest */
     if (n > rc->qbytes || n > rc->t->rqbytes) {
-        kvx_error(rc->t, "reply queue accounting: %zu taken, %zu held by connection %u, %zu in all",
-                  n, rc->qbytes, rc->id, rc->t->rqbytes);
+        kvx_error(&rc->t->core,
+                  "reply queue accounting: %zu taken, %zu held by connection %u, %zu in all", n,
+                  rc->qbytes, rc->id, rc->t->rqbytes);
         n = rc->qbytes < rc->t->rqbytes ? rc->qbytes : rc->t->rqbytes;
     }
     rc->qbytes -= n;

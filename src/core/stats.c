@@ -1,29 +1,31 @@
 /*
- * Statistics: every transfer's end counted by op and final status, with a latency histogram, per
- * peer and for the whole transport (kvx_stats_query). The Python binding exports them to
- * Prometheus; nothing here allocates or takes time worth measuring on the completion path.
+ * The counters: every transfer's end counted once, by op and final status, with a latency
+ * histogram, per peer and for the whole transport (kvx_stats_query; kvx_peer_attr_t's counters
+ * derive from the peer's), and the messages dropped before any connection took them. The Python
+ * binding exports them to Prometheus; nothing here allocates or takes time worth measuring on
+ * the completion path.
  */
-#include "core/kvx_objects.h"
+#include "core/kvx_core.h"
 
 #include <errno.h>
 #include <string.h>
 
 /* A message dropped before it could be tied to a connection (the receiving side's counters). */
-void kvx_count_drop(kvx_transport_t *t, int why)
+void kvx_count_drop(kvx_core_t *c, int why)
 {
-    kvx_debug(t, "message dropped (%s)",
+    kvx_debug(c, "message dropped (%s)",
               why == KVX_DROP_MALFORMED ? "malformed"
               : why == KVX_DROP_UNKNOWN ? "unknown connection"
                                         : "rendezvous");
     switch (why) {
     case KVX_DROP_MALFORMED:
-        t->rcounters.drop_malformed++;
+        c->rcounters.drop_malformed++;
         break;
     case KVX_DROP_UNKNOWN:
-        t->rcounters.drop_unknown++;
+        c->rcounters.drop_unknown++;
         break;
     default:
-        t->rcounters.drop_other++;
+        c->rcounters.drop_other++;
         break;
     }
 }
@@ -79,14 +81,17 @@ static void kvx_stats_add(kvx_stats_t *s, int op, int cls, int status, uint64_t 
     s->latency_sum_ns += lat_ns;
 }
 
-void kvx_stats_xfer(kvx_transport_t *t, kvx_peer_t *p, int op, int status, uint64_t bytes,
+void kvx_stats_xfer(kvx_core_t *c, kvx_peer_t *p, int op, int status, uint64_t bytes,
                     uint64_t lat_ns)
 {
     int cls = kvx_status_class(status);
     unsigned bucket = kvx_latency_bucket(lat_ns);
 
     op = op == KVX_OP_READ ? 1 : 0;
-    kvx_stats_add(&t->stats, op, cls, status, bytes, lat_ns, bucket);
-    if (p != NULL)
+    kvx_stats_add(&c->stats, op, cls, status, bytes, lat_ns, bucket);
+    if (p != NULL) {
         kvx_stats_add(&p->stats, op, cls, status, bytes, lat_ns, bucket);
+        if (lat_ns > p->latency_max_ns)
+            p->latency_max_ns = lat_ns;
+    }
 }

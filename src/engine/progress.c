@@ -39,7 +39,7 @@ static void kvx_progress_housekeeping(kvx_transport_t *t, uint64_t now)
     kvx_listen_housekeeping(t, now);
     kvx_recv_housekeeping(t, now);
     if (now >= t->next_pool_trim_ns) {
-        kvx_xfer_trim_pool(t);
+        kvx_xfer_trim_pool(&t->core);
         t->next_pool_trim_ns = now + KVX_POOL_PERIOD_NS;
     }
     t->next_housekeeping_ns = now + KVX_HOUSEKEEPING_NS;
@@ -47,7 +47,7 @@ static void kvx_progress_housekeeping(kvx_transport_t *t, uint64_t now)
 
 unsigned kvx_progress_step(kvx_transport_t *t)
 {
-    unsigned n = kvx_ucx_progress(t->ucx);
+    unsigned n = kvx_ucx_progress(t->core.ucx);
     kvx_list_t todo;
     uint64_t now;
 
@@ -75,10 +75,10 @@ unsigned kvx_progress_step(kvx_transport_t *t)
     if (now >= t->next_housekeeping_ns)
         kvx_progress_housekeeping(t, now);
     /* API calls waiting on a connection (kvx_peer_add, kvx_peer_remove) look again */
-    if (t->conn_event) {
-        t->conn_event = false;
-        if (t->busy > 0)
-            pthread_cond_broadcast(&t->cond);
+    if (t->core.conn_event) {
+        t->core.conn_event = false;
+        if (t->core.unlocked_calls > 0)
+            pthread_cond_broadcast(&t->core.cond);
     }
     if (t->ev_used) /* notices and peer events come in steps */
         kvx_events_update(t);
@@ -92,11 +92,11 @@ void kvx_progress_wait_event(kvx_transport_t *t, uint64_t until_ns)
     if (now >= until_ns)
         return;
     if (t->thread_running) {
-        /* the progress thread signals t->cond; look again every 10 ms regardless */
+        /* the progress thread signals t->core.cond; look again every 10 ms regardless */
         uint64_t at = until_ns < now + 10000000ull ? until_ns : now + 10000000ull;
         struct timespec ts = {.tv_sec = (time_t)(at / 1000000000ull),
                               .tv_nsec = (long)(at % 1000000000ull)};
-        pthread_cond_timedwait(&t->cond, &t->lock, &ts);
+        pthread_cond_timedwait(&t->core.cond, &t->core.lock, &ts);
         return;
     }
     /* no progress thread: the waiting call drives progress, resting on UCX's event fd */
@@ -122,13 +122,14 @@ static bool kvx_progress_busy(kvx_transport_t *t)
  * removed peers left here). */
 static uint64_t kvx_progress_tick(kvx_transport_t *t, uint64_t now)
 {
-    uint64_t until = now + (t->keepalive_ms ? t->keepalive_ms * 1000000ull : KVX_IDLE_TICK_NS) /
-                               (kvx_list_empty(&t->active) ? 1 : KVX_KEEPALIVE_DIVISOR);
-    if (!kvx_list_empty(&t->active) && t->next_housekeeping_ns < until)
+    uint64_t until =
+        now + (t->core.keepalive_ms ? t->core.keepalive_ms * 1000000ull : KVX_IDLE_TICK_NS) /
+                  (kvx_list_empty(&t->core.active) ? 1 : KVX_KEEPALIVE_DIVISOR);
+    if (!kvx_list_empty(&t->core.active) && t->next_housekeeping_ns < until)
         until = t->next_housekeeping_ns;
     if (t->next_reconnect_ns < until)
         until = t->next_reconnect_ns;
-    return t->next_deadline_ns < until ? t->next_deadline_ns : until;
+    return t->core.next_deadline_ns < until ? t->core.next_deadline_ns : until;
 }
 
 /*
@@ -208,30 +209,30 @@ static bool kvx_progress_sleep(kvx_transport_t *t, int fd, uint64_t now, uint64_
                                bool stalled)
 {
     struct pollfd fds[2] = {{.fd = fd, .events = POLLIN},
-                            {.fd = kvx_ucx_event_fd(t->ucx), .events = POLLIN}};
+                            {.fd = kvx_ucx_event_fd(t->core.ucx), .events = POLLIN}};
     uint64_t d = until_ns > now ? until_ns - now : 0, v;
     struct timespec ts = {.tv_sec = (time_t)(d / 1000000000ull),
                           .tv_nsec = (long)(d % 1000000000ull)};
     nfds_t nfds = 2;
     bool refused = false;
 
-    if (kvx_ucx_arm(t->ucx) == -EBUSY) {
+    if (kvx_ucx_arm(t->core.ucx) == -EBUSY) {
         if (!stalled)
             return true;
         refused = true;
         nfds = 1;
-    } else if (kvx_ucx_progress(t->ucx) > 0) {
+    } else if (kvx_ucx_progress(t->core.ucx) > 0) {
         /* ucp_worker_arm arms only the interfaces in use. One whose last endpoint just went
          * (a peer removed) is re-armed by a callback that the next ucp_worker_progress runs;
          * asleep before that, a message arriving on it (a peer connecting again) would wake
          * nobody until the next tick. This progress runs it; if it found work, look again. */
         return false;
     }
-    pthread_mutex_unlock(&t->lock);
+    pthread_mutex_unlock(&t->core.lock);
     if (ppoll(fds, nfds, &ts, NULL) > 0 && (fds[0].revents & POLLIN) &&
         read(fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
-        kvx_warn(t, "progress: reading fd %d: %s", fd, strerror(errno));
-    pthread_mutex_lock(&t->lock);
+        kvx_warn(&t->core, "progress: reading fd %d: %s", fd, strerror(errno));
+    pthread_mutex_lock(&t->core.lock);
     return refused;
 }
 
@@ -242,7 +243,7 @@ static void *kvx_progress_main(void *arg)
     uint64_t now, until;
     bool stalled, busy;
 
-    pthread_mutex_lock(&t->lock);
+    pthread_mutex_lock(&t->core.lock);
     while (!t->thread_stop) {
         now = kvx_now_ns();
         if (now - atomic_load_explicit(&t->app_poll_ns, memory_order_relaxed) < KVX_APP_ACTIVE_NS) {
@@ -255,16 +256,16 @@ static void *kvx_progress_main(void *arg)
             struct pollfd wake = {.fd = t->wake_fd, .events = POLLIN};
             struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)KVX_APP_ACTIVE_NS};
             uint64_t v;
-            pthread_mutex_unlock(&t->lock);
+            pthread_mutex_unlock(&t->core.lock);
             do {
                 if (ppoll(&wake, 1, &ts, NULL) > 0) {
                     if (read(t->wake_fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
-                        kvx_warn(t, "progress: reading wake fd: %s", strerror(errno));
+                        kvx_warn(&t->core, "progress: reading wake fd: %s", strerror(errno));
                     break;
                 }
             } while (kvx_now_ns() - atomic_load_explicit(&t->app_poll_ns, memory_order_relaxed) <
                      KVX_APP_ACTIVE_NS);
-            pthread_mutex_lock(&t->lock);
+            pthread_mutex_lock(&t->core.lock);
             rest.last_work = kvx_now_ns();
             continue;
         }
@@ -272,11 +273,11 @@ static void *kvx_progress_main(void *arg)
         now = kvx_now_ns();
         until = kvx_progress_rest(t, &rest, n, now, &stalled);
         if (until == 0) {
-            pthread_mutex_unlock(&t->lock);
+            pthread_mutex_unlock(&t->core.lock);
             if ((n == 0 && now - rest.last_work > KVX_YIELD_AFTER_NS) ||
-                atomic_load_explicit(&t->lock_waiters, memory_order_relaxed) > 0)
+                atomic_load_explicit(&t->core.lock_waiters, memory_order_relaxed) > 0)
                 sched_yield();
-            pthread_mutex_lock(&t->lock);
+            pthread_mutex_lock(&t->core.lock);
             continue;
         }
         t->thread_sleeping = true;
@@ -285,7 +286,7 @@ static void *kvx_progress_main(void *arg)
         t->thread_sleeping = false;
         kvx_rest_woke(&rest, stalled, busy);
     }
-    pthread_mutex_unlock(&t->lock);
+    pthread_mutex_unlock(&t->core.lock);
     return NULL;
 }
 
@@ -303,15 +304,16 @@ int kvx_progress_wait_cq(kvx_transport_t *t, const char *peer_id, uint64_t end)
         kvx_peer_t *p;
         unsigned n;
 
-        if (t->closed) {
+        if (t->core.closed) {
             rc = -ESHUTDOWN;
             break;
         }
         n = kvx_progress_step(t);
         now = kvx_now_ns();
         atomic_store_explicit(&t->app_poll_ns, now, memory_order_relaxed);
-        p = peer_id != NULL ? kvx_peer_lookup(t, peer_id) : NULL;
-        if (peer_id != NULL ? p != NULL && !kvx_list_empty(&p->cq) : !kvx_list_empty(&t->ready)) {
+        p = peer_id != NULL ? kvx_peer_lookup(&t->core, peer_id) : NULL;
+        if (peer_id != NULL ? p != NULL && !kvx_list_empty(&p->cq)
+                            : !kvx_list_empty(&t->core.ready)) {
             rc = 1;
             break;
         }
@@ -321,9 +323,9 @@ int kvx_progress_wait_cq(kvx_transport_t *t, const char *peer_id, uint64_t end)
         }
         until = kvx_progress_rest(t, &rest, n, now, &stalled);
         if (until == 0) {
-            kvx_unlock(t);
+            kvx_unlock(&t->core);
             sched_yield();
-            kvx_lock(t);
+            kvx_lock(&t->core);
             continue;
         }
         t->cq_signaled = false;
@@ -331,8 +333,8 @@ int kvx_progress_wait_cq(kvx_transport_t *t, const char *peer_id, uint64_t end)
                       kvx_progress_sleep(t, t->cq_fd, now, until < end ? until : end, stalled));
     }
     t->waiters--;
-    if (t->closed)
-        pthread_cond_broadcast(&t->cond); /* close waits for the waiters to leave */
+    if (t->core.closed)
+        pthread_cond_broadcast(&t->core.cond); /* close waits for the waiters to leave */
     return rc;
 }
 
@@ -344,7 +346,7 @@ int kvx_progress_start(kvx_transport_t *t)
     t->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (t->wake_fd < 0) {
         rc = -errno;
-        kvx_error(t, "progress: eventfd: %s", strerror(errno));
+        kvx_error(&t->core, "progress: eventfd: %s", strerror(errno));
         return rc;
     }
     t->thread_stop = false;
@@ -354,7 +356,7 @@ int kvx_progress_start(kvx_transport_t *t)
     rc = -pthread_create(&t->thread, NULL, kvx_progress_main, t);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (rc < 0) {
-        kvx_error(t, "progress: pthread_create: %s", strerror(-rc));
+        kvx_error(&t->core, "progress: pthread_create: %s", strerror(-rc));
         close(t->wake_fd);
         t->wake_fd = -1;
         return rc;
@@ -367,15 +369,15 @@ void kvx_progress_stop(kvx_transport_t *t)
 {
     uint64_t one = 1;
 
-    kvx_lock(t);
+    kvx_lock(&t->core);
     if (!t->thread_running) {
-        kvx_unlock(t);
+        kvx_unlock(&t->core);
         return;
     }
     t->thread_stop = true;
     if (write(t->wake_fd, &one, sizeof(one)) < 0)
-        kvx_warn(t, "progress: waking thread to stop: %s", strerror(errno));
-    kvx_unlock(t);
+        kvx_warn(&t->core, "progress: waking thread to stop: %s", strerror(errno));
+    kvx_unlock(&t->core);
     pthread_join(t->thread, NULL);
     close(t->wake_fd);
     t->wake_fd = -1;

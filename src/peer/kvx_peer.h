@@ -20,7 +20,7 @@ void kvx_peer_event(kvx_transport_t *t, const kvx_peer_t *p, int type, int err);
 /* What the peers' connections tell them (kvx_conn_open). */
 extern const kvx_conn_ops_t kvx_peer_conn_ops;
 /* The compatibility rules of kvx_peer_add. Returns 0, or the error with *why saying which rule. */
-int kvx_peer_check(const kvx_transport_t *t, const kvx_md_t *md, const kvx_peer_params_t *expect,
+int kvx_peer_check(const kvx_core_t *core, const kvx_md_t *md, const kvx_peer_params_t *expect,
                    const char **why);
 /* Install a new connection from md on a peer paired by address whose connection failed, without
  * waiting (its handshake completes in the background); the transfers parked meanwhile move to

@@ -145,7 +145,7 @@ static void kvx_pair_close(kvx_pairing_t *pg, int err)
     pg->refs++;
     kvx_ucx_ep_close(pg->ucx, &pg->refs);
     pg->refs--;
-    pg->t->conn_event = true; /* a kvx_peer_connect call waiting on it looks again */
+    pg->t->core.conn_event = true; /* a kvx_peer_connect call waiting on it looks again */
     if (pg->peer != NULL)
         pg->t->next_reconnect_ns = 0; /* a reconnection: its peer looks at once */
 }
@@ -177,9 +177,9 @@ void kvx_listen_on_error(kvx_pairing_t *pg, int status)
         return;
     /* the connecting side closing after the answer is the normal end of an accepted pairing */
     if (!pg->accepted && !pg->answered)
-        kvx_debug(pg->t, "pairing: the connection failed: %s", kvx_strerror(status));
+        kvx_debug(&pg->t->core, "pairing: the connection failed: %s", kvx_strerror(status));
     pg->fail_err = pg->answered ? 1 : status; /* 1: closed after the answer, no error */
-    pg->t->conn_event = true;
+    pg->t->core.conn_event = true;
     kvx_pair_want_work(pg);
 }
 
@@ -216,12 +216,12 @@ void kvx_listen_on_request(kvx_transport_t *t, void *conn_req)
 {
     kvx_pairing_t *pg = NULL;
 
-    if (t->closed || !t->listening || t->naccepted >= KVX_ACCEPTED_MAX ||
+    if (t->core.closed || !t->listening || t->naccepted >= KVX_ACCEPTED_MAX ||
         (pg = calloc(1, sizeof(*pg))) == NULL ||
         getrandom(pg->nonce, sizeof(pg->nonce), 0) != (ssize_t)sizeof(pg->nonce)) {
-        kvx_debug(t, "listener: a connection rejected (%u waiting)", t->naccepted);
+        kvx_debug(&t->core, "listener: a connection rejected (%u waiting)", t->naccepted);
         free(pg);
-        kvx_ucx_reject(t->ucx, conn_req);
+        kvx_ucx_reject(t->core.ucx, conn_req);
         return;
     }
     pg->t = t;
@@ -230,7 +230,7 @@ void kvx_listen_on_request(kvx_transport_t *t, void *conn_req)
     pg->expires_ns = kvx_now_ns() + KVX_PAIR_TIMEOUT_NS;
     kvx_list_add_tail(&t->pairings, &pg->link);
     t->naccepted++;
-    kvx_debug(t, "listener: a connection request (%u under way)", t->naccepted);
+    kvx_debug(&t->core, "listener: a connection request (%u under way)", t->naccepted);
     kvx_pair_want_work(pg);
 }
 
@@ -244,13 +244,13 @@ static void kvx_listen_accept(kvx_pairing_t *pg)
 
     pg->conn_req = NULL;
     /* a failed ucp_ep_create releases the request itself */
-    rc = kvx_ucx_pair_open(t->ucx, req, NULL, 0, &kvx_pair_ep_ops, pg, &pg->ucx);
+    rc = kvx_ucx_pair_open(t->core.ucx, req, NULL, 0, &kvx_pair_ep_ops, pg, &pg->ucx);
     if (rc < 0) {
         pg->closing = true; /* nothing to close */
         return;
     }
     kvx_wire_encode(&(kvx_msg_t){.type = KVX_MSG_CHALLENGE,
-                                 .flags = t->secret != NULL ? KVX_MSGF_SECRET : 0,
+                                 .flags = t->core.secret != NULL ? KVX_MSGF_SECRET : 0,
                                  .u.challenge.nonce = pg->nonce},
                     hdr);
     rc = kvx_ucx_send_pair(pg->ucx, hdr, sizeof(hdr), NULL, 0, &pg->refs);
@@ -266,7 +266,7 @@ static void kvx_pair_mac(const kvx_transport_t *t, const char *label, const uint
                           {(void *)snonce, KVX_WIRE_NONCE_LEN},
                           {(void *)cnonce, KVX_WIRE_NONCE_LEN},
                           {(void *)data, len}};
-    kvx_hmac_sha256(t->secret, t->secret_len, parts, len > 0 ? 4 : 3, out);
+    kvx_hmac_sha256(t->core.secret, t->core.secret_len, parts, len > 0 ? 4 : 3, out);
 }
 
 /* MD_REQ (kept in pg): the metadata, if the proof holds (or no secret is needed). */
@@ -277,23 +277,24 @@ static void kvx_listen_answer(kvx_pairing_t *pg)
     int32_t status = 0;
     int rc;
 
-    if (t->secret != NULL) {
+    if (t->core.secret != NULL) {
         kvx_pair_mac(t, kvx_pair_req_label, pg->nonce, pg->cnonce, NULL, 0, want);
         if (!pg->has_proof || !kvx_equal_ct(pg->proof, want, sizeof(want))) {
-            kvx_warn(t, "listener: a peer without the shared secret was refused");
+            kvx_warn(&t->core, "listener: a peer without the shared secret was refused");
             status = -EACCES;
         }
     }
-    if (status == 0 && t->secret != NULL)
+    if (status == 0 && t->core.secret != NULL)
         kvx_pair_mac(t, kvx_pair_md_label, pg->nonce, pg->cnonce, t->metadata, t->metadata_len,
                      mac);
-    kvx_wire_encode(&(kvx_msg_t){.type = KVX_MSG_MD,
-                                 .flags = status == 0 && t->secret != NULL ? KVX_MSGF_PROOF : 0,
-                                 .u.md = {.status = status,
-                                          .len = status == 0 ? (uint32_t)t->metadata_len : 0,
-                                          .cnonce = pg->cnonce,
-                                          .mac = status == 0 && t->secret != NULL ? mac : NULL}},
-                    hdr);
+    kvx_wire_encode(
+        &(kvx_msg_t){.type = KVX_MSG_MD,
+                     .flags = status == 0 && t->core.secret != NULL ? KVX_MSGF_PROOF : 0,
+                     .u.md = {.status = status,
+                              .len = status == 0 ? (uint32_t)t->metadata_len : 0,
+                              .cnonce = pg->cnonce,
+                              .mac = status == 0 && t->core.secret != NULL ? mac : NULL}},
+        hdr);
     pg->answered = true;
     pg->expires_ns = kvx_now_ns() + KVX_PAIR_TIMEOUT_NS; /* for the other side to close */
     if (kvx_pair_ep(pg) == NULL)
@@ -303,7 +304,7 @@ static void kvx_listen_answer(kvx_pairing_t *pg)
     if (rc < 0)
         kvx_pair_close(pg, rc);
     else if (status == 0)
-        kvx_debug(t, "listener: metadata sent");
+        kvx_debug(&t->core, "listener: metadata sent");
 }
 
 /* ---- the connecting side --------------------------------------------------------------------- */
@@ -314,7 +315,7 @@ static void kvx_connect_request(kvx_pairing_t *pg)
     uint8_t hdr[KVX_WIRE_MD_REQ_LEN], proof[KVX_PROOF_LEN];
     int rc;
 
-    if (pg->secret_needed && t->secret == NULL) {
+    if (pg->secret_needed && t->core.secret == NULL) {
         /* it would refuse us: say so without asking */
         pg->answered = true;
         pg->err = -EACCES;
@@ -323,14 +324,14 @@ static void kvx_connect_request(kvx_pairing_t *pg)
     }
     if (kvx_pair_ep(pg) == NULL)
         return;
-    kvx_debug(t, "pairing: the listener's challenge came; asking for its metadata");
-    if (t->secret != NULL)
+    kvx_debug(&t->core, "pairing: the listener's challenge came; asking for its metadata");
+    if (t->core.secret != NULL)
         kvx_pair_mac(t, kvx_pair_req_label, pg->nonce, pg->cnonce, NULL, 0, proof);
-    kvx_wire_encode(
-        &(kvx_msg_t){.type = KVX_MSG_MD_REQ,
-                     .flags = t->secret != NULL ? KVX_MSGF_PROOF : 0,
-                     .u.md_req = {.proof = t->secret != NULL ? proof : NULL, .cnonce = pg->cnonce}},
-        hdr);
+    kvx_wire_encode(&(kvx_msg_t){.type = KVX_MSG_MD_REQ,
+                                 .flags = t->core.secret != NULL ? KVX_MSGF_PROOF : 0,
+                                 .u.md_req = {.proof = t->core.secret != NULL ? proof : NULL,
+                                              .cnonce = pg->cnonce}},
+                    hdr);
     rc = kvx_ucx_send_pair(pg->ucx, hdr, sizeof(hdr), NULL, 0, &pg->refs);
     if (rc < 0)
         kvx_pair_close(pg, rc);
@@ -349,7 +350,7 @@ static void kvx_connect_on_md(kvx_pairing_t *pg, const kvx_msg_t *m, const uint8
         pg->err = -EPROTO; /* not an answer to this exchange */
     } else if (m->u.md.status < 0) {
         pg->err = m->u.md.status == -EACCES ? -EACCES : -EPROTO;
-    } else if (t->secret != NULL &&
+    } else if (t->core.secret != NULL &&
                (m->u.md.mac == NULL ||
                 (kvx_pair_mac(t, kvx_pair_md_label, pg->nonce, pg->cnonce, data, data_len, want),
                  !kvx_equal_ct(m->u.md.mac, want, sizeof(want))))) {
@@ -362,7 +363,7 @@ static void kvx_connect_on_md(kvx_pairing_t *pg, const kvx_msg_t *m, const uint8
     }
     if (pg->err < 0)
         kvx_pair_want_work(pg); /* close it */
-    t->conn_event = true;
+    t->core.conn_event = true;
     if (pg->peer != NULL)
         t->next_reconnect_ns = 0;
 }
@@ -441,8 +442,8 @@ int kvx_listen_dial(kvx_transport_t *t, const struct sockaddr_storage *ss, sockl
         free(pg);
         return -EIO;
     }
-    rc = kvx_ucx_pair_open(t->ucx, NULL, (const struct sockaddr *)ss, len, &kvx_pair_ep_ops, pg,
-                           &pg->ucx);
+    rc = kvx_ucx_pair_open(t->core.ucx, NULL, (const struct sockaddr *)ss, len, &kvx_pair_ep_ops,
+                           pg, &pg->ucx);
     if (rc < 0) {
         free(pg);
         return rc;
@@ -467,7 +468,7 @@ int kvx_listen_dial_end(kvx_pairing_t *pg, const char *peer_id, const char *addr
     kvx_transport_t *t = pg->t;
     int rc = 0;
 
-    if (t->closed) {
+    if (t->core.closed) {
         rc = -ESHUTDOWN;
     } else if (pg->err < 0) {
         rc = pg->err;
@@ -481,19 +482,20 @@ int kvx_listen_dial_end(kvx_pairing_t *pg, const char *peer_id, const char *addr
         if (kvx_pair_ep(pg) != NULL) {
             kvx_lanes_t lanes;
             kvx_ucx_ep_describe(pg->ucx, &lanes);
-            kvx_debug(t, "peer %s: the pairing connection to %s ran over '%s'", peer_id, addr,
-                      lanes.am);
+            kvx_debug(&t->core, "peer %s: the pairing connection to %s ran over '%s'", peer_id,
+                      addr, lanes.am);
         } else {
-            kvx_debug(t, "peer %s: the pairing connection to %s closed right after its answer",
+            kvx_debug(&t->core,
+                      "peer %s: the pairing connection to %s closed right after its answer",
                       peer_id, addr);
         }
     } else {
         rc = -ETIMEDOUT;
     }
     if (rc < 0)
-        kvx_error(t, "peer %s: pairing with %s: %s", peer_id, addr, kvx_strerror(rc));
+        kvx_error(&t->core, "peer %s: pairing with %s: %s", peer_id, addr, kvx_strerror(rc));
     pg->abandoned = true;
-    if (!t->closed) /* at close, kvx_listen_close_all has it */
+    if (!t->core.closed) /* at close, kvx_listen_close_all has it */
         kvx_pair_close(pg, 0);
     kvx_pair_maybe_free(pg);
     return rc;
@@ -538,7 +540,7 @@ static int kvx_reconnect_outcome(kvx_transport_t *t, kvx_peer_t *p)
         return -ETIMEDOUT;
     rc = kvx_md_decode(pg->md, pg->md_len, &md);
     if (rc == 0)
-        rc = kvx_md_verify(pg->md, pg->md_len, &md, t->secret, t->secret_len);
+        rc = kvx_md_verify(pg->md, pg->md_len, &md, t->core.secret, t->core.secret_len);
     if (rc == 0)
         rc = kvx_peer_reinstall(t, p, &md); /* md points into pg->md, alive until below */
     return rc;
@@ -569,8 +571,8 @@ void kvx_listen_reconnect(kvx_transport_t *t, uint64_t now)
                 kvx_list_del(&p->reconnect_link);
                 continue;
             }
-            kvx_debug(t, "peer %s: pairing again with %s: %s; next try in %llu ms", p->id, p->addr,
-                      kvx_strerror(rc), (unsigned long long)(p->backoff_ns / 1000000));
+            kvx_debug(&t->core, "peer %s: pairing again with %s: %s; next try in %llu ms", p->id,
+                      p->addr, kvx_strerror(rc), (unsigned long long)(p->backoff_ns / 1000000));
             p->next_try_ns = now + p->backoff_ns;
             p->backoff_ns =
                 p->backoff_ns * 2 < KVX_RECONNECT_MAX_NS ? p->backoff_ns * 2 : KVX_RECONNECT_MAX_NS;
@@ -615,12 +617,12 @@ void kvx_listen_close_all(kvx_transport_t *t)
     for (kvx_list_t *n = t->pairings.next; n != &t->pairings; n = n->next) {
         kvx_pairing_t *pg = kvx_container_of(n, kvx_pairing_t, link);
         if (pg->conn_req != NULL) {
-            kvx_ucx_reject(t->ucx, pg->conn_req);
+            kvx_ucx_reject(t->core.ucx, pg->conn_req);
             pg->conn_req = NULL;
             pg->closing = true; /* no endpoint */
         }
     }
-    kvx_ucx_unlisten(t->ucx);
+    kvx_ucx_unlisten(t->core.ucx);
     t->listening = false;
     for (kvx_list_t *n = t->pairings.next, *next; n != &t->pairings; n = next) {
         kvx_pairing_t *pg = kvx_container_of(n, kvx_pairing_t, link);

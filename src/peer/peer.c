@@ -33,7 +33,7 @@ static void kvx_peer_conn_received(kvx_conn_t *c, kvx_rrx_t *rx, int status)
  * next one. */
 static void kvx_peer_conn_failed(kvx_conn_t *c, int err)
 {
-    if (c->peer != NULL && c->peer->conn == c && c->peer->addr != NULL && !c->t->closed) {
+    if (c->peer != NULL && c->peer->conn == c && c->peer->addr != NULL && !c->t->core.closed) {
         kvx_peer_lost(c->t, c->peer, err);
         kvx_xfer_repark(c, c->peer);
     }
@@ -50,10 +50,10 @@ const kvx_conn_ops_t kvx_peer_conn_ops = {
 /* ---- compatibility rules -------------------------------------------------------------------- */
 
 /* The compatibility rules of kvx_peer_add. Returns 0, or the error with *why saying which rule. */
-int kvx_peer_check(const kvx_transport_t *t, const kvx_md_t *md, const kvx_peer_params_t *expect,
+int kvx_peer_check(const kvx_core_t *core, const kvx_md_t *md, const kvx_peer_params_t *expect,
                    const char **why)
 {
-    if (strcmp(md->agent_name, t->log.name) == 0) {
+    if (strcmp(md->agent_name, core->log.name) == 0) {
         *why = "the metadata is this transport's own (same agent name)";
         return -EEXIST;
     }
@@ -63,12 +63,12 @@ int kvx_peer_check(const kvx_transport_t *t, const kvx_md_t *md, const kvx_peer_
         *why = "base address, block count or block length disagree with the metadata";
         return -EINVAL;
     }
-    if (md->block_len != t->block_len) {
+    if (md->block_len != core->block_len) {
         *why = "block length differs from ours";
         return -KVX_EINCOMPAT;
     }
-    if (md->fingerprint[0] != '\0' && t->fingerprint[0] != '\0' &&
-        strcmp(md->fingerprint, t->fingerprint) != 0) {
+    if (md->fingerprint[0] != '\0' && core->fingerprint[0] != '\0' &&
+        strcmp(md->fingerprint, core->fingerprint) != 0) {
         *why = "config fingerprint differs from ours";
         return -KVX_EINCOMPAT;
     }
@@ -89,9 +89,9 @@ int kvx_peer_reinstall(kvx_transport_t *t, kvx_peer_t *p, const kvx_md_t *md)
     /* the checks of the add or connect that made the peer, expectations included; not the
      * generation: the address's answer is authoritative (a restarted process whose clock is
      * behind has an older one) */
-    rc = kvx_peer_check(t, md, &p->expect, &why);
+    rc = kvx_peer_check(&t->core, md, &p->expect, &why);
     if (rc < 0) {
-        kvx_error(t, "peer %s (%s) at %s refused: %s", p->id, md->agent_name, p->addr, why);
+        kvx_error(&t->core, "peer %s (%s) at %s refused: %s", p->id, md->agent_name, p->addr, why);
         return rc;
     }
     /* not prefaulted (the first copies fault the pages in); not the peer's until installed
@@ -107,11 +107,12 @@ int kvx_peer_reinstall(kvx_transport_t *t, kvx_peer_t *p, const kvx_md_t *md)
     p->last_num_blocks = c->remote_num_blocks;
     restarted = c->generation != p->last_generation;
     p->last_generation = c->generation;
-    kvx_info(t, "peer %s: paired again with %s at %s over %s (generation %s)", p->id, c->agent_name,
-             p->addr, c->transport, restarted ? "another: it restarted" : "the same");
+    kvx_info(&t->core, "peer %s: paired again with %s at %s over %s (generation %s)", p->id,
+             c->agent_name, p->addr, c->transport,
+             restarted ? "another: it restarted" : "the same");
     kvx_peer_event(t, p, restarted ? KVX_PEER_EVENT_RESTARTED : KVX_PEER_EVENT_RECONNECTED, 0);
     p->stats.reconnections++;
-    t->stats.reconnections++;
+    t->core.stats.reconnections++;
     kvx_xfer_unpark(p, c, 0);
     if (old != NULL)
         kvx_conn_release(old, -ECONNABORTED); /* failed already: it only goes */
@@ -139,7 +140,7 @@ static void kvx_reconnect_due(kvx_transport_t *t, uint64_t at)
 {
     if (at < t->next_reconnect_ns) {
         t->next_reconnect_ns = at;
-        kvx_kick(t, at);
+        kvx_core_kick(&t->core, at);
     }
 }
 
@@ -151,8 +152,8 @@ void kvx_peer_lost(kvx_transport_t *t, kvx_peer_t *p, int err)
     p->backoff_ns = KVX_RECONNECT_MIN_NS;
     p->next_try_ns = kvx_now_ns();
     kvx_list_add_tail(&t->reconnects, &p->reconnect_link);
-    kvx_info(t, "peer %s: connection failed (%s); pairing again with %s", p->id, kvx_strerror(err),
-             p->addr);
+    kvx_info(&t->core, "peer %s: connection failed (%s); pairing again with %s", p->id,
+             kvx_strerror(err), p->addr);
     kvx_peer_event(t, p, KVX_PEER_EVENT_DOWN, err);
     kvx_reconnect_due(t, p->next_try_ns);
 }

@@ -177,8 +177,8 @@ int kvx_recv_fence(kvx_transport_t *t, const char *writer, const uint64_t *tags,
     for (w = NULL; (w = kvx_fence_next(t, writer, &bucket, w)) != NULL;)
         kvx_writer_fence(t, w, tags, ntags, &count);
     if (count > 0) {
-        t->stats.fences++;
-        kvx_kick(t, 0); /* tell the writers now */
+        t->core.stats.fences++;
+        kvx_core_kick(&t->core, 0); /* tell the writers now */
     }
     return count;
 }

@@ -74,7 +74,7 @@ static void kvx_recv_refuse_hello(kvx_transport_t *t, const uint8_t *buf, size_t
         return;
     w = kvx_writer_lookup(t, m.u.hello.name);
     kvx_count(t, w, KVX_CNT(drop_capability));
-    kvx_info(t, "writer %s: handshake with a retired capability refused", m.u.hello.name);
+    kvx_info(&t->core, "writer %s: handshake with a retired capability refused", m.u.hello.name);
     for (kvx_list_t *l = t->refusing.next; l != &t->refusing; l = l->next)
         n++;
     if (n >= KVX_REFUSING_MAX) { /* the oldest that sent its answer gives way */
@@ -106,7 +106,7 @@ static void kvx_recv_refuse_hello(kvx_transport_t *t, const uint8_t *buf, size_t
         free(rc);
         return;
     }
-    if (kvx_ucx_ep_accept(t->ucx, m.u.hello.waddr, m.u.hello.ep_sn, came_on, m.u.hello.name,
+    if (kvx_ucx_ep_accept(t->core.ucx, m.u.hello.waddr, m.u.hello.ep_sn, came_on, m.u.hello.name,
                           &kvx_rconn_ep_ops, rc, &rc->ucx) < 0) {
         kvx_idtab_release(&t->rconn_ids, rc->id);
         free(rc);
@@ -182,19 +182,19 @@ void kvx_recv_hello_in(kvx_transport_t *t, const kvx_msg_t *m, const void *hdr, 
     bool retired = false;
 
     /* a capability kvx_fence_ex retired is refused, with an answer (kvx_recv_refuse_hello) */
-    if (!kvx_equal_ct(m->u.hello.capability, t->capability, sizeof(t->capability)) &&
+    if (!kvx_equal_ct(m->u.hello.capability, t->core.capability, sizeof(t->core.capability)) &&
         !(retired = kvx_capability_retired(t, m->u.hello.capability))) {
         kvx_count(t, NULL, KVX_CNT(drop_capability));
         return;
     }
-    if (t->secret != NULL) {
+    if (t->core.secret != NULL) {
         uint8_t proof[KVX_PROOF_LEN];
         kvx_iov_t part = {(void *)hdr, m->u.hello.signed_len};
         if (m->u.hello.proof == NULL) {
             kvx_count(t, NULL, KVX_CNT(drop_capability));
             return;
         }
-        kvx_hmac_sha256(t->secret, t->secret_len, &part, 1, proof);
+        kvx_hmac_sha256(t->core.secret, t->core.secret_len, &part, 1, proof);
         if (!kvx_equal_ct(proof, m->u.hello.proof, KVX_PROOF_LEN)) {
             kvx_count(t, NULL, KVX_CNT(drop_capability));
             return;
@@ -222,7 +222,7 @@ void kvx_recv_hello_in(kvx_transport_t *t, const kvx_msg_t *m, const void *hdr, 
     memcpy(h->buf, hdr, hdr_len);
     h->len = hdr_len;
     h->retired = retired;
-    h->came_on = kvx_ucx_came_on(t->ucx);
+    h->came_on = kvx_ucx_came_on(t->core.ucx);
     snprintf(h->name, sizeof(h->name), "%s", m->u.hello.name);
     kvx_list_add_tail(&t->hellos, &h->link);
     t->nhellos++;
@@ -250,7 +250,7 @@ static int kvx_recv_hello(kvx_transport_t *t, const uint8_t *buf, size_t len,
     if (kvx_wire_decode(buf, len, 0, &m) < 0 || m.type != KVX_MSG_HELLO)
         return 0; /* decoded once already */
     /* retired while it waited (kvx_fence_ex): refused as one that came after */
-    if (!kvx_equal_ct(m.u.hello.capability, t->capability, sizeof(t->capability))) {
+    if (!kvx_equal_ct(m.u.hello.capability, t->core.capability, sizeof(t->core.capability))) {
         kvx_recv_refuse_hello(t, buf, len, came_on);
         return 0;
     }
@@ -261,7 +261,7 @@ static int kvx_recv_hello(kvx_transport_t *t, const uint8_t *buf, size_t len,
     /* how fast a HELLO may make this transport open an endpoint to the address it names: one
      * over the rate waits for it (a writer churning through adds is slowed, not failed) */
     if (!force && !kvx_hello_rate(t, w, now)) {
-        kvx_debug(t, "writer %s: HELLO over the rate of new connections waits", w->name);
+        kvx_debug(&t->core, "writer %s: HELLO over the rate of new connections waits", w->name);
         return 1;
     }
     /* slots: a writer's name over its share gives up one of its own, a full table one of any */
@@ -275,7 +275,7 @@ static int kvx_recv_hello(kvx_transport_t *t, const uint8_t *buf, size_t len,
         kvx_count(t, w, KVX_CNT(drop_other));
         return 0;
     }
-    rc->proven = t->secret == NULL;
+    rc->proven = t->core.secret == NULL;
     if (getrandom(&rc->token, sizeof(rc->token), 0) != sizeof(rc->token) ||
         (!rc->proven && getrandom(rc->nonce, sizeof(rc->nonce), 0) != sizeof(rc->nonce)) ||
         kvx_idtab_alloc(&t->rconn_ids, rc, &rc->id) < 0) {
@@ -285,8 +285,8 @@ static int kvx_recv_hello(kvx_transport_t *t, const uint8_t *buf, size_t len,
     }
     /* UCX parses the writer's address here: what holds the capability (and, with a secret, what
      * proved it) may make this transport parse an address (docs/security.md) */
-    if ((err = kvx_ucx_ep_accept(t->ucx, m.u.hello.waddr, m.u.hello.ep_sn, came_on, m.u.hello.name,
-                                 &kvx_rconn_ep_ops, rc, &rc->ucx)) < 0) {
+    if ((err = kvx_ucx_ep_accept(t->core.ucx, m.u.hello.waddr, m.u.hello.ep_sn, came_on,
+                                 m.u.hello.name, &kvx_rconn_ep_ops, rc, &rc->ucx)) < 0) {
         kvx_idtab_release(&t->rconn_ids, rc->id);
         free(rc);
         kvx_count(t, w, KVX_CNT(drop_other));
@@ -296,8 +296,8 @@ static int kvx_recv_hello(kvx_transport_t *t, const uint8_t *buf, size_t len,
         kvx_count(t, w, KVX_CNT(catchup_over));
     if (v != NULL) {
         kvx_count(t, v->w, KVX_CNT(conns_evicted));
-        kvx_info(t, "writer %s: connection %u gives its slot to a new one of %s", v->w->name, v->id,
-                 w->name);
+        kvx_info(&t->core, "writer %s: connection %u gives its slot to a new one of %s", v->w->name,
+                 v->id, w->name);
         kvx_rconn_close(v);
     }
     kvx_ucx_ep_describe(rc->ucx, &lanes);
@@ -305,8 +305,8 @@ static int kvx_recv_hello(kvx_transport_t *t, const uint8_t *buf, size_t len,
     rc->tcp = strncmp(lanes.am, "tcp", 3) == 0;
     /* read data by rendezvous only if the reader said it takes it, on lanes and from a size this
      * transport's mode chooses (README, "Rendezvous") */
-    rc->rndv_min = kvx_rndv_choose(&(kvx_rndv_in_t){.mode = t->rndv_mode,
-                                                    .thresh = t->rndv_thresh,
+    rc->rndv_min = kvx_rndv_choose(&(kvx_rndv_in_t){.mode = t->core.rndv_mode,
+                                                    .thresh = t->core.rndv_thresh,
                                                     .peer_takes = (m.flags & KVX_MSGF_RNDV) != 0,
                                                     .rndv_lanes = lanes.rndv,
                                                     .am_lanes = lanes.am,
@@ -321,21 +321,21 @@ static int kvx_recv_hello(kvx_transport_t *t, const uint8_t *buf, size_t len,
     kvx_slot_set(rc, rc->proven ? KVX_SLOT_FRESH : KVX_SLOT_UNPROVEN, now);
     t->nrconns++;
     kvx_wire_encode(&(kvx_msg_t){.type = KVX_MSG_HELLO_ACK,
-                                 .flags = kvx_rndv_takes(t) ? KVX_MSGF_RNDV : 0,
+                                 .flags = kvx_core_takes_rndv(&t->core) ? KVX_MSGF_RNDV : 0,
                                  .conn_id = rc->peer_conn_id,
                                  .token = rc->peer_token,
                                  .u.hello_ack = {.rconn_id = rc->id,
                                                  .token = rc->token,
                                                  .epoch = w->epoch,
                                                  /* zero unless the region is owned */
-                                                 .seg_token = t->seg_token,
+                                                 .seg_token = t->core.seg_token,
                                                  /* the writer's PROOF must cover it */
                                                  .nonce = rc->proven ? NULL : rc->nonce}},
                     ack);
     kvx_rconn_ctl(rc, ack, sizeof(ack));
-    kvx_info(t, "writer %s: connection %u over %s", w->name, rc->id, lanes.am);
-    kvx_debug(t, "writer %s: connection %u: read data over %s (rendezvous lanes '%s'): %s", w->name,
-              rc->id, lanes.am, lanes.rndv, why);
+    kvx_info(&t->core, "writer %s: connection %u over %s", w->name, rc->id, lanes.am);
+    kvx_debug(&t->core, "writer %s: connection %u: read data over %s (rendezvous lanes '%s'): %s",
+              w->name, rc->id, lanes.am, lanes.rndv, why);
     return 0;
 }
 
@@ -373,10 +373,10 @@ void kvx_recv_proof(kvx_transport_t *t, const kvx_msg_t *m)
         kvx_count(t, rc->w, KVX_CNT(drop_other));
         return;
     }
-    kvx_wire_proof_mac(t->secret, t->secret_len, rc->nonce, rc->id, rc->token, mac);
+    kvx_wire_proof_mac(t->core.secret, t->core.secret_len, rc->nonce, rc->id, rc->token, mac);
     if (!kvx_equal_ct(mac, m->u.proof.mac, KVX_PROOF_LEN)) {
         kvx_count(t, rc->w, KVX_CNT(drop_unproven));
-        kvx_info(t, "writer %s: connection %u: wrong proof, closed", rc->w->name, rc->id);
+        kvx_info(&t->core, "writer %s: connection %u: wrong proof, closed", rc->w->name, rc->id);
         kvx_rconn_close(rc);
         return;
     }
@@ -398,7 +398,7 @@ void kvx_recv_housekeeping(kvx_transport_t *t, uint64_t now)
             break;
         /* logged before counting: kvx_count's test of a NULL writer would otherwise let gcc's
          * -O2 -Wformat-overflow see a null name here (a receiving connection always has one) */
-        kvx_info(t, "writer %s: connection %u did not prove the secret in time: closed",
+        kvx_info(&t->core, "writer %s: connection %u did not prove the secret in time: closed",
                  rc->w->name, rc->id);
         kvx_count(t, rc->w, KVX_CNT(drop_unproven));
         kvx_rconn_close(rc);

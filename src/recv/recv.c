@@ -70,18 +70,18 @@ static void kvx_recv_landed(kvx_rconn_t *rc, kvx_rx_t *rx, int status)
 
     if (status < 0) {
         kvx_count(t, w, KVX_CNT(rndv_failed));
-        kvx_info(t, "writer %s: connection %u: a rendezvous receive of write %llu ended: %s",
+        kvx_info(&t->core, "writer %s: connection %u: a rendezvous receive of write %llu ended: %s",
                  w->name, rc->id, (unsigned long long)l->xfer_id, kvx_strerror(status));
         if (rc->state == KVX_CONN_OPEN)
             kvx_rconn_abort(rc, "a rendezvous receive failed");
         free(l);
         return;
     }
-    if (l->check_crc && kvx_crc32c(t->base + l->off, l->len) != l->crc) {
+    if (l->check_crc && kvx_crc32c(t->core.base + l->off, l->len) != l->crc) {
         kvx_count(t, w, KVX_CNT(drop_crc));
         st = -EBADMSG;
     } else {
-        t->rcounters.bytes_landed += l->len;
+        t->core.rcounters.bytes_landed += l->len;
         w->counters.bytes_landed += l->len;
         kvx_count(t, w, KVX_CNT(writes_landed));
         kvx_count(t, w, KVX_CNT(rndv_landed));
@@ -155,7 +155,7 @@ static void kvx_recv_write(kvx_transport_t *t, const kvx_msg_t *m, const uint8_t
     /* a rendezvous payload is one run, received in one piece into the region, and only by a
      * transport that takes them (not KVX_RNDV_EAGER, which its HELLO_ACK said): on an RDMA lane
      * UCX might hand the sender a remote key for the place it lands in */
-    if (m->rndv && status == 0 && !kvx_rndv_takes(t)) {
+    if (m->rndv && status == 0 && !kvx_core_takes_rndv(&t->core)) {
         kvx_count(t, w, KVX_CNT(drop_other));
         status = -EPROTO;
     } else if (m->rndv && status == 0 && m->u.write.nruns != 1) {
@@ -166,7 +166,7 @@ static void kvx_recv_write(kvx_transport_t *t, const kvx_msg_t *m, const uint8_t
     for (uint32_t i = 0; i < m->u.write.nruns && status == 0; i++) {
         kvx_wire_run_t r;
         kvx_wire_run_get(m->u.write.runs, i, &r);
-        if (r.offset > t->region_len || r.len > t->region_len - r.offset) {
+        if (r.offset > t->core.region_len || r.len > t->core.region_len - r.offset) {
             kvx_count(t, w, KVX_CNT(drop_range));
             status = -EINVAL;
         } else if (m->rndv) {
@@ -178,7 +178,7 @@ static void kvx_recv_write(kvx_transport_t *t, const kvx_msg_t *m, const uint8_t
         d += r.len;
     }
     if (status != 0)
-        kvx_debug(t, "writer %s: write %llu refused: %s", w->name,
+        kvx_debug(&t->core, "writer %s: write %llu refused: %s", w->name,
                   (unsigned long long)m->u.write.xfer_id, kvx_strerror(status));
     if (m->rndv) { /* the checks passed or not: the payload is received now, or refused */
         kvx_recv_write_rndv(rc, m, data, data_len, status);
@@ -189,10 +189,10 @@ static void kvx_recv_write(kvx_transport_t *t, const kvx_msg_t *m, const uint8_t
         for (uint32_t i = 0; i < m->u.write.nruns; i++) {
             kvx_wire_run_t r;
             kvx_wire_run_get(m->u.write.runs, i, &r);
-            memcpy(t->base + r.offset, d, r.len);
+            memcpy(t->core.base + r.offset, d, r.len);
             d += r.len;
         }
-        t->rcounters.bytes_landed += data_len;
+        t->core.rcounters.bytes_landed += data_len;
         w->counters.bytes_landed += data_len;
         kvx_count(t, w, KVX_CNT(writes_landed));
         kvx_rconn_active(rc);
@@ -259,8 +259,8 @@ static void kvx_recv_read_req(kvx_transport_t *t, const kvx_msg_t *m)
     s->run_off = 0;
     for (uint32_t i = 0; i < n; i++) {
         kvx_wire_run_get(m->u.read_req.runs, i, &s->runs[i]);
-        if (s->runs[i].offset > t->region_len ||
-            s->runs[i].len > t->region_len - s->runs[i].offset) {
+        if (s->runs[i].offset > t->core.region_len ||
+            s->runs[i].len > t->core.region_len - s->runs[i].offset) {
             /* refused whole: the reader's transfer fails */
             kvx_count(t, rc->w, KVX_CNT(drop_range));
             free(s);
@@ -301,8 +301,7 @@ static void kvx_recv_notice(kvx_transport_t *t, const kvx_msg_t *m)
         t->notice_count++;
         kvx_count(t, rc->w, KVX_CNT(notices));
         kvx_rconn_active(rc);
-        if (t->waiters > 0)
-            kvx_notify_waiters(t);
+        kvx_core_arrived(&t->core);
     }
     kvx_wire_encode(
         &(kvx_msg_t){.type = KVX_MSG_NOTICE_ACK,
@@ -378,7 +377,7 @@ static unsigned kvx_recv_serve(kvx_transport_t *t, kvx_rconn_t *rc, size_t seg)
                 piece = r->len - s->run_off;
                 m->rndv = true;
             }
-            m->iov[niov].base = t->base + r->offset + s->run_off;
+            m->iov[niov].base = t->core.base + r->offset + s->run_off;
             m->iov[niov].len = piece;
             niov++;
             len += piece;
@@ -406,7 +405,7 @@ static unsigned kvx_recv_serve(kvx_transport_t *t, kvx_rconn_t *rc, size_t seg)
         rc2 = kvx_ucx_send(m, KVX_WIRE_READ_DATA_LEN, niov, &rc->ucx_refs);
         if (rc2 == 1)
             rc->sending++;
-        t->rcounters.bytes_served += len;
+        t->core.rcounters.bytes_served += len;
         rc->w->counters.bytes_served += len;
         if (rndv && rc2 >= 0)
             kvx_count(t, rc->w, KVX_CNT(rndv_served));

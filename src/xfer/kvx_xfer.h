@@ -30,7 +30,7 @@ void kvx_xfer_repark(kvx_conn_t *c, kvx_peer_t *p);
 void kvx_xfer_check_deadlines(kvx_transport_t *t, uint64_t now);
 /* Finish a transfer, or end it while UCX still holds its messages or receives into its blocks
  * (x->sending: reported once they are done). The first status wins. */
-void kvx_xfer_finish(kvx_xfer_t *x, int status);
+void kvx_xfer_end(kvx_xfer_t *x, int status);
 /* All of a write's bytes were acknowledged: done, or first the receiver's notice. */
 void kvx_xfer_write_landed(kvx_conn_t *c, kvx_xfer_t *x);
 /* The local address of the stream's byte at run i, offset off in it. */

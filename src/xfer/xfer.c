@@ -41,9 +41,10 @@ static int kvx_xfer_build_runs(kvx_transport_t *t, kvx_xfer_t *x, uint64_t remot
     for (size_t i = 0; i < count; i++) {
         uint32_t l = local[i], rm = remote[i];
 
-        if (l >= t->num_blocks || rm >= remote_num_blocks) {
-            kvx_debug(t, "index %zu out of range: local %u of %llu, remote %u of %llu", i, l,
-                      (unsigned long long)t->num_blocks, rm, (unsigned long long)remote_num_blocks);
+        if (l >= t->core.num_blocks || rm >= remote_num_blocks) {
+            kvx_debug(&t->core, "index %zu out of range: local %u of %llu, remote %u of %llu", i, l,
+                      (unsigned long long)t->core.num_blocks, rm,
+                      (unsigned long long)remote_num_blocks);
             return -EINVAL;
         }
         if (nruns > 0 && l == r->local + r->count && rm == r->remote + r->count) {
@@ -63,13 +64,13 @@ static int kvx_xfer_build_runs(kvx_transport_t *t, kvx_xfer_t *x, uint64_t remot
 /* The local address of the stream's byte at run i, offset off in it. */
 uint8_t *kvx_xfer_local(const kvx_transport_t *t, const kvx_xfer_t *x, uint32_t i, uint64_t off)
 {
-    return t->base + (uint64_t)x->runs[i].local * t->block_len + off;
+    return t->core.base + (uint64_t)x->runs[i].local * t->core.block_len + off;
 }
 
 static uint64_t kvx_xfer_remote(const kvx_transport_t *t, const kvx_xfer_t *x, uint32_t i,
                                 uint64_t off)
 {
-    return (uint64_t)x->runs[i].remote * t->block_len + off;
+    return (uint64_t)x->runs[i].remote * t->core.block_len + off;
 }
 
 /*
@@ -83,9 +84,9 @@ static uint64_t kvx_xfer_due(const kvx_transport_t *t, const kvx_xfer_t *x)
 {
     uint64_t due = x->deadline_ns, stall;
 
-    if (t->stall_ns == 0 || x->state != KVX_XS_QUEUED || (x->conn != NULL && x->conn->wired))
+    if (t->core.stall_ns == 0 || x->state != KVX_XS_QUEUED || (x->conn != NULL && x->conn->wired))
         return due;
-    stall = x->t_submit_ns + t->stall_ns;
+    stall = x->t_submit_ns + t->core.stall_ns;
     return due == 0 || stall < due ? stall : due;
 }
 
@@ -124,7 +125,7 @@ int kvx_xfer_submit(kvx_transport_t *t, kvx_peer_t *p, int op, const uint32_t *l
     bool was_idle;
     int rc;
 
-    deadline_ms = t->deadline_ns / 1000000ull;
+    deadline_ms = t->core.deadline_ns / 1000000ull;
     if (fm & KVX_XFER_PARAM_DEADLINE)
         deadline_ms = params->deadline_ms; /* at most KVX_MS_MAX: no overflow below */
 
@@ -133,14 +134,14 @@ int kvx_xfer_submit(kvx_transport_t *t, kvx_peer_t *p, int op, const uint32_t *l
         rc = -ENOTCONN;
         goto out;
     }
-    rc = kvx_xfer_alloc(t, &x);
+    rc = kvx_xfer_alloc(&t->core, &x);
     if (rc < 0)
         goto out;
     /* a peer pairing again: checked against the region last known, and again when it is back */
     rc = kvx_xfer_build_runs(t, x, p->reconnecting ? p->last_num_blocks : c->remote_num_blocks,
                              local, remote, count);
     if (rc < 0) {
-        kvx_xfer_free(t, x);
+        kvx_xfer_free(x);
         goto out;
     }
     now = kvx_now_ns();
@@ -148,7 +149,7 @@ int kvx_xfer_submit(kvx_transport_t *t, kvx_peer_t *p, int op, const uint32_t *l
     x->prio = prio;
     x->peer = p;
     x->conn = p->reconnecting ? NULL : c;
-    x->bytes = (uint64_t)count * t->block_len;
+    x->bytes = (uint64_t)count * t->core.block_len;
     x->tag = (fm & KVX_XFER_PARAM_TAG) ? params->tag : 0;
     x->notify = (flags & KVX_XFER_NOTIFY) != 0;
     /* stamped with the fence epoch the receiver gave us; before the handshake, with the one its
@@ -161,20 +162,20 @@ int kvx_xfer_submit(kvx_transport_t *t, kvx_peer_t *p, int op, const uint32_t *l
     p->inflight++;
     *id_p = x->id;
     if (x->bytes == 0) { /* nothing to move: done at once */
-        kvx_list_add_tail(&t->active, &x->active_link);
-        kvx_xfer_complete(x, 0);
+        kvx_list_add_tail(&t->core.active, &x->active_link);
+        kvx_xfer_done(x, 0);
         rc = 0;
         goto out;
     }
     /* leaving idle: a progress thread asleep for a long tick looks again soon (stall and
      * liveness checks run every KVX_HOUSEKEEPING_NS while transfers are in flight) */
-    if (kvx_list_empty(&t->active))
-        kvx_kick(t, now + KVX_HOUSEKEEPING_NS);
-    kvx_list_add_tail(&t->active, &x->active_link);
+    if (kvx_list_empty(&t->core.active))
+        kvx_core_kick(&t->core, now + KVX_HOUSEKEEPING_NS);
+    kvx_list_add_tail(&t->core.active, &x->active_link);
     due = kvx_xfer_due(t, x);
-    if (due != 0 && due < t->next_deadline_ns) {
-        t->next_deadline_ns = due;
-        kvx_kick(t, due);
+    if (due != 0 && due < t->core.next_deadline_ns) {
+        t->core.next_deadline_ns = due;
+        kvx_core_kick(&t->core, due);
     }
     if (p->reconnecting) { /* it waits for the new connection (kvx_xfer_unpark) */
         kvx_list_add_tail(&p->parked, &x->conn_link);
@@ -188,7 +189,7 @@ int kvx_xfer_submit(kvx_transport_t *t, kvx_peer_t *p, int op, const uint32_t *l
         kvx_xfer_post(c, KVX_INLINE_BUDGET);
     if (c->state == KVX_CONN_OPEN && c->wired && kvx_conn_queued(c) && c->reqs < KVX_MAX_REQS) {
         kvx_conn_want_work(c);
-        kvx_kick(t, 0);
+        kvx_core_kick(&t->core, 0);
     }
     rc = 0;
 out:
@@ -227,20 +228,21 @@ static void kvx_xfer_detach(kvx_xfer_t *x)
 
 /* How long an ENDING write waits for UCX to let go of its messages before kvx fails its
  * connection: KVX_END_GRACE_NS, or the stall limit when that is shorter. */
-static uint64_t kvx_end_grace(const kvx_transport_t *t)
+static uint64_t kvx_end_grace(const kvx_core_t *core)
 {
-    return t->stall_ns != 0 && t->stall_ns < KVX_END_GRACE_NS ? t->stall_ns : KVX_END_GRACE_NS;
+    return core->stall_ns != 0 && core->stall_ns < KVX_END_GRACE_NS ? core->stall_ns
+                                                                    : KVX_END_GRACE_NS;
 }
 
-/* Finish a transfer (kvx_xfer_complete queues it for poll), or, for a write whose messages UCX
- * still holds (they read its local blocks) or a read with rendezvous receives in flight (UCX
- * writes its local blocks), end it: it leaves its connection's accounting now and is reported
- * once the last of them is done (kvx_xfer_on_sent, kvx_xfer_on_received). The first status
- * wins. A read waits even on a lingering connection (which has no receive in flight when it
- * starts to linger: see kvx_conn_fail), since its blocks must not change once it is reported. */
-void kvx_xfer_finish(kvx_xfer_t *x, int status)
+/* A transfer ends (kvx_core.h): it leaves its connection's accounting now, and is done at once
+ * (kvx_xfer_done queues it for poll), or, for a write whose messages UCX still holds (they read
+ * its local blocks) or a read with rendezvous receives in flight (UCX writes its local blocks),
+ * ENDING until the last of them is done (kvx_xfer_on_sent, kvx_xfer_on_received). The first
+ * status wins. A read waits even on a lingering connection (which has no receive in flight when
+ * it starts to linger: see kvx_conn_fail), since its blocks must not change once it is reported. */
+void kvx_xfer_end(kvx_xfer_t *x, int status)
 {
-    kvx_transport_t *t = x->t;
+    kvx_core_t *core = x->core;
 
     if (x->state == KVX_XS_ENDING)
         return;
@@ -248,25 +250,28 @@ void kvx_xfer_finish(kvx_xfer_t *x, int status)
     if (x->sending > 0 && (x->op == KVX_OP_READ || !(x->conn != NULL && x->conn->lingering))) {
         x->state = KVX_XS_ENDING;
         x->end_status = status;
-        x->deadline_ns = kvx_now_ns() + kvx_end_grace(t);
-        if (x->deadline_ns < t->next_deadline_ns) {
-            t->next_deadline_ns = x->deadline_ns;
-            kvx_kick(t, x->deadline_ns);
+        x->deadline_ns = kvx_now_ns() + kvx_end_grace(core);
+        if (x->deadline_ns < core->next_deadline_ns) {
+            core->next_deadline_ns = x->deadline_ns;
+            kvx_core_kick(core, x->deadline_ns);
         }
         return;
     }
-    kvx_xfer_complete(x, status);
+    kvx_xfer_done(x, status);
 }
 
-/* Forget a transfer (cancel): it leaves every list and is never reported. */
+/* Forget a transfer (KVX_CANCEL_IMMEDIATE): it is never reported. One not yet done is purged and
+ * done at once, counted as canceled, though UCX may still hold its messages (the caller accepts
+ * that UCX may still read a write's blocks); one done already goes with its completion. */
 void kvx_xfer_forget(kvx_xfer_t *x)
 {
-    if (x->state != KVX_XS_DONE) { /* canceled before it ended: counted so */
-        kvx_stats_xfer(x->t, x->peer, x->op, -ECANCELED, x->bytes, kvx_now_ns() - x->t_submit_ns);
-        kvx_xfer_detach(x);
-        x->peer->inflight--;
+    if (x->state == KVX_XS_DONE) {
+        kvx_xfer_free(x);
+        return;
     }
-    kvx_xfer_release(x);
+    kvx_xfer_purge(x);
+    kvx_xfer_detach(x);
+    kvx_xfer_done(x, -ECANCELED);
 }
 
 void kvx_xfer_repark(kvx_conn_t *c, kvx_peer_t *p)
@@ -298,7 +303,7 @@ void kvx_xfer_unpark(kvx_peer_t *p, kvx_conn_t *c, int err)
         for (uint32_t i = 0; fits && i < x->nruns; i++)
             fits = (uint64_t)x->runs[i].remote + x->runs[i].count <= c->remote_num_blocks;
         if (!fits) {
-            kvx_xfer_finish(x, c != NULL ? -EINVAL : err);
+            kvx_xfer_end(x, c != NULL ? -EINVAL : err);
             continue;
         }
         kvx_list_del(&x->conn_link);
@@ -309,7 +314,7 @@ void kvx_xfer_unpark(kvx_peer_t *p, kvx_conn_t *c, int err)
     }
     if (any && c->state == KVX_CONN_OPEN && c->wired && !kvx_list_linked(&c->work_link)) {
         kvx_list_add_tail(&c->t->work, &c->work_link);
-        kvx_kick(c->t, 0);
+        kvx_core_kick(&c->t->core, 0);
     }
 }
 
@@ -324,15 +329,15 @@ void kvx_xfer_fail_conn(kvx_conn_t *c, int err)
 
     for (size_t i = 0; i < sizeof(lists) / sizeof(lists[0]); i++)
         while (!kvx_list_empty(lists[i]))
-            kvx_xfer_finish(kvx_list_first(lists[i], kvx_xfer_t, conn_link), err);
+            kvx_xfer_end(kvx_list_first(lists[i], kvx_xfer_t, conn_link), err);
     memset(c->rreqs, 0, sizeof(c->rreqs));
     if (c->lingering) /* its endpoint stays open: what waited for UCX to let go is reported now */
-        for (kvx_list_t *n = c->t->active.next, *next; n != &c->t->active; n = next) {
+        for (kvx_list_t *n = c->t->core.active.next, *next; n != &c->t->core.active; n = next) {
             kvx_xfer_t *x = kvx_container_of(n, kvx_xfer_t, active_link);
             next = n->next;
             if (x->state == KVX_XS_ENDING && x->conn == c &&
                 (x->op == KVX_OP_WRITE || x->sending == 0))
-                kvx_xfer_complete(x, x->end_status);
+                kvx_xfer_done(x, x->end_status);
         }
 }
 
@@ -367,7 +372,7 @@ static ssize_t kvx_xfer_post_write(kvx_conn_t *c, kvx_xfer_t *x)
         return 0;
     while (x->next_run < x->nruns && n < KVX_WIRE_MAX_RUNS &&
            hdr_len + KVX_WIRE_RUN_LEN + len < avail) {
-        uint64_t run_len = (uint64_t)x->runs[x->next_run].count * t->block_len;
+        uint64_t run_len = (uint64_t)x->runs[x->next_run].count * t->core.block_len;
         uint64_t left = run_len - x->run_off;
         size_t room = avail - hdr_len - KVX_WIRE_RUN_LEN - len;
         size_t piece = left < room ? (size_t)left : room;
@@ -430,7 +435,7 @@ static ssize_t kvx_xfer_copy(kvx_conn_t *c, kvx_xfer_t *x, size_t budget)
     size_t len = 0;
 
     while (x->next_run < x->nruns && len < budget) {
-        uint64_t run_len = (uint64_t)x->runs[x->next_run].count * t->block_len;
+        uint64_t run_len = (uint64_t)x->runs[x->next_run].count * t->core.block_len;
         uint64_t left = run_len - x->run_off;
         size_t piece = left < budget - len ? (size_t)left : budget - len;
         uint8_t *local = kvx_xfer_local(t, x, x->next_run, x->run_off);
@@ -469,7 +474,7 @@ static ssize_t kvx_xfer_post_read(kvx_conn_t *c, kvx_xfer_t *x)
     q->run = x->next_run;
     q->run_off = x->run_off;
     while (x->next_run < x->nruns && n < KVX_WIRE_MAX_RUNS && len < KVX_READ_REQ_MAX) {
-        uint64_t run_len = (uint64_t)x->runs[x->next_run].count * t->block_len;
+        uint64_t run_len = (uint64_t)x->runs[x->next_run].count * t->core.block_len;
         uint64_t left = run_len - x->run_off, room = KVX_READ_REQ_MAX - len;
         uint64_t piece = left < room ? left : room;
         kvx_wire_run_t r = {kvx_xfer_remote(t, x, x->next_run, x->run_off), (uint32_t)piece, 0};
@@ -603,7 +608,7 @@ void kvx_xfer_post(kvx_conn_t *c, size_t budget)
             else
                 n = kvx_xfer_post_read(c, x);
             if (n < 0) {
-                kvx_error(c->t, "posting to %s: %s", c->agent_name, kvx_strerror((int)n));
+                kvx_error(&c->t->core, "posting to %s: %s", c->agent_name, kvx_strerror((int)n));
                 kvx_conn_fail(c, (int)n);
                 return;
             }
@@ -618,13 +623,13 @@ void kvx_xfer_post(kvx_conn_t *c, size_t budget)
         x->state = KVX_XS_WAITING;
         kvx_list_add_tail(&c->waiting, &x->conn_link);
         if (x->canceled && x->sending == 0) { /* canceled: nothing more of it will move */
-            kvx_xfer_finish(x, -ECANCELED);
+            kvx_xfer_end(x, -ECANCELED);
         } else if (c->mapped != NULL) { /* copied: it has landed (a notice may follow) */
             atomic_thread_fence(memory_order_release);
             if (x->op == KVX_OP_WRITE)
                 kvx_xfer_write_landed(c, x);
             else
-                kvx_xfer_finish(x, 0);
+                kvx_xfer_end(x, 0);
         }
     }
 }
@@ -636,7 +641,7 @@ void kvx_xfer_write_landed(kvx_conn_t *c, kvx_xfer_t *x)
     int rc;
 
     if (!x->notify || x->canceled) { /* no notice for a canceled write */
-        kvx_xfer_finish(x, 0);
+        kvx_xfer_end(x, 0);
         return;
     }
     kvx_wire_encode(&(kvx_msg_t){.type = KVX_MSG_NOTICE,
@@ -645,12 +650,12 @@ void kvx_xfer_write_landed(kvx_conn_t *c, kvx_xfer_t *x)
                                  .u.notice = {.xfer_id = x->id,
                                               .tag = x->tag,
                                               .epoch = x->epoch,
-                                              .blocks = x->bytes / c->t->block_len,
+                                              .blocks = x->bytes / c->t->core.block_len,
                                               .bytes = x->bytes}},
                     hdr);
     rc = kvx_ucx_send_ctl(c->ucx, hdr, sizeof(hdr), &c->ucx_refs);
     if (rc < 0) {
-        kvx_xfer_finish(x, rc);
+        kvx_xfer_end(x, rc);
         return;
     }
     if (rc == 1)
@@ -677,12 +682,12 @@ void kvx_xfer_check_deadlines(kvx_transport_t *t, uint64_t now)
     uint64_t earliest = UINT64_MAX, due;
     kvx_conn_t *stuck;
 
-    if (now < t->next_deadline_ns)
+    if (now < t->core.next_deadline_ns)
         return;
 again:
     stuck = NULL;
     earliest = UINT64_MAX;
-    for (n = t->active.next; n != &t->active; n = next) {
+    for (n = t->core.active.next; n != &t->core.active; n = next) {
         kvx_xfer_t *x = kvx_container_of(n, kvx_xfer_t, active_link);
 
         next = n->next;
@@ -690,11 +695,11 @@ again:
             if (x->conn == NULL || x->conn->state != KVX_CONN_OPEN) { /* its close lets go */
                 due = x->deadline_ns + KVX_END_GRACE_NS;
                 if (now >= due) {
-                    kvx_warn(t,
+                    kvx_warn(&t->core,
                              "peer %s: UCX kept messages of failed transfer %llu after its "
                              "connection's close: reporting it anyway",
                              x->peer->id, (unsigned long long)x->id);
-                    kvx_xfer_complete(x, x->end_status);
+                    kvx_xfer_done(x, x->end_status);
                     continue;
                 }
             } else if (now >= x->deadline_ns) {
@@ -715,20 +720,20 @@ again:
                 earliest = due;
             continue;
         }
-        kvx_debug(t, "transfer %llu to %s missed its %s", (unsigned long long)x->id,
+        kvx_debug(&t->core, "transfer %llu to %s missed its %s", (unsigned long long)x->id,
                   x->conn ? x->conn->agent_name : x->peer->id,
                   due == x->deadline_ns ? "deadline" : "connection within the stall limit");
-        kvx_xfer_finish(x, -ETIMEDOUT);
+        kvx_xfer_end(x, -ETIMEDOUT);
         if (x->state == KVX_XS_ENDING && x->deadline_ns < earliest)
             earliest = x->deadline_ns;
     }
     if (stuck != NULL) {
-        kvx_warn(t,
+        kvx_warn(&t->core,
                  "connection to %s: UCX still holds messages of a failed write: failing the "
                  "connection",
                  stuck->agent_name);
         kvx_conn_fail(stuck, -ETIMEDOUT);
         goto again;
     }
-    t->next_deadline_ns = earliest;
+    t->core.next_deadline_ns = earliest;
 }

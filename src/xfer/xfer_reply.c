@@ -23,16 +23,16 @@ static void kvx_xfer_on_ack(kvx_conn_t *c, const kvx_msg_t *m)
         kvx_xfer_t *x;
 
         kvx_wire_ack_get(m->u.ack.entries, i, &id, &bytes, &status);
-        x = kvx_xfer_lookup(t, id);
+        x = kvx_xfer_lookup(&t->core, id);
         /* a reply for a transfer that is gone (failed, canceled) or not this connection's */
         if (x == NULL || x->conn != c || x->op != KVX_OP_WRITE || x->state == KVX_XS_DONE ||
             x->state == KVX_XS_ENDING || bytes > x->posted - x->done || status > 0)
             continue;
         if (status < 0) {
             status = kvx_remote_status(status);
-            kvx_debug(t, "transfer %llu: refused by %s: %s", (unsigned long long)id, c->agent_name,
-                      kvx_strerror(status));
-            kvx_xfer_finish(x, status);
+            kvx_debug(&t->core, "transfer %llu: refused by %s: %s", (unsigned long long)id,
+                      c->agent_name, kvx_strerror(status));
+            kvx_xfer_end(x, status);
             continue;
         }
         x->done += bytes;
@@ -63,19 +63,19 @@ static void kvx_rreq_check_done(kvx_conn_t *c, kvx_rreq_t *q)
 static void kvx_xfer_rrx_end(kvx_conn_t *c, kvx_rrx_t *rx, int status)
 {
     kvx_transport_t *t = c->t;
-    kvx_xfer_t *x = kvx_xfer_lookup(t, rx->xfer_id);
+    kvx_xfer_t *x = kvx_xfer_lookup(&t->core, rx->xfer_id);
     uint32_t len = rx->len;
 
     if (status == 0 && rx->check_crc && kvx_crc32c(rx->dest, len) != rx->crc) {
-        t->rcounters.drop_crc++;
+        t->core.rcounters.drop_crc++;
         status = -EBADMSG;
     }
     free(rx);
     if (status == 0)
         c->last_progress_ns = kvx_now_ns();
     else if (status != -EBADMSG)
-        kvx_info(t, "connection to %s: a rendezvous receive of read data ended: %s", c->agent_name,
-                 kvx_strerror(status));
+        kvx_info(&t->core, "connection to %s: a rendezvous receive of read data ended: %s",
+                 c->agent_name, kvx_strerror(status));
     if (status < 0 && status != -EBADMSG && c->state == KVX_CONN_OPEN)
         kvx_on_conn_error(c, status);
     /* forgotten (canceled at once) or reported already: nothing to count */
@@ -85,16 +85,16 @@ static void kvx_xfer_rrx_end(kvx_conn_t *c, kvx_rrx_t *rx, int status)
     x->sending--;
     if (x->state == KVX_XS_ENDING) {
         if (x->sending == 0)
-            kvx_xfer_complete(x, x->end_status);
+            kvx_xfer_done(x, x->end_status);
         return;
     }
     if (status < 0) {
-        kvx_xfer_finish(x, status);
+        kvx_xfer_end(x, status);
         return;
     }
     if (x->canceled) {
         if (x->sending == 0)
-            kvx_xfer_finish(x, -ECANCELED);
+            kvx_xfer_end(x, -ECANCELED);
         return;
     }
     x->done += len;
@@ -103,7 +103,7 @@ static void kvx_xfer_rrx_end(kvx_conn_t *c, kvx_rrx_t *rx, int status)
     if (c->state == KVX_CONN_OPEN && kvx_conn_queued(c))
         kvx_conn_want_work(c);
     if (x->done == x->bytes && x->posted == x->bytes)
-        kvx_xfer_finish(x, 0);
+        kvx_xfer_end(x, 0);
 }
 
 void kvx_xfer_on_received(kvx_conn_t *c, kvx_rrx_t *rx, int status)
@@ -123,28 +123,29 @@ static void kvx_xfer_read_rndv(kvx_conn_t *c, kvx_xfer_t *x, kvx_rreq_t *q, cons
                                void *desc, size_t len)
 {
     kvx_transport_t *t = c->t;
-    uint64_t run_len = (uint64_t)x->runs[q->run].count * t->block_len;
+    uint64_t run_len = (uint64_t)x->runs[q->run].count * t->core.block_len;
     kvx_rrx_t *rx;
     int r;
 
-    if (!kvx_rndv_takes(t)) {
+    if (!kvx_core_takes_rndv(&t->core)) {
         /* this transport chose KVX_RNDV_EAGER and said so in its HELLO: no payload moves that
          * way into its blocks (on an RDMA lane UCX might hand the target a remote key for them) */
-        kvx_debug(t, "transfer %llu: a rendezvous reply refused (this transport is eager)",
+        kvx_debug(&t->core, "transfer %llu: a rendezvous reply refused (this transport is eager)",
                   (unsigned long long)x->id);
-        t->rcounters.drop_other++;
-        kvx_xfer_finish(x, -EPROTO);
+        t->core.rcounters.drop_other++;
+        kvx_xfer_end(x, -EPROTO);
         return;
     }
     if (len > run_len - q->run_off) {
-        kvx_debug(t, "transfer %llu: a rendezvous reply of %zu bytes crosses a local run's end",
+        kvx_debug(&t->core,
+                  "transfer %llu: a rendezvous reply of %zu bytes crosses a local run's end",
                   (unsigned long long)x->id, len);
-        kvx_xfer_finish(x, -EPROTO);
+        kvx_xfer_end(x, -EPROTO);
         return;
     }
     rx = malloc(sizeof(*rx));
     if (rx == NULL) {
-        kvx_xfer_finish(x, -ENOMEM);
+        kvx_xfer_end(x, -ENOMEM);
         return;
     }
     rx->xfer_id = x->id;
@@ -167,11 +168,12 @@ static void kvx_xfer_read_rndv(kvx_conn_t *c, kvx_xfer_t *x, kvx_rreq_t *q, cons
     }
     x->sending--;
     free(rx);
-    kvx_info(t, "connection to %s: a rendezvous reply of transfer %llu cannot be received: %s",
+    kvx_info(&t->core,
+             "connection to %s: a rendezvous reply of transfer %llu cannot be received: %s",
              c->agent_name, (unsigned long long)x->id, kvx_strerror(r));
     if (r == -EBUSY) /* more receives at once than a kvx target causes */
         kvx_on_conn_error(c, -EPROTO);
-    kvx_xfer_finish(x, r == -EBUSY || r == -EPERM ? -EPROTO : r);
+    kvx_xfer_end(x, r == -EBUSY || r == -EPERM ? -EPROTO : r);
 }
 
 static void kvx_xfer_on_read_data(kvx_conn_t *c, const kvx_msg_t *m, const uint8_t *data,
@@ -186,27 +188,27 @@ static void kvx_xfer_on_read_data(kvx_conn_t *c, const kvx_msg_t *m, const uint8
             c->rreqs[i].stream_off <= m->u.read_data.stream_off &&
             m->u.read_data.stream_off < c->rreqs[i].stream_off + c->rreqs[i].len)
             q = &c->rreqs[i];
-    x = q != NULL ? kvx_xfer_lookup(t, q->xfer_id) : NULL;
+    x = q != NULL ? kvx_xfer_lookup(&t->core, q->xfer_id) : NULL;
     /* a reply for a read that failed or was canceled: dropped, so that a read reported failed
      * never has a byte land in its local blocks afterwards (a rendezvous one is not received) */
     if (x == NULL || x->conn != c || x->state == KVX_XS_DONE || x->canceled)
         return;
     if (q->stream_off + q->got != m->u.read_data.stream_off) {
-        kvx_xfer_finish(x, -EPROTO); /* out of order: the read cannot be put together */
+        kvx_xfer_end(x, -EPROTO); /* out of order: the read cannot be put together */
         return;
     }
     if (m->u.read_data.status < 0) {
-        kvx_xfer_finish(x, kvx_remote_status(m->u.read_data.status));
+        kvx_xfer_end(x, kvx_remote_status(m->u.read_data.status));
         return;
     }
     if (len > q->len - q->got) {
-        kvx_xfer_finish(x, -EPROTO);
+        kvx_xfer_end(x, -EPROTO);
         return;
     }
     if ((m->flags & KVX_MSGF_CRC) != c->crc * KVX_MSGF_CRC ||
         (c->crc && !m->rndv && kvx_crc32c(data, len) != m->u.read_data.crc)) {
-        t->rcounters.drop_crc++;
-        kvx_xfer_finish(x, -EBADMSG);
+        t->core.rcounters.drop_crc++;
+        kvx_xfer_end(x, -EBADMSG);
         return;
     }
     if (m->rndv) { /* checked as an eager one: now received, its checksum checked once landed */
@@ -214,7 +216,7 @@ static void kvx_xfer_on_read_data(kvx_conn_t *c, const kvx_msg_t *m, const uint8
         return;
     }
     for (size_t off = 0; off < len;) {
-        uint64_t run_len = (uint64_t)x->runs[q->run].count * t->block_len;
+        uint64_t run_len = (uint64_t)x->runs[q->run].count * t->core.block_len;
         size_t piece =
             run_len - q->run_off < len - off ? (size_t)(run_len - q->run_off) : len - off;
         memcpy(kvx_xfer_local(t, x, q->run, q->run_off), data + off, piece);
@@ -226,7 +228,7 @@ static void kvx_xfer_on_read_data(kvx_conn_t *c, const kvx_msg_t *m, const uint8
     kvx_conn_unacked_sub(c, x, len);
     kvx_rreq_check_done(c, q);
     if (x->done == x->bytes && x->posted == x->bytes)
-        kvx_xfer_finish(x, 0);
+        kvx_xfer_end(x, 0);
 }
 
 void kvx_xfer_on_message(kvx_transport_t *t, const kvx_msg_t *m, const uint8_t *data,
@@ -240,7 +242,7 @@ void kvx_xfer_on_message(kvx_transport_t *t, const kvx_msg_t *m, const uint8_t *
         kvx_put64(b, m->token);
     }
     if (c == NULL || c->state != KVX_CONN_OPEN || !kvx_equal_ct(a, b, 8)) {
-        kvx_count_drop(t, KVX_DROP_UNKNOWN);
+        kvx_count_drop(&t->core, KVX_DROP_UNKNOWN);
         return;
     }
     c->last_progress_ns = kvx_now_ns();
@@ -250,7 +252,8 @@ void kvx_xfer_on_message(kvx_transport_t *t, const kvx_msg_t *m, const uint8_t *
             break;
         if (m->u.hello_ack.status < 0) {
             int st = kvx_remote_status(m->u.hello_ack.status);
-            kvx_warn(t, "peer %s refused the handshake: %s", c->agent_name, kvx_strerror(st));
+            kvx_warn(&t->core, "peer %s refused the handshake: %s", c->agent_name,
+                     kvx_strerror(st));
             kvx_on_conn_error(c, st);
             break;
         }
@@ -259,14 +262,14 @@ void kvx_xfer_on_message(kvx_transport_t *t, const kvx_msg_t *m, const uint8_t *
         c->rconn_id = m->u.hello_ack.rconn_id;
         c->rconn_token = m->u.hello_ack.token;
         c->epoch = m->u.hello_ack.epoch;
-        if (t->secret != NULL &&
+        if (t->core.secret != NULL &&
             !kvx_equal_ct(m->u.hello_ack.nonce, kvx_zero_nonce, KVX_WIRE_NONCE_LEN)) {
             /* the receiver asks for a proof over its fresh nonce first (a recorded HELLO has
              * none): it goes before anything else on this endpoint */
             uint8_t pr[KVX_WIRE_PROOF_LEN], mac[KVX_PROOF_LEN];
             int rc;
-            kvx_wire_proof_mac(t->secret, t->secret_len, m->u.hello_ack.nonce, c->rconn_id,
-                               c->rconn_token, mac);
+            kvx_wire_proof_mac(t->core.secret, t->core.secret_len, m->u.hello_ack.nonce,
+                               c->rconn_id, c->rconn_token, mac);
             kvx_wire_encode(&(kvx_msg_t){.type = KVX_MSG_PROOF,
                                          .conn_id = c->rconn_id,
                                          .token = c->rconn_token,
@@ -281,7 +284,7 @@ void kvx_xfer_on_message(kvx_transport_t *t, const kvx_msg_t *m, const uint8_t *
                 c->reqs++;
         }
         kvx_conn_wired(c, m->flags);
-        t->conn_event = true;
+        t->core.conn_event = true;
         for (int l = 0; l < KVX_PRIO_LEVELS; l++)
             for (kvx_list_t *n = c->queue[l].next; n != &c->queue[l]; n = n->next) {
                 kvx_xfer_t *x = kvx_container_of(n, kvx_xfer_t, conn_link);
@@ -303,9 +306,9 @@ void kvx_xfer_on_message(kvx_transport_t *t, const kvx_msg_t *m, const uint8_t *
         kvx_xfer_on_read_data(c, m, data, data_len);
         break;
     case KVX_MSG_NOTICE_ACK: {
-        kvx_xfer_t *x = kvx_xfer_lookup(t, m->u.notice_ack.xfer_id);
+        kvx_xfer_t *x = kvx_xfer_lookup(&t->core, m->u.notice_ack.xfer_id);
         if (x != NULL && x->conn == c && x->noticed)
-            kvx_xfer_finish(x, kvx_remote_status(m->u.notice_ack.status));
+            kvx_xfer_end(x, kvx_remote_status(m->u.notice_ack.status));
         break;
     }
     default:
@@ -322,13 +325,13 @@ void kvx_xfer_on_sent(kvx_conn_t *c, uint64_t xfer_id, int status)
     c->ucx_refs--;
     c->last_progress_ns = kvx_now_ns();
     if (xfer_id != 0) {
-        kvx_xfer_t *x = kvx_xfer_lookup(c->t, xfer_id);
+        kvx_xfer_t *x = kvx_xfer_lookup(&c->t->core, xfer_id);
         if (x != NULL && x->conn == c && x->sending > 0 && --x->sending == 0) {
             /* its last message left: it touches no memory any more */
             if (x->state == KVX_XS_ENDING)
-                kvx_xfer_complete(x, x->end_status);
+                kvx_xfer_done(x, x->end_status);
             else if (x->canceled && x->state != KVX_XS_DONE)
-                kvx_xfer_finish(x, -ECANCELED);
+                kvx_xfer_end(x, -ECANCELED);
         }
     }
     if (c->state == KVX_CONN_OPEN) {

@@ -95,7 +95,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static uint8_t blob[1 << 16];
-    static kvx_transport_t self = {.log.name = "fuzz-self"};
+    static kvx_core_t self = {.log.name = "fuzz-self"};
     const uint8_t *ctl = data;
     uint8_t tail[KVX_SEG_TRAILER_LEN], token[KVX_SEG_TOKEN_LEN], ack[KVX_WIRE_HELLO_ACK_LEN];
     uint32_t me = (uint32_t)getpid(), owner;

@@ -57,16 +57,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         free(pg);
         return 0;
     }
-    pthread_mutex_init(&t->lock, NULL);
+    pthread_mutex_init(&t->core.lock, NULL);
     kvx_list_init(&t->pairings);
     kvx_list_init(&t->reconnects);
-    snprintf(t->log.name, sizeof(t->log.name), "fuzz");
+    snprintf(t->core.log.name, sizeof(t->core.log.name), "fuzz");
     memset(metadata, 0x6d, sizeof(metadata));
     t->metadata = metadata;
     t->metadata_len = sizeof(metadata);
     if (opt & 2) {
-        t->secret = (uint8_t *)secret;
-        t->secret_len = strlen(secret);
+        t->core.secret = (uint8_t *)secret;
+        t->core.secret_len = strlen(secret);
     }
     pg->t = t;
     pg->accepted = opt & 1;
@@ -101,7 +101,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         memcpy(hdr, data + off, hlen);
         memcpy(payload, data + off + hlen, dlen);
         off += hlen + dlen;
-        if (hlen >= KVX_WIRE_MD_REQ_LEN && hdr[1] == KVX_MSG_MD_REQ && (opt & 4) && t->secret) {
+        if (hlen >= KVX_WIRE_MD_REQ_LEN && hdr[1] == KVX_MSG_MD_REQ && (opt & 4) &&
+            t->core.secret) {
             /* the proof over the listener's nonce and the one this MD_REQ carries */
             mac(req_label, pg->nonce, hdr + KVX_WIRE_HDR_LEN + KVX_PROOF_LEN, NULL, 0,
                 hdr + KVX_WIRE_HDR_LEN);
@@ -110,7 +111,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (hlen >= KVX_WIRE_MD_LEN && hdr[1] == KVX_MSG_MD) {
             if (opt & 8)
                 memcpy(hdr + 24, pg->cnonce, KVX_WIRE_NONCE_LEN);
-            if ((opt & 4) && t->secret) {
+            if ((opt & 4) && t->core.secret) {
                 mac(md_label, pg->nonce, hdr + 24, payload, dlen, hdr + 40);
                 hdr[2] |= KVX_MSGF_PROOF;
             }
@@ -124,7 +125,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                     memcmp(pg->md, payload, dlen) != 0 ||
                     memcmp(m.u.md.cnonce, pg->cnonce, KVX_WIRE_NONCE_LEN) != 0)
                     abort();
-                if (t->secret != NULL) {
+                if (t->core.secret != NULL) {
                     mac(md_label, pg->nonce, pg->cnonce, payload, dlen, want);
                     if (m.u.md.mac == NULL || memcmp(m.u.md.mac, want, sizeof(want)) != 0)
                         abort();
@@ -143,7 +144,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         pg->abandoned = true;
         kvx_listen_free_all(t);
     }
-    pthread_mutex_destroy(&t->lock);
+    pthread_mutex_destroy(&t->core.lock);
     free(t);
     return 0;
 }

@@ -24,12 +24,12 @@ static kvx_transport_t *setup(bool unproven)
     kvx_writer_t *w = calloc(1, sizeof(*w));
     kvx_rconn_t *rc = calloc(1, sizeof(*rc));
 
-    pthread_mutex_init(&t->lock, NULL);
-    t->base = malloc(REGION);
-    t->region_len = REGION;
-    t->block_len = 4096;
-    t->num_blocks = REGION / 4096;
-    memset(t->capability, 0x42, sizeof(t->capability));
+    pthread_mutex_init(&t->core.lock, NULL);
+    t->core.base = malloc(REGION);
+    t->core.region_len = REGION;
+    t->core.block_len = 4096;
+    t->core.num_blocks = REGION / 4096;
+    memset(t->core.capability, 0x42, sizeof(t->core.capability));
     memset(t->retired[0], 0x43, sizeof(t->retired[0])); /* a HELLO with it is kept, to refuse */
     t->nretired = 1;
     kvx_list_init(&t->refusing);
@@ -62,8 +62,8 @@ static kvx_transport_t *setup(bool unproven)
     rc->proven = !unproven;
     if (unproven) {
         static uint8_t secret[] = "fuzz";
-        t->secret = secret;
-        t->secret_len = 4;
+        t->core.secret = secret;
+        t->core.secret_len = 4;
     }
     w->nopen = 1;
     w->live = 1;
@@ -131,8 +131,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     kvx_recv_free_all(t);
     free(t->conn_ids.slots);
     free(t->notices);
-    free(t->base);
-    pthread_mutex_destroy(&t->lock);
+    free(t->core.base);
+    pthread_mutex_destroy(&t->core.lock);
     free(t);
     free(hdr);
     return 0;

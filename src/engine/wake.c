@@ -1,10 +1,10 @@
 /*
  * How kvx tells the threads that wait on it that something happened: the progress thread asleep
  * on its wake fd (kvx_kick), application threads in kvx_transport_wait (kvx_notify_waiters), and
- * whoever watches an event fd (kvx_events_update). Every layer may call these; they only write
- * file descriptors and flags of the transport.
+ * whoever watches an event fd (kvx_events_update). The layers below reach them through the
+ * core's hooks (kvx_engine_hooks); they only write file descriptors and flags of the engine.
  */
-#include "core/kvx_objects.h"
+#include "engine/kvx_engine.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -23,7 +23,7 @@ void kvx_notify_waiters(kvx_transport_t *t)
         return;
     t->cq_signaled = true;
     if (write(t->cq_fd, &n, sizeof(n)) < 0 && errno != EAGAIN)
-        kvx_warn(t, "progress: waking waiters: %s", strerror(errno));
+        kvx_warn(&t->core, "progress: waking waiters: %s", strerror(errno));
 }
 
 /* ---- the event fds (kvx_transport_event_fd_ex) ---------------------------------------------
@@ -40,7 +40,7 @@ static void kvx_events_set(kvx_transport_t *t, unsigned m, bool set)
 
     if (set ? write(t->evfd[m].fd, &v, sizeof(v)) < 0 : read(t->evfd[m].fd, &v, sizeof(v)) < 0) {
         if (errno != EAGAIN)
-            kvx_warn(t, "event fd: %s", strerror(errno));
+            kvx_warn(&t->core, "event fd: %s", strerror(errno));
     }
     t->evfd[m].set = set;
 }
@@ -49,9 +49,9 @@ void kvx_events_update(kvx_transport_t *t)
 {
     unsigned has;
 
-    if (!t->ev_used || t->closed)
+    if (!t->ev_used || t->core.closed)
         return;
-    has = (kvx_list_empty(&t->ready) ? 0 : KVX_EVENT_COMPLETIONS) |
+    has = (kvx_list_empty(&t->core.ready) ? 0 : KVX_EVENT_COMPLETIONS) |
           (t->notice_count > 0 ? KVX_EVENT_NOTICES : 0) |
           (t->ev_count > 0 ? KVX_EVENT_PEER_EVENTS : 0);
     if (has == t->ev_kinds)
@@ -103,5 +103,19 @@ void kvx_kick(kvx_transport_t *t, uint64_t when_ns)
         return;
     t->thread_wake_at_ns = 0; /* one kick per sleep is enough */
     if (write(t->wake_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
-        kvx_warn(t, "progress: kicking thread: %s", strerror(errno));
+        kvx_warn(&t->core, "progress: kicking thread: %s", strerror(errno));
+}
+
+/* ---- the core's hooks ----------------------------------------------------------------------- */
+
+static void kvx_hook_kick(void *arg, uint64_t when_ns) { kvx_kick(arg, when_ns); }
+static void kvx_hook_arrived(void *arg) { kvx_notify_waiters(arg); }
+static void kvx_hook_polls_changed(void *arg) { kvx_events_update(arg); }
+
+void kvx_engine_hooks(kvx_transport_t *t)
+{
+    t->core.hooks = (kvx_core_hooks_t){.arg = t,
+                                       .kick = kvx_hook_kick,
+                                       .arrived = kvx_hook_arrived,
+                                       .polls_changed = kvx_hook_polls_changed};
 }
