@@ -21,10 +21,8 @@
  * closing (otherwise), the transport closes, or until_ns. c is pinned meanwhile: it stays
  * allocated. Lock held on entry and on return.
  */
-static void kvx_conn_wait(kvx_conn_t *c, bool wait_wired, uint64_t until_ns)
+static void kvx_conn_wait(kvx_transport_t *t, kvx_conn_t *c, bool wait_wired, uint64_t until_ns)
 {
-    kvx_transport_t *t = c->t;
-
     c->pins++;
     t->core.unlocked_calls++;
     while (!t->core.closed && kvx_now_ns() < until_ns &&
@@ -83,11 +81,11 @@ static bool kvx_peer_stale(const kvx_peer_t *p, uint64_t gen)
            c->pending_err == 0 && !p->reconnecting;
 }
 
-static void kvx_conn_retire(kvx_conn_t *old, int err)
+static void kvx_conn_retire(kvx_transport_t *t, kvx_conn_t *old, int err)
 {
     old->pins++;
     kvx_conn_release(old, err);
-    kvx_conn_wait(old, false, kvx_now_ns() + KVX_CLOSE_WAIT_NS);
+    kvx_conn_wait(t, old, false, kvx_now_ns() + KVX_CLOSE_WAIT_NS);
     old->pins--;
     kvx_conn_maybe_free(old);
 }
@@ -163,11 +161,11 @@ static int kvx_peer_add_at(kvx_transport_t *t, const char *peer_id, const void *
     }
     /* The new connection is not the peer's until it has answered (or 200 ms passed): until
      * then an existing connection of that id keeps working, and stays if this one fails. */
-    rc = kvx_conn_open(t, peer_id, &md, &kvx_peer_conn_ops, &c);
+    rc = kvx_conn_open(&t->conns, peer_id, &md, &kvx_peer_conn_ops, t, &c);
     if (rc < 0)
         goto out_turn;
     c->pins++;
-    kvx_conn_wait(c, true, kvx_now_ns() + KVX_CONNECT_WAIT_NS);
+    kvx_conn_wait(t, c, true, kvx_now_ns() + KVX_CONNECT_WAIT_NS);
     if (c->mapped != NULL && !t->core.closed)
         kvx_conn_prefault(c);
     c->pins--;
@@ -190,14 +188,9 @@ static int kvx_peer_add_at(kvx_transport_t *t, const char *peer_id, const void *
     old = p->conn;
     if (p->removed)
         t->core.nconnected++;
-    p->conn = c;
+    kvx_conn_attach(c, p);
     p->removed = false;
     p->last_err = 0;
-    c->peer = p;
-    memcpy(p->last_agent, c->agent_name, sizeof(p->last_agent));
-    p->last_base = c->remote_base;
-    p->last_num_blocks = c->remote_num_blocks;
-    p->last_generation = c->generation;
     memset(&p->expect, 0, sizeof(p->expect));
     if (params != NULL && (params->field_mask & KVX_PEER_PARAM_EXPECT_REGION))
         p->expect = *params;
@@ -219,7 +212,7 @@ static int kvx_peer_add_at(kvx_transport_t *t, const char *peer_id, const void *
                 if (x->peer == p && x->conn == old)
                     kvx_xfer_purge(x); /* ENDING ones too: they still name their connection */
             }
-        kvx_conn_retire(old, -ECONNABORTED);
+        kvx_conn_retire(t, old, -ECONNABORTED);
     }
     rc = 0;
 out_turn:
@@ -279,7 +272,7 @@ static int kvx_peer_remove_impl(kvx_transport_t *t, const char *peer_id, unsigne
     p->addr = NULL;
     kvx_listen_peer_forget(t, p);
     kvx_xfer_unpark(p, NULL, -ECONNABORTED);
-    kvx_conn_retire(c, -ECONNABORTED);
+    kvx_conn_retire(t, c, -ECONNABORTED);
     kvx_peer_turn_end(t, p);
     kvx_peer_maybe_free(&t->core, p);
     rc = 1;
@@ -359,7 +352,7 @@ int kvx_peer_query(kvx_transport_t *t, const char *peer_id, kvx_peer_attr_t *att
     if (m & KVX_PEER_ATTR_GENERATION)
         attr->generation = p->last_generation;
     if (m & KVX_PEER_ATTR_RECV) {
-        kvx_writer_t *w = kvx_writer_lookup(t, p->last_agent);
+        kvx_writer_t *w = kvx_writer_lookup(&t->rconns, p->last_agent);
         memset(&attr->recv, 0, sizeof(attr->recv));
         if (w != NULL)
             attr->recv = w->counters;

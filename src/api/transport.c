@@ -215,21 +215,28 @@ static void kvx_transport_free_params(kvx_transport_t *t)
 }
 
 /* What the backend reports of the worker (arg: the transport), and which layer hears it. */
-static void kvx_transport_on_request(void *arg, const kvx_msg_t *m, const void *hdr, size_t hdr_len,
-                                     const uint8_t *data, size_t data_len)
+static void kvx_transport_on_request(void *arg, const kvx_msg_t *m, const void *hdr,
+                                     size_t hdr_len, const uint8_t *data, size_t data_len)
 {
-    kvx_recv_on_message(arg, m, hdr, hdr_len, data, data_len);
+    kvx_transport_t *t = arg;
+    kvx_recv_on_message(t, m, hdr, hdr_len, data, data_len);
 }
 static void kvx_transport_on_reply(void *arg, const kvx_msg_t *m, const uint8_t *data,
                                    size_t data_len)
 {
-    kvx_xfer_on_message(arg, m, data, data_len);
+    kvx_transport_t *t = arg;
+    kvx_xfer_on_message(&t->conns, m, data, data_len);
 }
 static void kvx_transport_on_conn_request(void *arg, void *conn_req)
 {
-    kvx_listen_on_request(arg, conn_req);
+    kvx_transport_t *t = arg;
+    kvx_listen_on_request(t, conn_req);
 }
-static void kvx_transport_on_drop(void *arg, int why) { kvx_count_drop(arg, why); }
+static void kvx_transport_on_drop(void *arg, int why)
+{
+    kvx_transport_t *t = arg;
+    kvx_count_drop(&t->core, why);
+}
 
 static const kvx_ucx_ops_t kvx_transport_ucx_ops = {
     .on_request = kvx_transport_on_request,
@@ -262,15 +269,13 @@ int kvx_transport_create(const kvx_params_t *params, kvx_transport_t **transport
         pthread_condattr_destroy(&ca);
     }
     kvx_list_init(&t->core.ready);
-    kvx_list_init(&t->conns);
+    kvx_list_init(&t->core.active);
+    kvx_conns_init(&t->conns, &t->core);
+    kvx_rconns_init(&t->rconns, &t->core);
     kvx_list_init(&t->pairings);
     kvx_list_init(&t->reconnects);
     t->next_reconnect_ns = UINT64_MAX;
-    kvx_list_init(&t->work);
-    kvx_list_init(&t->core.active);
-    kvx_list_init(&t->rwork);
     kvx_list_init(&t->hellos);
-    kvx_list_init(&t->rconns);
     kvx_list_init(&t->refusing);
     t->core.next_deadline_ns = UINT64_MAX;
     t->core.next_seq = 1;
@@ -437,25 +442,13 @@ int kvx_transport_close(kvx_transport_t *t)
             kvx_conn_release(c, -ECONNABORTED);
         }
     }
-    kvx_recv_close_all(t);
+    kvx_rconns_close_all(&t->rconns);
     kvx_listen_close_all(t);
-    /* lingering endpoints close too: the worker goes with them, nothing of theirs runs again */
-    for (kvx_list_t *n = t->conns.next, *next; n != &t->conns; n = next) {
-        next = n->next;
-        kvx_conn_end_linger(kvx_container_of(n, kvx_conn_t, all_link));
-    }
+    kvx_conns_end_lingers(&t->conns);
     /* Drive UCX until the forced closes complete (they need no answer from the peers). */
     end = kvx_now_ns() + KVX_CLOSE_DRAIN_NS;
-    for (;;) {
-        bool closing = kvx_listen_closing(t);
-        for (kvx_list_t *n = t->conns.next; n != &t->conns; n = n->next)
-            if (kvx_container_of(n, kvx_conn_t, all_link)->state == KVX_CONN_CLOSING)
-                closing = true;
-        for (kvx_list_t *n = t->rconns.next; n != &t->rconns; n = n->next)
-            if (kvx_container_of(n, kvx_rconn_t, all_link)->state == KVX_CONN_CLOSING)
-                closing = true;
-        if (!closing)
-            break;
+    while (kvx_listen_closing(t) || kvx_conns_closing(&t->conns) ||
+           kvx_rconns_closing(&t->rconns)) {
         if (kvx_now_ns() > end) {
             kvx_warn(&t->core, "connections still closing after %llu ms",
                      (unsigned long long)(KVX_CLOSE_DRAIN_NS / 1000000ull));
@@ -463,28 +456,14 @@ int kvx_transport_close(kvx_transport_t *t)
         }
         kvx_ucx_progress(t->core.ucx);
     }
-    /* Anything UCX still calls back during teardown finds its objects alive; free them after.
-     * Keys of mapped regions go first: they belong to the worker (every mapped connection has
-     * failed above, which let go of its key; this makes sure). */
-    for (kvx_list_t *n = t->conns.next; n != &t->conns; n = n->next)
-        kvx_ucx_unmap(kvx_container_of(n, kvx_conn_t, all_link)->ucx);
+    /* Anything UCX still calls back during teardown finds its objects alive; free them after. */
+    kvx_conns_unmap_all(&t->conns);
     kvx_ucx_fini(t->core.ucx);
-    while (!kvx_list_empty(&t->conns)) {
-        kvx_conn_t *c = kvx_list_first(&t->conns, kvx_conn_t, all_link);
-        kvx_list_del(&c->all_link);
-        if (c->state != KVX_CONN_CLOSED)
-            kvx_warn(&t->core, "connection to %s did not close in time", c->agent_name);
-        kvx_ucx_ep_free(c->ucx); /* the worker is gone: nothing left to release in UCX */
-        if (c->pidfd >= 0)
-            close(c->pidfd);
-        free(c);
-    }
+    kvx_conns_free_all(&t->conns);
     kvx_recv_free_all(t);
     kvx_listen_free_all(t);
     kvx_xfer_free_all(&t->core);
     kvx_peer_free_all(&t->core);
-    free(t->conn_ids.slots);
-    memset(&t->conn_ids, 0, sizeof(t->conn_ids));
     free(t->metadata);
     t->metadata = NULL;
     kvx_old_md_free(t);
@@ -735,7 +714,7 @@ static int kvx_submit(kvx_transport_t *t, int op, const char *peer_id, const uin
         rc = -ENOENT;
         goto out;
     }
-    rc = kvx_xfer_submit(t, p, op, local, remote, count, params, id_p);
+    rc = kvx_xfer_submit(&t->core, p, op, local, remote, count, params, id_p);
 out:
     kvx_unlock(&t->core);
     return rc;

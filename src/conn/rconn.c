@@ -4,7 +4,7 @@
  * and the bounds over all connections (what their reply queues hold in all, which connection
  * gives its slot to a new one, how fast HELLOs may make this transport open endpoints).
  * docs/security.md, "Resource bounds", gives the figures. It calls nothing of the receiving side
- * above it: what must be sent waits on t->rwork for kvx_recv_work (recv.c).
+ * above it: what must be sent waits on rconns->work for the next step (recv/recv.c).
  */
 #include "conn/kvx_rconn.h"
 
@@ -15,94 +15,117 @@
 
 /* ---- writers ------------------------------------------------------------------------------- */
 
-kvx_writer_t *kvx_writer_lookup(const kvx_transport_t *t, const char *name)
+kvx_writer_t *kvx_writer_lookup(const kvx_rconns_t *rs, const char *name)
 {
-    if (t->wtab_cap == 0)
+    if (rs->wtab_cap == 0)
         return NULL;
-    for (kvx_writer_t *w = t->wtab[kvx_hash_str(name) & (t->wtab_cap - 1)]; w != NULL; w = w->hnext)
+    for (kvx_writer_t *w = rs->wtab[kvx_hash_str(name) & (rs->wtab_cap - 1)]; w != NULL;
+         w = w->hnext)
         if (strcmp(w->name, name) == 0)
             return w;
     return NULL;
 }
 
-static void kvx_writer_unlink(kvx_transport_t *t, kvx_writer_t *w)
+static void kvx_writer_unlink(kvx_rconns_t *rs, kvx_writer_t *w)
 {
-    kvx_writer_t **pp = &t->wtab[kvx_hash_str(w->name) & (t->wtab_cap - 1)];
+    kvx_writer_t **pp = &rs->wtab[kvx_hash_str(w->name) & (rs->wtab_cap - 1)];
     while (*pp != w)
         pp = &(*pp)->hnext;
     *pp = w->hnext;
-    t->nwriters--;
+    rs->nwriters--;
 }
 
-void kvx_writer_drop_fences(kvx_transport_t *t, kvx_writer_t *w)
+void kvx_writer_drop_fences(kvx_rconns_t *rs, kvx_writer_t *w)
 {
-    t->nftags -= w->nftags;
+    rs->nftags -= w->nftags;
     free(w->ftags);
     w->ftags = NULL;
     w->nftags = w->ftags_cap = 0;
 }
 
-void kvx_writer_free(kvx_transport_t *t, kvx_writer_t *w)
+void kvx_writer_free(kvx_rconns_t *rs, kvx_writer_t *w)
 {
-    kvx_writer_drop_fences(t, w);
+    kvx_writer_drop_fences(rs, w);
     free(w);
 }
 
 /* The writer of that name, made on its first connection. A full table gives up a writer with no
  * connection left, closing ones included (forgetting its fences is safe: messages of its closed
  * connections are refused by their tokens). NULL when none can be given up, or out of memory. */
-kvx_writer_t *kvx_writer_get(kvx_transport_t *t, const char *name)
+kvx_writer_t *kvx_writer_get(kvx_rconns_t *rs, const char *name)
 {
-    kvx_writer_t *w = kvx_writer_lookup(t, name);
+    kvx_writer_t *w = kvx_writer_lookup(rs, name);
     size_t b;
 
     if (w != NULL)
         return w;
-    if (t->nwriters >= KVX_WRITERS_MAX) {
-        for (size_t i = 0; i < t->wtab_cap && w == NULL; i++)
-            for (kvx_writer_t *x = t->wtab[i]; x != NULL && w == NULL; x = x->hnext)
+    if (rs->nwriters >= KVX_WRITERS_MAX) {
+        for (size_t i = 0; i < rs->wtab_cap && w == NULL; i++)
+            for (kvx_writer_t *x = rs->wtab[i]; x != NULL && w == NULL; x = x->hnext)
                 if (x->live == 0)
                     w = x;
         if (w == NULL)
             return NULL;
-        kvx_writer_unlink(t, w);
-        kvx_writer_free(t, w);
+        kvx_writer_unlink(rs, w);
+        kvx_writer_free(rs, w);
     }
-    if (t->nwriters + 1 > t->wtab_cap / 2) {
-        size_t cap = t->wtab_cap ? t->wtab_cap * 2 : 16;
+    if (rs->nwriters + 1 > rs->wtab_cap / 2) {
+        size_t cap = rs->wtab_cap ? rs->wtab_cap * 2 : 16;
         kvx_writer_t **tab = calloc(cap, sizeof(*tab));
         if (tab == NULL)
             return NULL;
-        for (size_t i = 0; i < t->wtab_cap; i++) {
+        for (size_t i = 0; i < rs->wtab_cap; i++) {
             kvx_writer_t *x, *next;
-            for (x = t->wtab[i]; x != NULL; x = next) {
+            for (x = rs->wtab[i]; x != NULL; x = next) {
                 next = x->hnext;
                 x->hnext = tab[kvx_hash_str(x->name) & (cap - 1)];
                 tab[kvx_hash_str(x->name) & (cap - 1)] = x;
             }
         }
-        free(t->wtab);
-        t->wtab = tab;
-        t->wtab_cap = cap;
+        free(rs->wtab);
+        rs->wtab = tab;
+        rs->wtab_cap = cap;
     }
     w = calloc(1, sizeof(*w));
     if (w == NULL)
         return NULL;
     snprintf(w->name, sizeof(w->name), "%s", name);
     kvx_list_init(&w->rconns);
-    b = kvx_hash_str(name) & (t->wtab_cap - 1);
-    w->hnext = t->wtab[b];
-    t->wtab[b] = w;
-    t->nwriters++;
+    b = kvx_hash_str(name) & (rs->wtab_cap - 1);
+    w->hnext = rs->wtab[b];
+    rs->wtab[b] = w;
+    rs->nwriters++;
     return w;
 }
 
 /* ---- connections from writers -------------------------------------------------------------- */
 
+kvx_rconn_t *kvx_rconn_alloc(kvx_rconns_t *rs, kvx_writer_t *w, const kvx_msg_t *m)
+{
+    kvx_rconn_t *rc = calloc(1, sizeof(*rc));
+
+    if (rc == NULL)
+        return NULL;
+    rc->rconns = rs;
+    rc->core = rs->core;
+    rc->w = w;
+    rc->peer_conn_id = m->u.hello.conn_id;
+    rc->peer_token = m->u.hello.token;
+    rc->rndv_min = UINT64_MAX; /* no read data by rendezvous until its HELLO is judged */
+    kvx_list_init(&rc->serve);
+    kvx_list_init(&rc->write_rndvs);
+    kvx_list_init(&rc->ctl);
+    kvx_list_init(&rc->work_link);
+    kvx_list_init(&rc->w_link);
+    kvx_list_init(&rc->all_link);
+    kvx_list_init(&rc->slot_link);
+    return rc;
+}
+
 void kvx_rconn_want_work(kvx_rconn_t *rc)
 {
     if (!kvx_list_linked(&rc->work_link))
-        kvx_list_add_tail(&rc->t->rwork, &rc->work_link);
+        kvx_list_add_tail(&rc->rconns->work, &rc->work_link);
 }
 
 /* What a connection has queued to send: it will not be sent any more. */
@@ -145,7 +168,7 @@ void kvx_rconn_maybe_free(kvx_rconn_t *rc)
 void kvx_rconn_end_linger(kvx_rconn_t *rc)
 {
     if (rc->lingering)
-        rc->t->nlingering--;
+        rc->rconns->nlingering--;
     rc->lingering = false;
     if (kvx_ucx_ep_close(rc->ucx, &rc->ucx_refs) == 0) {
         rc->state = KVX_CONN_CLOSED;
@@ -166,33 +189,33 @@ void kvx_rconn_end_linger(kvx_rconn_t *rc)
  */
 void kvx_rconn_close(kvx_rconn_t *rc)
 {
-    kvx_transport_t *t = rc->t;
+    kvx_rconns_t *rs = rc->rconns;
 
     if (rc->state != KVX_CONN_OPEN)
         return;
     rc->state = KVX_CONN_CLOSING;
-    kvx_idtab_release(&t->rconn_ids, rc->id);
-    t->nrconns--;
+    kvx_idtab_release(&rs->ids, rc->id);
+    rs->nopen--;
     rc->w->nopen--;
     kvx_list_del(&rc->w_link);
     kvx_list_del(&rc->slot_link);
     kvx_list_del(&rc->work_link);
     kvx_rconn_drop_queued(rc);
-    kvx_info(&t->core, "writer %s: connection %u closed", rc->w->name, rc->id);
+    kvx_info(rs->core, "writer %s: connection %u closed", rc->w->name, rc->id);
     /* a connection with rendezvous receives in flight closes at once: its close is what ends
      * them (UCX cannot cancel them otherwise), so that none outlives it */
-    if (rc->tcp && rc->sending > 0 && rc->pending_err == 0 && !t->core.closed && rc->nrxs == 0 &&
-        t->nlingering < KVX_LINGER_MAX) {
+    if (rc->tcp && rc->sending > 0 && rc->pending_err == 0 && !rs->core->closed &&
+        rc->nwrite_rndvs == 0 && rs->nlingering < KVX_LINGER_MAX) {
         rc->lingering = true;
-        t->nlingering++;
+        rs->nlingering++;
         /* what UCX still holds of it no longer counts in the open connections' bound: nothing
          * of it can give way any more (kvx_rq_sub takes it off the connection alone) */
-        t->rqbytes -= rc->qbytes <= t->rqbytes ? rc->qbytes : t->rqbytes;
+        rs->qbytes -= rc->qbytes <= rs->qbytes ? rc->qbytes : rs->qbytes;
         return;
     }
-    if (rc->tcp && rc->sending > 0 && rc->pending_err == 0 && !t->core.closed)
-        kvx_warn(&t->core, "writer %s: connection %u closed at once: %u others linger already",
-                 rc->w->name, rc->id, t->nlingering);
+    if (rc->tcp && rc->sending > 0 && rc->pending_err == 0 && !rs->core->closed)
+        kvx_warn(rs->core, "writer %s: connection %u closed at once: %u others linger already",
+                 rc->w->name, rc->id, rs->nlingering);
     kvx_rconn_end_linger(rc);
 }
 
@@ -205,8 +228,8 @@ static void kvx_rconn_end(kvx_rconn_t *rc, const char *why, bool overflow)
         return;
     rc->doomed = true;
     if (overflow)
-        kvx_count(rc->t, rc->w, KVX_CNT(conns_overflow));
-    kvx_warn(&rc->t->core,
+        kvx_count(rc->core, rc->w, KVX_CNT(conns_overflow));
+    kvx_warn(rc->core,
              "writer %s: connection %u closed: %s (%u acknowledgements, %u reads, %u "
              "control messages waiting, %u held by UCX)",
              rc->w->name, rc->id, why, rc->nacks, rc->nserve, rc->nctl, rc->sending);
@@ -219,7 +242,7 @@ void kvx_rconn_doom(kvx_rconn_t *rc, const char *why) { kvx_rconn_end(rc, why, t
 void kvx_rconn_abort(kvx_rconn_t *rc, const char *why) { kvx_rconn_end(rc, why, false); }
 
 /* The forced close completed (its callback). */
-static void kvx_recv_on_closed(kvx_rconn_t *rc)
+static void kvx_rconn_on_closed(kvx_rconn_t *rc)
 {
     rc->ucx_refs--;
     rc->state = KVX_CONN_CLOSED;
@@ -229,7 +252,7 @@ static void kvx_recv_on_closed(kvx_rconn_t *rc)
 /* UCX calls this from inside a send on the connection too (tcp: a send to a writer that closed
  * fails the endpoint there and then, in ucp_am_send_nbx): the connection and its endpoint must
  * outlive that call, so kvx_recv_work closes it. */
-static void kvx_recv_on_error(kvx_rconn_t *rc, int status)
+static void kvx_rconn_on_error(kvx_rconn_t *rc, int status)
 {
     if (rc->lingering) { /* UCX gave up on it: closing it is safe now */
         if (rc->pending_err == 0)
@@ -240,12 +263,12 @@ static void kvx_recv_on_error(kvx_rconn_t *rc, int status)
     if (rc->state != KVX_CONN_OPEN || rc->pending_err != 0)
         return;
     rc->pending_err = status != 0 ? status : -ECONNRESET;
-    kvx_info(&rc->t->core, "writer %s: connection %u failed: %s", rc->w ? rc->w->name : "?", rc->id,
+    kvx_info(rc->core, "writer %s: connection %u failed: %s", rc->w ? rc->w->name : "?", rc->id,
              kvx_strerror(rc->pending_err));
     kvx_rconn_want_work(rc);
 }
 
-static void kvx_recv_on_sent(kvx_rconn_t *rc, int status)
+static void kvx_rconn_on_sent(kvx_rconn_t *rc, int status)
 {
     (void)status; /* a reply lost with its connection: the writer sees that connection fail */
     rc->ucx_refs--;
@@ -262,34 +285,34 @@ static void kvx_recv_on_sent(kvx_rconn_t *rc, int status)
 static void kvx_rconn_ep_received(void *arg, void *cookie, int status)
 {
     kvx_rconn_t *rc = arg;
-    kvx_rx_t *rx = cookie;
+    kvx_write_rndv_t *wr = cookie;
 
     rc->ucx_refs--;
-    kvx_list_del(&rx->link);
-    rc->nrxs--;
-    rc->rx_done_ns = kvx_now_ns();
-    kvx_rq_sub(rc, KVX_RX_COST);
-    rx->done(rc, rx, status);
+    kvx_list_del(&wr->link);
+    rc->nwrite_rndvs--;
+    rc->write_rndv_done_ns = kvx_now_ns();
+    kvx_rq_sub(rc, KVX_WRITE_RNDV_COST);
+    wr->done(rc, wr, status);
     kvx_rconn_maybe_free(rc);
 }
 
-int kvx_rconn_recv(kvx_rconn_t *rc, kvx_rx_t *rx, void *desc, uint64_t off, size_t len)
+int kvx_rconn_recv(kvx_rconn_t *rc, kvx_write_rndv_t *wr, void *desc)
 {
     int r;
 
-    if (rc->nrxs >= KVX_RXS_PER_CONN) {
+    if (rc->nwrite_rndvs >= KVX_WRITE_RNDVS_PER_CONN) {
         kvx_rconn_doom(rc, "too many rendezvous receives at once");
         return -EBUSY;
     }
-    rx->since_ns = kvx_now_ns();
-    kvx_list_add_tail(&rc->rxs, &rx->link);
-    rc->nrxs++;
-    kvx_rq_add(rc, KVX_RX_COST); /* in the bound over all connections' queues */
-    r = kvx_ucx_recv(rc->ucx, desc, rc->t->core.base + off, len, rx, &rc->ucx_refs);
+    wr->since_ns = kvx_now_ns();
+    kvx_list_add_tail(&rc->write_rndvs, &wr->link);
+    rc->nwrite_rndvs++;
+    kvx_rq_add(rc, KVX_WRITE_RNDV_COST); /* in the bound over all connections' queues */
+    r = kvx_ucx_recv(rc->ucx, desc, rc->core->base + wr->off, wr->len, wr, &rc->ucx_refs);
     if (r != 1) { /* landed at once, or not at all: the caller finishes */
-        kvx_list_del(&rx->link);
-        rc->nrxs--;
-        kvx_rq_sub(rc, KVX_RX_COST);
+        kvx_list_del(&wr->link);
+        rc->nwrite_rndvs--;
+        kvx_rq_sub(rc, KVX_WRITE_RNDV_COST);
     }
     return r;
 }
@@ -297,10 +320,10 @@ int kvx_rconn_recv(kvx_rconn_t *rc, kvx_rx_t *rx, void *desc, uint64_t off, size
 static void kvx_rconn_ep_sent(void *rc, uint64_t xfer_id, int status)
 {
     (void)xfer_id;
-    kvx_recv_on_sent(rc, status);
+    kvx_rconn_on_sent(rc, status);
 }
-static void kvx_rconn_ep_error(void *rc, int status) { kvx_recv_on_error(rc, status); }
-static void kvx_rconn_ep_closed(void *rc) { kvx_recv_on_closed(rc); }
+static void kvx_rconn_ep_error(void *rc, int status) { kvx_rconn_on_error(rc, status); }
+static void kvx_rconn_ep_closed(void *rc) { kvx_rconn_on_closed(rc); }
 
 /* What a receiving connection's endpoint reports (kvx_ucx_ep_open). */
 const kvx_ep_ops_t kvx_rconn_ep_ops = {
@@ -316,26 +339,26 @@ const kvx_ep_ops_t kvx_rconn_ep_ops = {
  * announced) closes, which ends its receives (their bytes may be partly in place: the writer's
  * transfers on it fail).
  */
-void kvx_rconn_housekeeping(kvx_transport_t *t, uint64_t now)
+void kvx_rconns_housekeeping(kvx_rconns_t *rs, uint64_t now)
 {
-    if (t->core.stall_ns == 0 || t->rconns.next == NULL)
+    if (rs->core->stall_ns == 0)
         return;
-    for (kvx_list_t *n = t->rconns.next; n != &t->rconns; n = n->next) {
+    for (kvx_list_t *n = rs->all.next; n != &rs->all; n = n->next) {
         kvx_rconn_t *rc = kvx_container_of(n, kvx_rconn_t, all_link);
-        kvx_rx_t *rx;
+        kvx_write_rndv_t *wr;
 
-        if (rc->state != KVX_CONN_OPEN || rc->doomed || rc->nrxs == 0)
+        if (rc->state != KVX_CONN_OPEN || rc->doomed || rc->nwrite_rndvs == 0)
             continue;
-        rx = kvx_list_first(&rc->rxs, kvx_rx_t, link);
-        if (kvx_stalled(rx->since_ns, rc->rx_done_ns, now, t->core.stall_ns))
+        wr = kvx_list_first(&rc->write_rndvs, kvx_write_rndv_t, link);
+        if (kvx_stalled(wr->since_ns, rc->write_rndv_done_ns, now, rs->core->stall_ns))
             kvx_rconn_abort(rc, "a rendezvous receive made no progress within the stall limit");
     }
 }
 
 /* The connection a message names, if its token matches; NULL (counted) otherwise. */
-kvx_rconn_t *kvx_rconn_of(kvx_transport_t *t, const kvx_msg_t *m)
+kvx_rconn_t *kvx_rconn_of(kvx_rconns_t *rs, const kvx_msg_t *m)
 {
-    kvx_rconn_t *rc = kvx_idtab_get(&t->rconn_ids, m->conn_id);
+    kvx_rconn_t *rc = kvx_idtab_get(&rs->ids, m->conn_id);
     uint8_t a[8], b[8];
 
     if (rc != NULL) {
@@ -344,14 +367,14 @@ kvx_rconn_t *kvx_rconn_of(kvx_transport_t *t, const kvx_msg_t *m)
     }
     if (rc == NULL || rc->state != KVX_CONN_OPEN || rc->doomed || rc->pending_err != 0 ||
         !kvx_equal_ct(a, b, 8)) {
-        kvx_debug(&t->core, "message for unknown connection %u dropped", m->conn_id);
-        kvx_count(t, NULL, KVX_CNT(drop_unknown));
+        kvx_debug(rs->core, "message for unknown connection %u dropped", m->conn_id);
+        kvx_count(rs->core, NULL, KVX_CNT(drop_unknown));
         return NULL;
     }
     if (!rc->proven && m->type != KVX_MSG_PROOF && m->type != KVX_MSG_BYE) {
         /* a kvx writer sends its PROOF first: this is not one */
-        kvx_count(t, rc->w, KVX_CNT(drop_unproven));
-        kvx_info(&t->core, "writer %s: connection %u sent before proving the secret: closed",
+        kvx_count(rs->core, rc->w, KVX_CNT(drop_unproven));
+        kvx_info(rs->core, "writer %s: connection %u sent before proving the secret: closed",
                  rc->w->name, rc->id);
         kvx_rconn_close(rc);
         return NULL;
@@ -396,26 +419,26 @@ void kvx_rq_sub(kvx_rconn_t *rc, size_t n)
         return;
     }
     /* never more than was added: a wrapped sum would close every connection as the largest */
-    if (n > rc->qbytes || n > rc->t->rqbytes) {
-        kvx_error(&rc->t->core,
+    if (n > rc->qbytes || n > rc->rconns->qbytes) {
+        kvx_error(rc->core,
                   "reply queue accounting: %zu taken, %zu held by connection %u, %zu in all", n,
-                  rc->qbytes, rc->id, rc->t->rqbytes);
-        n = rc->qbytes < rc->t->rqbytes ? rc->qbytes : rc->t->rqbytes;
+                  rc->qbytes, rc->id, rc->rconns->qbytes);
+        n = rc->qbytes < rc->rconns->qbytes ? rc->qbytes : rc->rconns->qbytes;
     }
     rc->qbytes -= n;
-    rc->t->rqbytes -= n;
+    rc->rconns->qbytes -= n;
 }
 /* More queued for rc; past the transport's bound, the connection holding the most gives way. */
 void kvx_rq_add(kvx_rconn_t *rc, size_t n)
 {
-    kvx_transport_t *t = rc->t;
+    kvx_rconns_t *rs = rc->rconns;
     kvx_rconn_t *big = NULL;
 
     rc->qbytes += n;
-    t->rqbytes += n;
-    if (t->rqbytes <= KVX_RQ_MAX)
+    rs->qbytes += n;
+    if (rs->qbytes <= KVX_RQ_MAX)
         return;
-    for (kvx_list_t *l = t->rconns.next; l != &t->rconns; l = l->next) {
+    for (kvx_list_t *l = rs->all.next; l != &rs->all; l = l->next) {
         kvx_rconn_t *x = kvx_container_of(l, kvx_rconn_t, all_link);
         if (x->state == KVX_CONN_OPEN && !x->doomed && (big == NULL || x->qbytes > big->qbytes))
             big = x;
@@ -436,38 +459,31 @@ static void kvx_rate_take(uint64_t *tat, uint64_t now, uint64_t per_s)
     *tat = (*tat > now ? *tat : now) + 1000000000ull / per_s;
 }
 
-bool kvx_hello_rate(kvx_transport_t *t, kvx_writer_t *w, uint64_t now)
+bool kvx_hello_rate(kvx_rconns_t *rs, kvx_writer_t *w, uint64_t now)
 {
     if (!kvx_rate_ok(&w->hello_credit_ns, now, KVX_EP_RATE_WRITER) ||
-        !kvx_rate_ok(&t->hello_credit_ns, now, KVX_EP_RATE_TRANSPORT))
+        !kvx_rate_ok(&rs->hello_credit_ns, now, KVX_EP_RATE_TRANSPORT))
         return false;
     kvx_rate_take(&w->hello_credit_ns, now, KVX_EP_RATE_WRITER);
-    kvx_rate_take(&t->hello_credit_ns, now, KVX_EP_RATE_TRANSPORT);
+    kvx_rate_take(&rs->hello_credit_ns, now, KVX_EP_RATE_TRANSPORT);
     return true;
 }
 
 /* ---- connection slots ----------------------------------------------------------------------- */
 
-void kvx_slots_init(kvx_transport_t *t)
-{
-    if (t->rslots[0].next == NULL)
-        for (int i = 0; i < 3; i++)
-            kvx_list_init(&t->rslots[i]);
-}
-
 void kvx_slot_set(kvx_rconn_t *rc, int cls, uint64_t now)
 {
-    kvx_slots_init(rc->t);
     kvx_list_del(&rc->slot_link);
     rc->slot_class = (uint8_t)cls;
     rc->since_ns = now;
-    kvx_list_add_tail(&rc->t->rslots[cls], &rc->slot_link);
+    kvx_list_add_tail(&rc->rconns->slots[cls], &rc->slot_link);
 }
 
 /* It completed (a part of) a transfer: it goes last in the order of eviction. */
 void kvx_rconn_active(kvx_rconn_t *rc)
 {
-    if (rc->slot_class != KVX_SLOT_ACTIVE || rc->t->rslots[KVX_SLOT_ACTIVE].prev != &rc->slot_link)
+    if (rc->slot_class != KVX_SLOT_ACTIVE ||
+        rc->rconns->slots[KVX_SLOT_ACTIVE].prev != &rc->slot_link)
         kvx_slot_set(rc, KVX_SLOT_ACTIVE, kvx_now_ns());
 }
 
@@ -487,7 +503,7 @@ static bool kvx_slot_before(const kvx_rconn_t *a, const kvx_rconn_t *b, uint64_t
 }
 
 /* The connection that gives way to a new one: of writer w (over its share), or of any. */
-kvx_rconn_t *kvx_slot_victim(kvx_transport_t *t, kvx_writer_t *w, uint64_t now)
+kvx_rconn_t *kvx_slot_victim(kvx_rconns_t *rs, kvx_writer_t *w, uint64_t now)
 {
     kvx_rconn_t *v = NULL;
 
@@ -500,18 +516,40 @@ kvx_rconn_t *kvx_slot_victim(kvx_transport_t *t, kvx_writer_t *w, uint64_t now)
         return v;
     }
     for (int i = 0; i < 3; i++)
-        if (!kvx_list_empty(&t->rslots[i])) {
-            kvx_rconn_t *x = kvx_list_first(&t->rslots[i], kvx_rconn_t, slot_link);
+        if (!kvx_list_empty(&rs->slots[i])) {
+            kvx_rconn_t *x = kvx_list_first(&rs->slots[i], kvx_rconn_t, slot_link);
             if (v == NULL || kvx_slot_before(x, v, now))
                 v = x;
         }
     return v;
 }
 
-/* Close every writer connection (the transport closes; UCX still runs). */
-void kvx_recv_close_all(kvx_transport_t *t)
+/* ---- every connection --------------------------------------------------------------------- */
+
+void kvx_rconns_init(kvx_rconns_t *rs, kvx_core_t *core)
 {
-    for (kvx_list_t *n = t->rconns.next, *next; n != &t->rconns; n = next) {
+    rs->core = core;
+    kvx_list_init(&rs->all);
+    kvx_list_init(&rs->work);
+    for (int i = 0; i < 3; i++)
+        kvx_list_init(&rs->slots[i]);
+}
+
+/* Work only polling advances: replies to send, or UCX holding ours until a FIFO has room. */
+bool kvx_rconns_need_polling(const kvx_rconns_t *rs)
+{
+    if (!kvx_list_empty(&rs->work))
+        return true;
+    for (const kvx_list_t *n = rs->all.next; n != &rs->all; n = n->next)
+        if (kvx_container_of(n, kvx_rconn_t, all_link)->sending > 0)
+            return true;
+    return false;
+}
+
+/* Close every receiving connection (the transport closes; UCX still runs). */
+void kvx_rconns_close_all(kvx_rconns_t *rs)
+{
+    for (kvx_list_t *n = rs->all.next, *next; n != &rs->all; n = next) {
         kvx_rconn_t *rc = kvx_container_of(n, kvx_rconn_t, all_link);
         next = n->next;
         if (rc->lingering) {
@@ -521,4 +559,35 @@ void kvx_recv_close_all(kvx_transport_t *t)
             kvx_rconn_close(rc);
         }
     }
+}
+
+bool kvx_rconns_closing(const kvx_rconns_t *rs)
+{
+    for (const kvx_list_t *n = rs->all.next; n != &rs->all; n = n->next)
+        if (kvx_container_of(n, kvx_rconn_t, all_link)->state == KVX_CONN_CLOSING)
+            return true;
+    return false;
+}
+
+/* Free every connection and writer (the worker is gone: no callback will come). */
+void kvx_rconns_free_all(kvx_rconns_t *rs)
+{
+    while (!kvx_list_empty(&rs->all)) {
+        kvx_rconn_t *rc = kvx_list_first(&rs->all, kvx_rconn_t, all_link);
+        rc->ucx_refs = 0;
+        rc->state = KVX_CONN_CLOSED;
+        kvx_rconn_maybe_free(rc);
+    }
+    for (size_t i = 0; i < rs->wtab_cap; i++) {
+        kvx_writer_t *w, *next;
+        for (w = rs->wtab[i]; w != NULL; w = next) {
+            next = w->hnext;
+            kvx_writer_free(rs, w);
+        }
+    }
+    free(rs->wtab);
+    rs->wtab = NULL;
+    rs->wtab_cap = rs->nwriters = 0;
+    free(rs->ids.slots);
+    memset(&rs->ids, 0, sizeof(rs->ids));
 }

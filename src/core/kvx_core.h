@@ -271,6 +271,16 @@ static inline bool kvx_core_takes_rndv(const kvx_core_t *c)
     return c->rndv_mode != KVX_RNDV_EAGER;
 }
 
+/* Rendezvous receives in flight stalled: the oldest began (since_ns) and none ended (done_ns)
+ * for longer than stall_ns. UCX says nothing of a receive until it ends, so a slow but moving
+ * sender shows as receives that end: only a piece that alone takes longer than the stall limit
+ * (4 MiB at under 2 MB/s with the default 2 s) trips it. */
+static inline bool kvx_stalled(uint64_t since_ns, uint64_t done_ns, uint64_t now, uint64_t stall_ns)
+{
+    uint64_t last = done_ns > since_ns ? done_ns : since_ns;
+    return now > last && now - last > stall_ns;
+}
+
 /* ---- peers by id (peers.c) ------------------------------------------------------------------ */
 
 kvx_peer_t *kvx_peer_lookup(const kvx_core_t *c, const char *id);

@@ -35,7 +35,7 @@ static bool kvx_progress_sleep(kvx_transport_t *t, int fd, uint64_t now, uint64_
 
 static void kvx_progress_housekeeping(kvx_transport_t *t, uint64_t now)
 {
-    kvx_conn_housekeeping(t, now);
+    kvx_conns_housekeeping(&t->conns, now);
     kvx_listen_housekeeping(t, now);
     kvx_recv_housekeeping(t, now);
     if (now >= t->next_pool_trim_ns) {
@@ -48,26 +48,21 @@ static void kvx_progress_housekeeping(kvx_transport_t *t, uint64_t now)
 unsigned kvx_progress_step(kvx_transport_t *t)
 {
     unsigned n = kvx_ucx_progress(t->core.ucx);
-    kvx_list_t todo;
     uint64_t now;
 
     /* Connections that asked for work during UCX callbacks (resume posting, fail) are served
      * here, outside the callbacks. Work they queue again waits for the next step. */
-    kvx_list_splice_init(&t->work, &todo);
-    while (!kvx_list_empty(&todo)) {
-        kvx_conn_handle_work(kvx_list_first(&todo, kvx_conn_t, work_link));
-        n++;
-    }
+    n += kvx_conns_work(&t->conns);
     /* pairing by address: what UCX's callbacks recorded */
     if (t->pair_work) {
         t->pair_work = false;
         n += kvx_listen_work(t);
     }
     /* the receiving side: handshakes, acknowledgements, read data */
-    if (!kvx_list_empty(&t->rwork) || !kvx_list_empty(&t->hellos))
+    if (kvx_recv_has_work(t))
         n += kvx_recv_work(t);
     now = kvx_now_ns();
-    kvx_xfer_check_deadlines(t, now);
+    kvx_xfer_check_deadlines(&t->core, now);
     if (now >= t->next_reconnect_ns) { /* peers paired by address pairing again */
         kvx_listen_reconnect(t, now);
         now = kvx_now_ns(); /* a connection it made counts its progress from later than now */
@@ -105,16 +100,9 @@ void kvx_progress_wait_event(kvx_transport_t *t, uint64_t until_ns)
 }
 
 /* Work that only polling can advance: UCX does not signal free space in a shared-memory FIFO. */
-static bool kvx_progress_busy(kvx_transport_t *t)
+static bool kvx_progress_needs_polling(kvx_transport_t *t)
 {
-    if (!kvx_list_empty(&t->work) || kvx_recv_busy(t))
-        return true;
-    for (kvx_list_t *n = t->conns.next; n != &t->conns; n = n->next) {
-        kvx_conn_t *c = kvx_container_of(n, kvx_conn_t, all_link);
-        if (c->state != KVX_CONN_CLOSED && (c->reqs > 0 || kvx_conn_queued(c)))
-            return true;
-    }
-    return false;
+    return kvx_conns_need_polling(&t->conns) || kvx_recv_needs_polling(t);
 }
 
 /* When the progress engine must look again at the latest: the next deadline, and UCX's
@@ -171,7 +159,7 @@ static uint64_t kvx_progress_rest(kvx_transport_t *t, kvx_rest_t *r, unsigned n,
     }
     if (now - r->last_work < t->spin_ns)
         return 0;
-    *stalled = kvx_progress_busy(t);
+    *stalled = kvx_progress_needs_polling(t);
     if (!*stalled && r->busy_idle >= KVX_BUSY_IDLE_MAX) {
         *stalled = true;
         max = KVX_BUSY_PAUSE_MAX_NS;

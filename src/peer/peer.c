@@ -16,16 +16,13 @@
 
 /* ---- what a peer's connection tells it ------------------------------------------------------ */
 
-static void kvx_peer_conn_sent(kvx_conn_t *c, uint64_t xfer_id, int status)
-{
-    kvx_xfer_on_sent(c, xfer_id, status);
-}
+static void kvx_peer_conn_sent(kvx_conn_t *c, uint64_t xfer_id) { kvx_xfer_on_sent(c, xfer_id); }
 
 static void kvx_peer_conn_work(kvx_conn_t *c) { kvx_xfer_post(c, KVX_STEP_BUDGET); }
 
-static void kvx_peer_conn_received(kvx_conn_t *c, kvx_rrx_t *rx, int status)
+static void kvx_peer_conn_received(kvx_conn_t *c, kvx_read_rndv_t *rr, int status)
 {
-    kvx_xfer_on_received(c, rx, status);
+    kvx_xfer_on_received(c, rr, status);
 }
 
 /* A peer paired by address pairs again (listen.c); its transfers in flight fail all the same,
@@ -33,8 +30,8 @@ static void kvx_peer_conn_received(kvx_conn_t *c, kvx_rrx_t *rx, int status)
  * next one. */
 static void kvx_peer_conn_failed(kvx_conn_t *c, int err)
 {
-    if (c->peer != NULL && c->peer->conn == c && c->peer->addr != NULL && !c->t->core.closed) {
-        kvx_peer_lost(c->t, c->peer, err);
+    if (c->peer != NULL && c->peer->conn == c && c->peer->addr != NULL && !c->core->closed) {
+        kvx_peer_lost(c->owner, c->peer, err);
         kvx_xfer_repark(c, c->peer);
     }
     kvx_xfer_fail_conn(c, err);
@@ -96,17 +93,12 @@ int kvx_peer_reinstall(kvx_transport_t *t, kvx_peer_t *p, const kvx_md_t *md)
     }
     /* not prefaulted (the first copies fault the pages in); not the peer's until installed
      * below, so a failure here starts no reconnection of its own */
-    rc = kvx_conn_open(t, p->id, md, &kvx_peer_conn_ops, &c);
+    rc = kvx_conn_open(&t->conns, p->id, md, &kvx_peer_conn_ops, t, &c);
     if (rc < 0)
         return rc;
     /* installed at once: transfers wait behind the handshake, as after a slow kvx_peer_add */
-    p->conn = c;
-    c->peer = p;
-    memcpy(p->last_agent, c->agent_name, sizeof(p->last_agent));
-    p->last_base = c->remote_base;
-    p->last_num_blocks = c->remote_num_blocks;
     restarted = c->generation != p->last_generation;
-    p->last_generation = c->generation;
+    kvx_conn_attach(c, p);
     kvx_info(&t->core, "peer %s: paired again with %s at %s over %s (generation %s)", p->id,
              c->agent_name, p->addr, c->transport,
              restarted ? "another: it restarted" : "the same");

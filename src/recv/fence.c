@@ -47,11 +47,11 @@ static kvx_writer_t *kvx_fence_next(const kvx_transport_t *t, const char *writer
                                     kvx_writer_t *w)
 {
     if (writer != NULL)
-        return w == NULL ? kvx_writer_lookup(t, writer) : NULL;
+        return w == NULL ? kvx_writer_lookup(&t->rconns, writer) : NULL;
     if (w != NULL && w->hnext != NULL)
         return w->hnext;
-    while (*bucket < t->wtab_cap) {
-        kvx_writer_t *x = t->wtab[(*bucket)++];
+    while (*bucket < t->rconns.wtab_cap) {
+        kvx_writer_t *x = t->rconns.wtab[(*bucket)++];
         if (x != NULL)
             return x;
     }
@@ -101,10 +101,10 @@ static void kvx_writer_fence(kvx_transport_t *t, kvx_writer_t *w, const uint64_t
     if (w->live == 0) {
         /* no connection: nothing can come stamped with an older epoch (a new one starts at
          * this one), so no record is needed, and older ones are moot */
-        kvx_writer_drop_fences(t, w);
+        kvx_writer_drop_fences(&t->rconns, w);
     } else if (ntags == 0) {
         w->fence_all = w->epoch;
-        kvx_writer_drop_fences(t, w); /* every tag record is older: moot */
+        kvx_writer_drop_fences(&t->rconns, w); /* every tag record is older: moot */
     } else {
         for (size_t k = 0; k < ntags; k++) {
             uint32_t i = kvx_ftag_find(w, tags[k]);
@@ -112,7 +112,7 @@ static void kvx_writer_fence(kvx_transport_t *t, kvx_writer_t *w, const uint64_t
                 memmove(&w->ftags[i + 1], &w->ftags[i], (w->nftags - i) * sizeof(w->ftags[0]));
                 w->ftags[i].tag = tags[k];
                 w->nftags++;
-                t->nftags++;
+                t->rconns.nftags++;
             }
             w->ftags[i].at_epoch = w->epoch;
         }
@@ -159,7 +159,7 @@ int kvx_recv_fence_prepare(kvx_transport_t *t, const char *writer, const uint64_
             rc = -ENOSPC;
         total += need;
     }
-    if (rc == 0 && t->nftags + total > KVX_FENCE_TOTAL_TAGS_MAX)
+    if (rc == 0 && t->rconns.nftags + total > KVX_FENCE_TOTAL_TAGS_MAX)
         rc = -ENOSPC;
     bucket = 0;
     for (w = NULL; rc == 0 && ntags > 0 && (w = kvx_fence_next(t, writer, &bucket, w)) != NULL;)
@@ -191,17 +191,16 @@ unsigned kvx_recv_fence_rxs(kvx_transport_t *t, const char *writer, bool abort)
 {
     unsigned n = 0;
 
-    if (t->rconns.next == NULL)
-        return 0;
-    for (kvx_list_t *c = t->rconns.next; c != &t->rconns; c = c->next) {
+    for (kvx_list_t *c = t->rconns.all.next; c != &t->rconns.all; c = c->next) {
         kvx_rconn_t *rc = kvx_container_of(c, kvx_rconn_t, all_link);
         unsigned here = 0;
 
-        if (rc->nrxs == 0 || rc->w == NULL || (writer != NULL && strcmp(rc->w->name, writer)))
+        if (rc->nwrite_rndvs == 0 || rc->w == NULL ||
+            (writer != NULL && strcmp(rc->w->name, writer)))
             continue;
-        for (kvx_list_t *x = rc->rxs.next; x != &rc->rxs; x = x->next) {
-            kvx_rx_t *rx = kvx_container_of(x, kvx_rx_t, link);
-            if (kvx_writer_fenced(rc->w, rx->epoch, rx->tag))
+        for (kvx_list_t *x = rc->write_rndvs.next; x != &rc->write_rndvs; x = x->next) {
+            kvx_write_rndv_t *wr = kvx_container_of(x, kvx_write_rndv_t, link);
+            if (kvx_writer_fenced(rc->w, wr->epoch, wr->tag))
                 here++;
         }
         if (here > 0 && abort)

@@ -28,29 +28,6 @@ static bool kvx_capability_retired(const kvx_transport_t *t, const uint8_t *cap)
     return hit;
 }
 
-/* A receiving connection of writer w for HELLO m, on no list yet (zeroed, its lists empty), or
- * NULL: no memory. */
-static kvx_rconn_t *kvx_rconn_alloc(kvx_transport_t *t, kvx_writer_t *w, const kvx_msg_t *m)
-{
-    kvx_rconn_t *rc = calloc(1, sizeof(*rc));
-
-    if (rc == NULL)
-        return NULL;
-    rc->t = t;
-    rc->w = w;
-    rc->peer_conn_id = m->u.hello.conn_id;
-    rc->peer_token = m->u.hello.token;
-    rc->rndv_min = UINT64_MAX; /* no read data by rendezvous until its HELLO is judged */
-    kvx_list_init(&rc->serve);
-    kvx_list_init(&rc->rxs);
-    kvx_list_init(&rc->ctl);
-    kvx_list_init(&rc->work_link);
-    kvx_list_init(&rc->w_link);
-    kvx_list_init(&rc->all_link);
-    kvx_list_init(&rc->slot_link);
-    return rc;
-}
-
 /*
  * A HELLO with a retired capability (its proof of the secret checked, when one is set): the
  * writer is told at once, by a HELLO_ACK of status -EKEYREVOKED on a connection made only for
@@ -72,8 +49,8 @@ static void kvx_recv_refuse_hello(kvx_transport_t *t, const uint8_t *buf, size_t
 
     if (kvx_wire_decode(buf, len, 0, &m) < 0 || m.type != KVX_MSG_HELLO)
         return;
-    w = kvx_writer_lookup(t, m.u.hello.name);
-    kvx_count(t, w, KVX_CNT(drop_capability));
+    w = kvx_writer_lookup(&t->rconns, m.u.hello.name);
+    kvx_count(&t->core, w, KVX_CNT(drop_capability));
     kvx_info(&t->core, "writer %s: handshake with a retired capability refused", m.u.hello.name);
     for (kvx_list_t *l = t->refusing.next; l != &t->refusing; l = l->next)
         n++;
@@ -87,28 +64,28 @@ static void kvx_recv_refuse_hello(kvx_transport_t *t, const uint8_t *buf, size_t
             }
         }
     }
-    if (n >= KVX_REFUSING_MAX || t->nrconns >= KVX_RCONNS_MAX ||
-        (w = kvx_writer_get(t, m.u.hello.name)) == NULL)
+    if (n >= KVX_REFUSING_MAX || t->rconns.nopen >= KVX_RCONNS_MAX ||
+        (w = kvx_writer_get(&t->rconns, m.u.hello.name)) == NULL)
         return;
     /* the rates of new connections bound these endpoints too */
-    if (!kvx_hello_rate(t, w, kvx_now_ns())) {
-        kvx_count(t, w, KVX_CNT(drop_hello_limit));
+    if (!kvx_hello_rate(&t->rconns, w, kvx_now_ns())) {
+        kvx_count(&t->core, w, KVX_CNT(drop_hello_limit));
         return;
     }
-    if ((rc = kvx_rconn_alloc(t, w, &m)) == NULL)
+    if ((rc = kvx_rconn_alloc(&t->rconns, w, &m)) == NULL)
         return;
     rc->refusing = true;
     rc->proven = true; /* it takes no message: nothing to prove */
     /* on no slot list: KVX_REFUSING_MAX bounds these */
     /* a random token no message can name: the connection takes none */
     if (getrandom(&rc->token, sizeof(rc->token), 0) != sizeof(rc->token) ||
-        kvx_idtab_alloc(&t->rconn_ids, rc, &rc->id) < 0) {
+        kvx_idtab_alloc(&t->rconns.ids, rc, &rc->id) < 0) {
         free(rc);
         return;
     }
     if (kvx_ucx_ep_accept(t->core.ucx, m.u.hello.waddr, m.u.hello.ep_sn, came_on, m.u.hello.name,
                           &kvx_rconn_ep_ops, rc, &rc->ucx) < 0) {
-        kvx_idtab_release(&t->rconn_ids, rc->id);
+        kvx_idtab_release(&t->rconns.ids, rc->id);
         free(rc);
         return;
     }
@@ -116,8 +93,8 @@ static void kvx_recv_refuse_hello(kvx_transport_t *t, const uint8_t *buf, size_t
     w->live++;
     w->nopen++; /* as any connection's: kvx_rconn_close takes it back */
     kvx_list_add_tail(&t->refusing, &rc->w_link);
-    kvx_list_add_tail(&t->rconns, &rc->all_link);
-    t->nrconns++;
+    kvx_list_add_tail(&t->rconns.all, &rc->all_link);
+    t->rconns.nopen++;
     kvx_wire_encode(&(kvx_msg_t){.type = KVX_MSG_HELLO_ACK,
                                  .conn_id = rc->peer_conn_id,
                                  .token = rc->peer_token,
@@ -184,28 +161,29 @@ void kvx_recv_hello_in(kvx_transport_t *t, const kvx_msg_t *m, const void *hdr, 
     /* a capability kvx_fence_ex retired is refused, with an answer (kvx_recv_refuse_hello) */
     if (!kvx_equal_ct(m->u.hello.capability, t->core.capability, sizeof(t->core.capability)) &&
         !(retired = kvx_capability_retired(t, m->u.hello.capability))) {
-        kvx_count(t, NULL, KVX_CNT(drop_capability));
+        kvx_count(&t->core, NULL, KVX_CNT(drop_capability));
         return;
     }
     if (t->core.secret != NULL) {
         uint8_t proof[KVX_PROOF_LEN];
         kvx_iov_t part = {(void *)hdr, m->u.hello.signed_len};
         if (m->u.hello.proof == NULL) {
-            kvx_count(t, NULL, KVX_CNT(drop_capability));
+            kvx_count(&t->core, NULL, KVX_CNT(drop_capability));
             return;
         }
         kvx_hmac_sha256(t->core.secret, t->core.secret_len, &part, 1, proof);
         if (!kvx_equal_ct(proof, m->u.hello.proof, KVX_PROOF_LEN)) {
-            kvx_count(t, NULL, KVX_CNT(drop_capability));
+            kvx_count(&t->core, NULL, KVX_CNT(drop_capability));
             return;
         }
         if (kvx_recv_replayed(t, m->u.hello.proof)) {
-            kvx_count(t, kvx_writer_lookup(t, m->u.hello.name), KVX_CNT(drop_replayed));
+            kvx_count(&t->core, kvx_writer_lookup(&t->rconns, m->u.hello.name),
+                      KVX_CNT(drop_replayed));
             return;
         }
     }
     if (t->nhellos >= KVX_HELLOS_MAX || (h = malloc(sizeof(*h) + hdr_len)) == NULL) {
-        kvx_count(t, NULL, KVX_CNT(drop_other));
+        kvx_count(&t->core, NULL, KVX_CNT(drop_other));
         return;
     }
     /* HELLOs its rate holds back wait (kvx_recv_hellos), a few per name: more is a flood */
@@ -215,7 +193,8 @@ void kvx_recv_hello_in(kvx_transport_t *t, const kvx_msg_t *m, const void *hdr, 
             same += strcmp(kvx_container_of(l, kvx_hello_t, link)->name, m->u.hello.name) == 0;
         if (same >= KVX_HELLOS_PER_NAME) {
             free(h);
-            kvx_count(t, kvx_writer_lookup(t, m->u.hello.name), KVX_CNT(drop_hello_limit));
+            kvx_count(&t->core, kvx_writer_lookup(&t->rconns, m->u.hello.name),
+                      KVX_CNT(drop_hello_limit));
             return;
         }
     }
@@ -254,48 +233,49 @@ static int kvx_recv_hello(kvx_transport_t *t, const uint8_t *buf, size_t len,
         kvx_recv_refuse_hello(t, buf, len, came_on);
         return 0;
     }
-    if ((w = kvx_writer_get(t, m.u.hello.name)) == NULL) {
-        kvx_count(t, NULL, KVX_CNT(drop_other));
+    if ((w = kvx_writer_get(&t->rconns, m.u.hello.name)) == NULL) {
+        kvx_count(&t->core, NULL, KVX_CNT(drop_other));
         return 0;
     }
     /* how fast a HELLO may make this transport open an endpoint to the address it names: one
      * over the rate waits for it (a writer churning through adds is slowed, not failed) */
-    if (!force && !kvx_hello_rate(t, w, now)) {
+    if (!force && !kvx_hello_rate(&t->rconns, w, now)) {
         kvx_debug(&t->core, "writer %s: HELLO over the rate of new connections waits", w->name);
         return 1;
     }
     /* slots: a writer's name over its share gives up one of its own, a full table one of any */
     if (w->nopen >= KVX_RCONNS_PER_WRITER)
-        v = kvx_slot_victim(t, w, now);
-    else if (t->nrconns >= KVX_RCONNS_MAX)
-        v = kvx_slot_victim(t, NULL, now);
+        v = kvx_slot_victim(&t->rconns, w, now);
+    else if (t->rconns.nopen >= KVX_RCONNS_MAX)
+        v = kvx_slot_victim(&t->rconns, NULL, now);
     /* the victim gives way only once the new connection is made: a HELLO that makes none
      * (no memory, an address UCX refuses) closes nothing */
-    if ((t->nrconns >= KVX_RCONNS_MAX && v == NULL) || (rc = kvx_rconn_alloc(t, w, &m)) == NULL) {
-        kvx_count(t, w, KVX_CNT(drop_other));
+    if ((t->rconns.nopen >= KVX_RCONNS_MAX && v == NULL) ||
+        (rc = kvx_rconn_alloc(&t->rconns, w, &m)) == NULL) {
+        kvx_count(&t->core, w, KVX_CNT(drop_other));
         return 0;
     }
     rc->proven = t->core.secret == NULL;
     if (getrandom(&rc->token, sizeof(rc->token), 0) != sizeof(rc->token) ||
         (!rc->proven && getrandom(rc->nonce, sizeof(rc->nonce), 0) != sizeof(rc->nonce)) ||
-        kvx_idtab_alloc(&t->rconn_ids, rc, &rc->id) < 0) {
+        kvx_idtab_alloc(&t->rconns.ids, rc, &rc->id) < 0) {
         free(rc);
-        kvx_count(t, w, KVX_CNT(drop_other));
+        kvx_count(&t->core, w, KVX_CNT(drop_other));
         return 0;
     }
     /* UCX parses the writer's address here: what holds the capability (and, with a secret, what
      * proved it) may make this transport parse an address (docs/security.md) */
     if ((err = kvx_ucx_ep_accept(t->core.ucx, m.u.hello.waddr, m.u.hello.ep_sn, came_on,
                                  m.u.hello.name, &kvx_rconn_ep_ops, rc, &rc->ucx)) < 0) {
-        kvx_idtab_release(&t->rconn_ids, rc->id);
+        kvx_idtab_release(&t->rconns.ids, rc->id);
         free(rc);
-        kvx_count(t, w, KVX_CNT(drop_other));
+        kvx_count(&t->core, w, KVX_CNT(drop_other));
         return 0;
     }
     if (err == 1)
-        kvx_count(t, w, KVX_CNT(catchup_over));
+        kvx_count(&t->core, w, KVX_CNT(catchup_over));
     if (v != NULL) {
-        kvx_count(t, v->w, KVX_CNT(conns_evicted));
+        kvx_count(&t->core, v->w, KVX_CNT(conns_evicted));
         kvx_info(&t->core, "writer %s: connection %u gives its slot to a new one of %s", v->w->name,
                  v->id, w->name);
         kvx_rconn_close(v);
@@ -317,9 +297,9 @@ static int kvx_recv_hello(kvx_transport_t *t, const uint8_t *buf, size_t len,
     w->live++;
     w->nopen++;
     kvx_list_add_tail(&w->rconns, &rc->w_link);
-    kvx_list_add_tail(&t->rconns, &rc->all_link);
+    kvx_list_add_tail(&t->rconns.all, &rc->all_link);
     kvx_slot_set(rc, rc->proven ? KVX_SLOT_FRESH : KVX_SLOT_UNPROVEN, now);
-    t->nrconns++;
+    t->rconns.nopen++;
     kvx_wire_encode(&(kvx_msg_t){.type = KVX_MSG_HELLO_ACK,
                                  .flags = kvx_core_takes_rndv(&t->core) ? KVX_MSGF_RNDV : 0,
                                  .conn_id = rc->peer_conn_id,
@@ -344,7 +324,6 @@ unsigned kvx_recv_hellos(kvx_transport_t *t, bool force)
 {
     unsigned n = 0;
 
-    kvx_slots_init(t);
     for (kvx_list_t *l = t->hellos.next, *next; l != &t->hellos; l = next) {
         kvx_hello_t *h = kvx_container_of(l, kvx_hello_t, link);
         next = l->next;
@@ -364,18 +343,18 @@ unsigned kvx_recv_hellos(kvx_transport_t *t, bool force)
 
 void kvx_recv_proof(kvx_transport_t *t, const kvx_msg_t *m)
 {
-    kvx_rconn_t *rc = kvx_rconn_of(t, m);
+    kvx_rconn_t *rc = kvx_rconn_of(&t->rconns, m);
     uint8_t mac[KVX_PROOF_LEN];
 
     if (rc == NULL)
         return;
     if (rc->proven) { /* none was asked for, or it came already */
-        kvx_count(t, rc->w, KVX_CNT(drop_other));
+        kvx_count(&t->core, rc->w, KVX_CNT(drop_other));
         return;
     }
     kvx_wire_proof_mac(t->core.secret, t->core.secret_len, rc->nonce, rc->id, rc->token, mac);
     if (!kvx_equal_ct(mac, m->u.proof.mac, KVX_PROOF_LEN)) {
-        kvx_count(t, rc->w, KVX_CNT(drop_unproven));
+        kvx_count(&t->core, rc->w, KVX_CNT(drop_unproven));
         kvx_info(&t->core, "writer %s: connection %u: wrong proof, closed", rc->w->name, rc->id);
         kvx_rconn_close(rc);
         return;
@@ -389,18 +368,17 @@ void kvx_recv_proof(kvx_transport_t *t, const kvx_msg_t *m)
  * once a second: an unproven connection lasts 2-3 s. */
 void kvx_recv_housekeeping(kvx_transport_t *t, uint64_t now)
 {
-    kvx_rconn_housekeeping(t, now);
-    if (t->rslots[KVX_SLOT_UNPROVEN].next == NULL)
-        return;
-    while (!kvx_list_empty(&t->rslots[KVX_SLOT_UNPROVEN])) {
-        kvx_rconn_t *rc = kvx_list_first(&t->rslots[KVX_SLOT_UNPROVEN], kvx_rconn_t, slot_link);
+    kvx_rconns_housekeeping(&t->rconns, now);
+    while (!kvx_list_empty(&t->rconns.slots[KVX_SLOT_UNPROVEN])) {
+        kvx_rconn_t *rc =
+            kvx_list_first(&t->rconns.slots[KVX_SLOT_UNPROVEN], kvx_rconn_t, slot_link);
         if (now - rc->since_ns < KVX_PROOF_WAIT_NS)
             break;
         /* logged before counting: kvx_count's test of a NULL writer would otherwise let gcc's
          * -O2 -Wformat-overflow see a null name here (a receiving connection always has one) */
         kvx_info(&t->core, "writer %s: connection %u did not prove the secret in time: closed",
                  rc->w->name, rc->id);
-        kvx_count(t, rc->w, KVX_CNT(drop_unproven));
+        kvx_count(&t->core, rc->w, KVX_CNT(drop_unproven));
         kvx_rconn_close(rc);
     }
 }

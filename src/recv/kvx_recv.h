@@ -6,7 +6,7 @@
 #ifndef KVX_RECV_H
 #define KVX_RECV_H
 
-#include "conn/kvx_conn.h"
+#include "api/transport.h"
 
 /* ---- the receiving side (hello.c, fence.c, recv.c) ------------------------------------------ */
 
@@ -16,7 +16,10 @@ void kvx_recv_on_message(kvx_transport_t *t, const kvx_msg_t *m, const void *hdr
                          const uint8_t *data, size_t data_len);
 /* After UCX progress: handshakes, acknowledgements, read data, control. Returns work done. */
 unsigned kvx_recv_work(kvx_transport_t *t);
-bool kvx_recv_busy(const kvx_transport_t *t);
+/* Whether kvx_recv_work has something to do. */
+bool kvx_recv_has_work(const kvx_transport_t *t);
+/* Work only polling advances: handshakes to answer, replies to send, messages UCX holds. */
+bool kvx_recv_needs_polling(const kvx_transport_t *t);
 /* Periodic (kvx_progress_step's housekeeping): unproven connections past their time close. */
 void kvx_recv_housekeeping(kvx_transport_t *t, uint64_t now);
 void kvx_recv_free_all(kvx_transport_t *t);

@@ -48,48 +48,37 @@ static bool kvx_rconn_ack(kvx_rconn_t *rc, uint64_t xfer_id, uint64_t bytes, int
 
 /* ---- messages in (inside UCX progress) ---------------------------------------------------- */
 
-/* A write whose payload comes by rendezvous, received into the region (kvx_rconn_recv). */
-typedef struct kvx_landing {
-    kvx_rx_t rx;
-    uint64_t xfer_id;
-    uint64_t off;
-    uint32_t len;
-    uint32_t crc;
-    bool check_crc;
-} kvx_landing_t;
-
 /* The receive ended: the write landed (its checksum checked first) and is acknowledged, or the
  * connection closes (its writer's transfers on it fail: a receive that did not end well may have
  * left part of its bytes in place, which only a failed transfer may do). */
-static void kvx_recv_landed(kvx_rconn_t *rc, kvx_rx_t *rx, int status)
+static void kvx_recv_landed(kvx_rconn_t *rc, kvx_write_rndv_t *wr, int status)
 {
-    kvx_landing_t *l = kvx_container_of(rx, kvx_landing_t, rx);
-    kvx_transport_t *t = rc->t;
+    kvx_core_t *core = rc->core;
     kvx_writer_t *w = rc->w;
     int32_t st = 0;
 
     if (status < 0) {
-        kvx_count(t, w, KVX_CNT(rndv_failed));
-        kvx_info(&t->core, "writer %s: connection %u: a rendezvous receive of write %llu ended: %s",
-                 w->name, rc->id, (unsigned long long)l->xfer_id, kvx_strerror(status));
+        kvx_count(core, w, KVX_CNT(rndv_failed));
+        kvx_info(core, "writer %s: connection %u: a rendezvous receive of write %llu ended: %s",
+                 w->name, rc->id, (unsigned long long)wr->xfer_id, kvx_strerror(status));
         if (rc->state == KVX_CONN_OPEN)
             kvx_rconn_abort(rc, "a rendezvous receive failed");
-        free(l);
+        free(wr);
         return;
     }
-    if (l->check_crc && kvx_crc32c(t->core.base + l->off, l->len) != l->crc) {
-        kvx_count(t, w, KVX_CNT(drop_crc));
+    if (wr->check_crc && kvx_crc32c(core->base + wr->off, wr->len) != wr->crc) {
+        kvx_count(core, w, KVX_CNT(drop_crc));
         st = -EBADMSG;
     } else {
-        t->core.rcounters.bytes_landed += l->len;
-        w->counters.bytes_landed += l->len;
-        kvx_count(t, w, KVX_CNT(writes_landed));
-        kvx_count(t, w, KVX_CNT(rndv_landed));
+        core->rcounters.bytes_landed += wr->len;
+        w->counters.bytes_landed += wr->len;
+        kvx_count(core, w, KVX_CNT(writes_landed));
+        kvx_count(core, w, KVX_CNT(rndv_landed));
         kvx_rconn_active(rc);
     }
-    if (rc->state == KVX_CONN_OPEN && !rc->doomed && !kvx_rconn_ack(rc, l->xfer_id, l->len, st))
+    if (rc->state == KVX_CONN_OPEN && !rc->doomed && !kvx_rconn_ack(rc, wr->xfer_id, wr->len, st))
         kvx_rconn_doom(rc, "its acknowledgements cannot leave");
-    free(l);
+    free(wr);
 }
 
 /* After the header's checks (status): the payload goes straight into the region, or is refused
@@ -98,11 +87,11 @@ static void kvx_recv_landed(kvx_rconn_t *rc, kvx_rx_t *rx, int status)
 static void kvx_recv_write_rndv(kvx_rconn_t *rc, const kvx_msg_t *m, const uint8_t *desc,
                                 size_t data_len, int32_t status)
 {
-    kvx_landing_t *l = NULL;
+    kvx_write_rndv_t *wr = NULL;
     kvx_wire_run_t r;
     int got;
 
-    if (status == 0 && (l = calloc(1, sizeof(*l))) == NULL)
+    if (status == 0 && (wr = calloc(1, sizeof(*wr))) == NULL)
         status = -ENOSPC;
     if (status != 0) {
         if (!kvx_rconn_ack(rc, m->u.write.xfer_id, data_len, status))
@@ -110,27 +99,27 @@ static void kvx_recv_write_rndv(kvx_rconn_t *rc, const kvx_msg_t *m, const uint8
         return;
     }
     kvx_wire_run_get(m->u.write.runs, 0, &r);
-    l->rx.done = kvx_recv_landed;
-    l->rx.epoch = m->u.write.epoch;
-    l->rx.tag = m->u.write.tag;
-    l->xfer_id = m->u.write.xfer_id;
-    l->off = r.offset;
-    l->len = r.len;
-    l->crc = r.crc;
-    l->check_crc = (m->flags & KVX_MSGF_CRC) != 0;
-    got = kvx_rconn_recv(rc, &l->rx, (void *)desc, r.offset, r.len);
+    wr->done = kvx_recv_landed;
+    wr->epoch = m->u.write.epoch;
+    wr->tag = m->u.write.tag;
+    wr->xfer_id = m->u.write.xfer_id;
+    wr->off = r.offset;
+    wr->len = r.len;
+    wr->crc = r.crc;
+    wr->check_crc = (m->flags & KVX_MSGF_CRC) != 0;
+    got = kvx_rconn_recv(rc, wr, (void *)desc);
     if (got == 0) {
-        kvx_recv_landed(rc, &l->rx, 0);
+        kvx_recv_landed(rc, wr, 0);
     } else if (got == -EPERM) {
         /* not on the connection's own endpoint: refused, as a message of no connection */
-        free(l);
-        kvx_count(rc->t, rc->w, KVX_CNT(drop_unknown));
+        free(wr);
+        kvx_count(rc->core, rc->w, KVX_CNT(drop_unknown));
         if (!kvx_rconn_ack(rc, m->u.write.xfer_id, data_len, -EPROTO))
             kvx_rconn_doom(rc, "its acknowledgements cannot leave");
     } else if (got < 0) {
-        free(l);
+        free(wr);
         if (got != -EBUSY) /* over the per-connection bound: counted as an overflow */
-            kvx_count(rc->t, rc->w, KVX_CNT(rndv_failed));
+            kvx_count(rc->core, rc->w, KVX_CNT(rndv_failed));
         if (rc->state == KVX_CONN_OPEN)
             kvx_rconn_abort(rc, "a rendezvous receive could not start");
     }
@@ -139,7 +128,7 @@ static void kvx_recv_write_rndv(kvx_rconn_t *rc, const kvx_msg_t *m, const uint8
 static void kvx_recv_write(kvx_transport_t *t, const kvx_msg_t *m, const uint8_t *data,
                            size_t data_len)
 {
-    kvx_rconn_t *rc = kvx_rconn_of(t, m);
+    kvx_rconn_t *rc = kvx_rconn_of(&t->rconns, m);
     kvx_writer_t *w;
     int32_t status = 0;
     const uint8_t *d;
@@ -149,17 +138,17 @@ static void kvx_recv_write(kvx_transport_t *t, const kvx_msg_t *m, const uint8_t
     w = rc->w;
     /* every check before any byte lands: a message lands whole or not at all */
     if (kvx_writer_fenced(w, m->u.write.epoch, m->u.write.tag)) {
-        kvx_count(t, w, KVX_CNT(drop_fenced));
+        kvx_count(&t->core, w, KVX_CNT(drop_fenced));
         status = -KVX_EFENCED;
     }
     /* a rendezvous payload is one run, received in one piece into the region, and only by a
      * transport that takes them (not KVX_RNDV_EAGER, which its HELLO_ACK said): on an RDMA lane
      * UCX might hand the sender a remote key for the place it lands in */
     if (m->rndv && status == 0 && !kvx_core_takes_rndv(&t->core)) {
-        kvx_count(t, w, KVX_CNT(drop_other));
+        kvx_count(&t->core, w, KVX_CNT(drop_other));
         status = -EPROTO;
     } else if (m->rndv && status == 0 && m->u.write.nruns != 1) {
-        kvx_count(t, w, KVX_CNT(drop_malformed));
+        kvx_count(&t->core, w, KVX_CNT(drop_malformed));
         status = -EINVAL;
     }
     d = data;
@@ -167,12 +156,12 @@ static void kvx_recv_write(kvx_transport_t *t, const kvx_msg_t *m, const uint8_t
         kvx_wire_run_t r;
         kvx_wire_run_get(m->u.write.runs, i, &r);
         if (r.offset > t->core.region_len || r.len > t->core.region_len - r.offset) {
-            kvx_count(t, w, KVX_CNT(drop_range));
+            kvx_count(&t->core, w, KVX_CNT(drop_range));
             status = -EINVAL;
         } else if (m->rndv) {
             /* its checksum, if any, is checked once it has landed (kvx_recv_landed) */
         } else if ((m->flags & KVX_MSGF_CRC) && kvx_crc32c(d, r.len) != r.crc) {
-            kvx_count(t, w, KVX_CNT(drop_crc));
+            kvx_count(&t->core, w, KVX_CNT(drop_crc));
             status = -EBADMSG;
         }
         d += r.len;
@@ -194,7 +183,7 @@ static void kvx_recv_write(kvx_transport_t *t, const kvx_msg_t *m, const uint8_t
         }
         t->core.rcounters.bytes_landed += data_len;
         w->counters.bytes_landed += data_len;
-        kvx_count(t, w, KVX_CNT(writes_landed));
+        kvx_count(&t->core, w, KVX_CNT(writes_landed));
         kvx_rconn_active(rc);
     }
     /* no room to remember the answer: rather than leave the writer waiting for it, close the
@@ -239,7 +228,7 @@ static void kvx_recv_serve_queue(kvx_rconn_t *rc, kvx_serve_t *s)
 
 static void kvx_recv_read_req(kvx_transport_t *t, const kvx_msg_t *m)
 {
-    kvx_rconn_t *rc = kvx_rconn_of(t, m);
+    kvx_rconn_t *rc = kvx_rconn_of(&t->rconns, m);
     kvx_serve_t *s;
     uint32_t n = m->u.read_req.nruns;
 
@@ -247,7 +236,7 @@ static void kvx_recv_read_req(kvx_transport_t *t, const kvx_msg_t *m)
         return;
     s = rc->nserve < KVX_SERVE_MAX ? malloc(sizeof(*s) + n * sizeof(s->runs[0])) : NULL;
     if (s == NULL) { /* too many waiting (a kvx reader asks 16 at a time), or out of memory */
-        kvx_count(t, rc->w, KVX_CNT(drop_other));
+        kvx_count(&t->core, rc->w, KVX_CNT(drop_other));
         kvx_recv_refuse_read(rc, m, -EBUSY);
         return;
     }
@@ -262,7 +251,7 @@ static void kvx_recv_read_req(kvx_transport_t *t, const kvx_msg_t *m)
         if (s->runs[i].offset > t->core.region_len ||
             s->runs[i].len > t->core.region_len - s->runs[i].offset) {
             /* refused whole: the reader's transfer fails */
-            kvx_count(t, rc->w, KVX_CNT(drop_range));
+            kvx_count(&t->core, rc->w, KVX_CNT(drop_range));
             free(s);
             kvx_recv_refuse_read(rc, m, -EINVAL);
             return;
@@ -279,17 +268,17 @@ static void kvx_recv_read_req(kvx_transport_t *t, const kvx_msg_t *m)
 
 static void kvx_recv_notice(kvx_transport_t *t, const kvx_msg_t *m)
 {
-    kvx_rconn_t *rc = kvx_rconn_of(t, m);
+    kvx_rconn_t *rc = kvx_rconn_of(&t->rconns, m);
     uint8_t hdr[KVX_WIRE_NOTICE_ACK_LEN];
     int32_t status = 0;
 
     if (rc == NULL)
         return;
     if (kvx_writer_fenced(rc->w, m->u.notice.epoch, m->u.notice.tag)) {
-        kvx_count(t, rc->w, KVX_CNT(drop_fenced));
+        kvx_count(&t->core, rc->w, KVX_CNT(drop_fenced));
         status = -KVX_EFENCED;
     } else if (t->notice_count == t->notice_cap) {
-        kvx_count(t, rc->w, KVX_CNT(drop_other));
+        kvx_count(&t->core, rc->w, KVX_CNT(drop_other));
         status = -ENOSPC;
     } else {
         kvx_notice_t *n = &t->notices[(t->notice_head + t->notice_count) % t->notice_cap];
@@ -299,7 +288,7 @@ static void kvx_recv_notice(kvx_transport_t *t, const kvx_msg_t *m)
         n->blocks = m->u.notice.blocks;
         n->bytes = m->u.notice.bytes;
         t->notice_count++;
-        kvx_count(t, rc->w, KVX_CNT(notices));
+        kvx_count(&t->core, rc->w, KVX_CNT(notices));
         kvx_rconn_active(rc);
         kvx_core_arrived(&t->core);
     }
@@ -331,7 +320,7 @@ void kvx_recv_on_message(kvx_transport_t *t, const kvx_msg_t *m, const void *hdr
         kvx_recv_notice(t, m);
         break;
     case KVX_MSG_BYE:
-        if ((rc = kvx_rconn_of(t, m)) != NULL)
+        if ((rc = kvx_rconn_of(&t->rconns, m)) != NULL)
             kvx_rconn_close(rc);
         break;
     case KVX_MSG_PROOF:
@@ -408,7 +397,7 @@ static unsigned kvx_recv_serve(kvx_transport_t *t, kvx_rconn_t *rc, size_t seg)
         t->core.rcounters.bytes_served += len;
         rc->w->counters.bytes_served += len;
         if (rndv && rc2 >= 0)
-            kvx_count(t, rc->w, KVX_CNT(rndv_served));
+            kvx_count(&t->core, rc->w, KVX_CNT(rndv_served));
         n++;
         if (s->run == s->nruns || rc2 < 0) {
             kvx_list_del(&s->link);
@@ -493,7 +482,7 @@ unsigned kvx_recv_work(kvx_transport_t *t)
 
     if (n > 0)
         kvx_recv_housekeeping(t, kvx_now_ns());
-    kvx_list_splice_init(&t->rwork, &todo);
+    kvx_list_splice_init(&t->rconns.work, &todo);
     while (!kvx_list_empty(&todo)) {
         kvx_rconn_t *rc = kvx_list_first(&todo, kvx_rconn_t, work_link);
         kvx_list_del(&rc->work_link);
@@ -522,15 +511,16 @@ unsigned kvx_recv_work(kvx_transport_t *t)
     return n;
 }
 
-/* Work only polling advances: replies to send, or UCX holding ours until a FIFO has room. */
-bool kvx_recv_busy(const kvx_transport_t *t)
+bool kvx_recv_has_work(const kvx_transport_t *t)
 {
-    if (!kvx_list_empty(&t->rwork) || !kvx_list_empty(&t->hellos))
-        return true;
-    for (const kvx_list_t *n = t->rconns.next; n != &t->rconns; n = n->next)
-        if (kvx_container_of(n, kvx_rconn_t, all_link)->sending > 0)
-            return true;
-    return false;
+    return !kvx_list_empty(&t->rconns.work) || !kvx_list_empty(&t->hellos);
+}
+
+/* Work only polling advances: handshakes to answer, replies to send, or UCX holding ours until
+ * a FIFO has room. */
+bool kvx_recv_needs_polling(const kvx_transport_t *t)
+{
+    return !kvx_list_empty(&t->hellos) || kvx_rconns_need_polling(&t->rconns);
 }
 
 /* Free everything of the receiving side (the worker is gone: no callback will come). */
@@ -542,24 +532,7 @@ void kvx_recv_free_all(kvx_transport_t *t)
         free(h);
     }
     t->nhellos = 0;
-    while (!kvx_list_empty(&t->rconns)) {
-        kvx_rconn_t *rc = kvx_list_first(&t->rconns, kvx_rconn_t, all_link);
-        rc->ucx_refs = 0;
-        rc->state = KVX_CONN_CLOSED;
-        kvx_rconn_maybe_free(rc);
-    }
-    for (size_t i = 0; i < t->wtab_cap; i++) {
-        kvx_writer_t *w, *next;
-        for (w = t->wtab[i]; w != NULL; w = next) {
-            next = w->hnext;
-            kvx_writer_free(t, w);
-        }
-    }
-    free(t->wtab);
-    t->wtab = NULL;
-    t->wtab_cap = t->nwriters = 0;
-    free(t->rconn_ids.slots);
-    memset(&t->rconn_ids, 0, sizeof(t->rconn_ids));
+    kvx_rconns_free_all(&t->rconns);
     free(t->seen);
     t->seen = NULL;
 }

@@ -5,7 +5,17 @@
 #ifndef KVX_RECV_INT_H
 #define KVX_RECV_INT_H
 
-#include "conn/kvx_rconn.h"
+#include "recv/kvx_recv.h"
+
+/* A HELLO that arrived, kept for kvx_recv_hellos (after UCX progress). */
+typedef struct kvx_hello {
+    kvx_list_t link;
+    bool retired;          /* it presents a retired capability: it is refused */
+    kvx_came_on_t came_on; /* the endpoint it came on (kvx_ucx_came_on) */
+    char name[KVX_NAME_MAX + 1];
+    size_t len;
+    uint8_t buf[];
+} kvx_hello_t;
 
 /* ---- hello.c: the handshake ----------------------------------------------------------------- */
 

@@ -16,7 +16,7 @@
  * and an urgent submit waited 50-60 ms for the lock behind a bulk write (kvx-bench --hol). */
 #define KVX_STEP_BUDGET ((size_t)1024 * 1024)
 
-int kvx_xfer_submit(kvx_transport_t *t, kvx_peer_t *p, int op, const uint32_t *local,
+int kvx_xfer_submit(kvx_core_t *core, kvx_peer_t *p, int op, const uint32_t *local,
                     const uint32_t *remote, size_t count, const kvx_xfer_params_t *params,
                     uint64_t *id_p);
 void kvx_xfer_post(kvx_conn_t *c, size_t budget_bytes);
@@ -27,25 +27,24 @@ void kvx_xfer_fail_conn(kvx_conn_t *c, int err);
 void kvx_xfer_unpark(kvx_peer_t *p, kvx_conn_t *c, int err);
 /* A peer's connection failed before its handshake: its transfers (none posted yet) wait again. */
 void kvx_xfer_repark(kvx_conn_t *c, kvx_peer_t *p);
-void kvx_xfer_check_deadlines(kvx_transport_t *t, uint64_t now);
+void kvx_xfer_check_deadlines(kvx_core_t *core, uint64_t now);
 /* Finish a transfer, or end it while UCX still holds its messages or receives into its blocks
  * (x->sending: reported once they are done). The first status wins. */
 void kvx_xfer_end(kvx_xfer_t *x, int status);
 /* All of a write's bytes were acknowledged: done, or first the receiver's notice. */
 void kvx_xfer_write_landed(kvx_conn_t *c, kvx_xfer_t *x);
 /* The local address of the stream's byte at run i, offset off in it. */
-uint8_t *kvx_xfer_local(const kvx_transport_t *t, const kvx_xfer_t *x, uint32_t i, uint64_t off);
+uint8_t *kvx_xfer_local(const kvx_core_t *core, const kvx_xfer_t *x, uint32_t i, uint64_t off);
 /* Move a stream cursor (run, offset in it) piece bytes on; a finished run moves it to the next. */
 void kvx_run_step(uint32_t *run, uint64_t *off, size_t piece, uint64_t run_len);
 
 /* ---- replies (xfer_reply.c) ----------------------------------------------------------------- */
 
 /* A message of the initiator's side arrived (ACK, READ_DATA, HELLO_ACK, FENCE, NOTICE_ACK). */
-void kvx_xfer_on_message(kvx_transport_t *t, const kvx_msg_t *m, const uint8_t *data,
-                         size_t data_len);
-/* UCX is done with a message of a connection's (status: how it went). */
-void kvx_xfer_on_sent(kvx_conn_t *c, uint64_t xfer_id, int status);
+void kvx_xfer_on_message(kvx_conns_t *cs, const kvx_msg_t *m, const uint8_t *data, size_t data_len);
+/* UCX is done with a message of transfer xfer_id on c. */
+void kvx_xfer_on_sent(kvx_conn_t *c, uint64_t xfer_id);
 /* A rendezvous receive of read data on c ended (status 0: its bytes are in place). */
-void kvx_xfer_on_received(kvx_conn_t *c, kvx_rrx_t *rx, int status);
+void kvx_xfer_on_received(kvx_conn_t *c, kvx_read_rndv_t *rr, int status);
 
 #endif /* KVX_XFER_H */

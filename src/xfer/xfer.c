@@ -23,7 +23,7 @@ static const int64_t kvx_prio_quantum[KVX_PRIO_LEVELS] = {64 << 10, 256 << 10, 1
 
 /* Check every index and fold runs consecutive on both sides. O(count), no allocation once the
  * transfer slot has seen a transfer this large. */
-static int kvx_xfer_build_runs(kvx_transport_t *t, kvx_xfer_t *x, uint64_t remote_num_blocks,
+static int kvx_xfer_build_runs(kvx_core_t *core, kvx_xfer_t *x, uint64_t remote_num_blocks,
                                const uint32_t *local, const uint32_t *remote, size_t count)
 {
     kvx_run_t *r;
@@ -41,9 +41,9 @@ static int kvx_xfer_build_runs(kvx_transport_t *t, kvx_xfer_t *x, uint64_t remot
     for (size_t i = 0; i < count; i++) {
         uint32_t l = local[i], rm = remote[i];
 
-        if (l >= t->core.num_blocks || rm >= remote_num_blocks) {
-            kvx_debug(&t->core, "index %zu out of range: local %u of %llu, remote %u of %llu", i, l,
-                      (unsigned long long)t->core.num_blocks, rm,
+        if (l >= core->num_blocks || rm >= remote_num_blocks) {
+            kvx_debug(core, "index %zu out of range: local %u of %llu, remote %u of %llu", i, l,
+                      (unsigned long long)core->num_blocks, rm,
                       (unsigned long long)remote_num_blocks);
             return -EINVAL;
         }
@@ -62,15 +62,15 @@ static int kvx_xfer_build_runs(kvx_transport_t *t, kvx_xfer_t *x, uint64_t remot
 }
 
 /* The local address of the stream's byte at run i, offset off in it. */
-uint8_t *kvx_xfer_local(const kvx_transport_t *t, const kvx_xfer_t *x, uint32_t i, uint64_t off)
+uint8_t *kvx_xfer_local(const kvx_core_t *core, const kvx_xfer_t *x, uint32_t i, uint64_t off)
 {
-    return t->core.base + (uint64_t)x->runs[i].local * t->core.block_len + off;
+    return core->base + (uint64_t)x->runs[i].local * core->block_len + off;
 }
 
-static uint64_t kvx_xfer_remote(const kvx_transport_t *t, const kvx_xfer_t *x, uint32_t i,
+static uint64_t kvx_xfer_remote(const kvx_core_t *core, const kvx_xfer_t *x, uint32_t i,
                                 uint64_t off)
 {
-    return (uint64_t)x->runs[i].remote * t->core.block_len + off;
+    return (uint64_t)x->runs[i].remote * core->block_len + off;
 }
 
 /*
@@ -80,13 +80,13 @@ static uint64_t kvx_xfer_remote(const kvx_transport_t *t, const kvx_xfer_t *x, u
  * runs for a parked transfer, and a connection opened after its submission started its clock
  * late: this bounds both as the stall limit bounds the others.
  */
-static uint64_t kvx_xfer_due(const kvx_transport_t *t, const kvx_xfer_t *x)
+static uint64_t kvx_xfer_due(const kvx_core_t *core, const kvx_xfer_t *x)
 {
     uint64_t due = x->deadline_ns, stall;
 
-    if (t->core.stall_ns == 0 || x->state != KVX_XS_QUEUED || (x->conn != NULL && x->conn->wired))
+    if (core->stall_ns == 0 || x->state != KVX_XS_QUEUED || (x->conn != NULL && x->conn->wired))
         return due;
-    stall = x->t_submit_ns + t->core.stall_ns;
+    stall = x->t_submit_ns + core->stall_ns;
     return due == 0 || stall < due ? stall : due;
 }
 
@@ -113,7 +113,7 @@ static void kvx_xfer_unqueue(kvx_conn_t *c, kvx_xfer_t *x)
 
 /* A new transfer to peer p (the API checked the arguments and found p, lock held): where a
  * transfer is born. Returns 0 with *id_p, or a negative errno with nothing changed. */
-int kvx_xfer_submit(kvx_transport_t *t, kvx_peer_t *p, int op, const uint32_t *local,
+int kvx_xfer_submit(kvx_core_t *core, kvx_peer_t *p, int op, const uint32_t *local,
                     const uint32_t *remote, size_t count, const kvx_xfer_params_t *params,
                     uint64_t *id_p)
 {
@@ -125,7 +125,7 @@ int kvx_xfer_submit(kvx_transport_t *t, kvx_peer_t *p, int op, const uint32_t *l
     bool was_idle;
     int rc;
 
-    deadline_ms = t->core.deadline_ns / 1000000ull;
+    deadline_ms = core->deadline_ns / 1000000ull;
     if (fm & KVX_XFER_PARAM_DEADLINE)
         deadline_ms = params->deadline_ms; /* at most KVX_MS_MAX: no overflow below */
 
@@ -134,11 +134,11 @@ int kvx_xfer_submit(kvx_transport_t *t, kvx_peer_t *p, int op, const uint32_t *l
         rc = -ENOTCONN;
         goto out;
     }
-    rc = kvx_xfer_alloc(&t->core, &x);
+    rc = kvx_xfer_alloc(core, &x);
     if (rc < 0)
         goto out;
     /* a peer pairing again: checked against the region last known, and again when it is back */
-    rc = kvx_xfer_build_runs(t, x, p->reconnecting ? p->last_num_blocks : c->remote_num_blocks,
+    rc = kvx_xfer_build_runs(core, x, p->reconnecting ? p->last_num_blocks : c->remote_num_blocks,
                              local, remote, count);
     if (rc < 0) {
         kvx_xfer_free(x);
@@ -149,7 +149,7 @@ int kvx_xfer_submit(kvx_transport_t *t, kvx_peer_t *p, int op, const uint32_t *l
     x->prio = prio;
     x->peer = p;
     x->conn = p->reconnecting ? NULL : c;
-    x->bytes = (uint64_t)count * t->core.block_len;
+    x->bytes = (uint64_t)count * core->block_len;
     x->tag = (fm & KVX_XFER_PARAM_TAG) ? params->tag : 0;
     x->notify = (flags & KVX_XFER_NOTIFY) != 0;
     /* stamped with the fence epoch the receiver gave us; before the handshake, with the one its
@@ -162,20 +162,20 @@ int kvx_xfer_submit(kvx_transport_t *t, kvx_peer_t *p, int op, const uint32_t *l
     p->inflight++;
     *id_p = x->id;
     if (x->bytes == 0) { /* nothing to move: done at once */
-        kvx_list_add_tail(&t->core.active, &x->active_link);
+        kvx_list_add_tail(&core->active, &x->active_link);
         kvx_xfer_done(x, 0);
         rc = 0;
         goto out;
     }
     /* leaving idle: a progress thread asleep for a long tick looks again soon (stall and
      * liveness checks run every KVX_HOUSEKEEPING_NS while transfers are in flight) */
-    if (kvx_list_empty(&t->core.active))
-        kvx_core_kick(&t->core, now + KVX_HOUSEKEEPING_NS);
-    kvx_list_add_tail(&t->core.active, &x->active_link);
-    due = kvx_xfer_due(t, x);
-    if (due != 0 && due < t->core.next_deadline_ns) {
-        t->core.next_deadline_ns = due;
-        kvx_core_kick(&t->core, due);
+    if (kvx_list_empty(&core->active))
+        kvx_core_kick(core, now + KVX_HOUSEKEEPING_NS);
+    kvx_list_add_tail(&core->active, &x->active_link);
+    due = kvx_xfer_due(core, x);
+    if (due != 0 && due < core->next_deadline_ns) {
+        core->next_deadline_ns = due;
+        kvx_core_kick(core, due);
     }
     if (p->reconnecting) { /* it waits for the new connection (kvx_xfer_unpark) */
         kvx_list_add_tail(&p->parked, &x->conn_link);
@@ -189,7 +189,7 @@ int kvx_xfer_submit(kvx_transport_t *t, kvx_peer_t *p, int op, const uint32_t *l
         kvx_xfer_post(c, KVX_INLINE_BUDGET);
     if (c->state == KVX_CONN_OPEN && c->wired && kvx_conn_queued(c) && c->reqs < KVX_MAX_REQS) {
         kvx_conn_want_work(c);
-        kvx_core_kick(&t->core, 0);
+        kvx_core_kick(core, 0);
     }
     rc = 0;
 out:
@@ -216,8 +216,8 @@ static void kvx_xfer_detach(kvx_xfer_t *x)
     }
     if (x->op == KVX_OP_READ)
         for (unsigned i = 0; i < KVX_MAX_REQS; i++)
-            if (c->rreqs[i].xfer_id == x->id)
-                c->rreqs[i].xfer_id = 0;
+            if (c->read_reqs[i].xfer_id == x->id)
+                c->read_reqs[i].xfer_id = 0;
     if (x->state == KVX_XS_QUEUED)
         kvx_xfer_unqueue(c, x);
     else
@@ -312,9 +312,9 @@ void kvx_xfer_unpark(kvx_peer_t *p, kvx_conn_t *c, int err)
         kvx_xfer_enqueue(c, x, now);
         any = true;
     }
-    if (any && c->state == KVX_CONN_OPEN && c->wired && !kvx_list_linked(&c->work_link)) {
-        kvx_list_add_tail(&c->t->work, &c->work_link);
-        kvx_core_kick(&c->t->core, 0);
+    if (any && c->state == KVX_CONN_OPEN && c->wired) {
+        kvx_conn_want_work(c);
+        kvx_core_kick(c->core, 0);
     }
 }
 
@@ -330,9 +330,9 @@ void kvx_xfer_fail_conn(kvx_conn_t *c, int err)
     for (size_t i = 0; i < sizeof(lists) / sizeof(lists[0]); i++)
         while (!kvx_list_empty(lists[i]))
             kvx_xfer_end(kvx_list_first(lists[i], kvx_xfer_t, conn_link), err);
-    memset(c->rreqs, 0, sizeof(c->rreqs));
+    memset(c->read_reqs, 0, sizeof(c->read_reqs));
     if (c->lingering) /* its endpoint stays open: what waited for UCX to let go is reported now */
-        for (kvx_list_t *n = c->t->core.active.next, *next; n != &c->t->core.active; n = next) {
+        for (kvx_list_t *n = c->core->active.next, *next; n != &c->core->active; n = next) {
             kvx_xfer_t *x = kvx_container_of(n, kvx_xfer_t, active_link);
             next = n->next;
             if (x->state == KVX_XS_ENDING && x->conn == c &&
@@ -361,7 +361,7 @@ void kvx_run_step(uint32_t *run, uint64_t *off, size_t piece, uint64_t run_len)
  * posted (0: none, out of message buffers), or a negative errno (the connection fails). */
 static ssize_t kvx_xfer_post_write(kvx_conn_t *c, kvx_xfer_t *x)
 {
-    kvx_transport_t *t = c->t;
+    kvx_core_t *core = c->core;
     kvx_send_t *s = kvx_ucx_send_get(c->ucx);
     size_t avail = c->seg > 2 * KVX_MSG_SLACK ? c->seg - KVX_MSG_SLACK : KVX_MSG_SLACK;
     size_t len = 0, hdr_len = KVX_WIRE_WRITE_LEN;
@@ -372,7 +372,7 @@ static ssize_t kvx_xfer_post_write(kvx_conn_t *c, kvx_xfer_t *x)
         return 0;
     while (x->next_run < x->nruns && n < KVX_WIRE_MAX_RUNS &&
            hdr_len + KVX_WIRE_RUN_LEN + len < avail) {
-        uint64_t run_len = (uint64_t)x->runs[x->next_run].count * t->core.block_len;
+        uint64_t run_len = (uint64_t)x->runs[x->next_run].count * core->block_len;
         uint64_t left = run_len - x->run_off;
         size_t room = avail - hdr_len - KVX_WIRE_RUN_LEN - len;
         size_t piece = left < room ? (size_t)left : room;
@@ -386,9 +386,9 @@ static ssize_t kvx_xfer_post_write(kvx_conn_t *c, kvx_xfer_t *x)
             piece = left < KVX_RNDV_PIECE ? (size_t)left : KVX_RNDV_PIECE;
             s->rndv = true;
         }
-        r = (kvx_wire_run_t){kvx_xfer_remote(t, x, x->next_run, x->run_off), (uint32_t)piece, 0};
+        r = (kvx_wire_run_t){kvx_xfer_remote(core, x, x->next_run, x->run_off), (uint32_t)piece, 0};
 
-        s->iov[n].base = kvx_xfer_local(t, x, x->next_run, x->run_off);
+        s->iov[n].base = kvx_xfer_local(core, x, x->next_run, x->run_off);
         s->iov[n].len = piece;
         if (c->crc)
             r.crc = kvx_crc32c(s->iov[n].base, piece);
@@ -431,15 +431,15 @@ static ssize_t kvx_xfer_post_write(kvx_conn_t *c, kvx_xfer_t *x)
  * cancel or failure stops the copying at once. Nothing is left for UCX or the peer to do. */
 static ssize_t kvx_xfer_copy(kvx_conn_t *c, kvx_xfer_t *x, size_t budget)
 {
-    kvx_transport_t *t = c->t;
+    kvx_core_t *core = c->core;
     size_t len = 0;
 
     while (x->next_run < x->nruns && len < budget) {
-        uint64_t run_len = (uint64_t)x->runs[x->next_run].count * t->core.block_len;
+        uint64_t run_len = (uint64_t)x->runs[x->next_run].count * core->block_len;
         uint64_t left = run_len - x->run_off;
         size_t piece = left < budget - len ? (size_t)left : budget - len;
-        uint8_t *local = kvx_xfer_local(t, x, x->next_run, x->run_off);
-        uint8_t *remote = c->mapped + kvx_xfer_remote(t, x, x->next_run, x->run_off);
+        uint8_t *local = kvx_xfer_local(core, x, x->next_run, x->run_off);
+        uint8_t *remote = c->mapped + kvx_xfer_remote(core, x, x->next_run, x->run_off);
 
         if (x->op == KVX_OP_WRITE)
             memcpy(remote, local, piece);
@@ -457,8 +457,8 @@ static ssize_t kvx_xfer_copy(kvx_conn_t *c, kvx_xfer_t *x, size_t budget)
  * asked for (0: no request slot free), or a negative errno. */
 static ssize_t kvx_xfer_post_read(kvx_conn_t *c, kvx_xfer_t *x)
 {
-    kvx_transport_t *t = c->t;
-    kvx_rreq_t *q = NULL;
+    kvx_core_t *core = c->core;
+    kvx_read_req_t *q = NULL;
     uint8_t hdr[KVX_WIRE_READ_REQ_LEN + KVX_WIRE_MAX_RUNS * KVX_WIRE_RUN_LEN];
     uint64_t len = 0;
     uint32_t n = 0;
@@ -466,18 +466,18 @@ static ssize_t kvx_xfer_post_read(kvx_conn_t *c, kvx_xfer_t *x)
     int rc;
 
     for (unsigned i = 0; i < KVX_MAX_REQS && q == NULL; i++)
-        if (c->rreqs[i].xfer_id == 0)
-            q = &c->rreqs[i];
+        if (c->read_reqs[i].xfer_id == 0)
+            q = &c->read_reqs[i];
     if (q == NULL)
         return 0;
     q->stream_off = x->posted;
     q->run = x->next_run;
     q->run_off = x->run_off;
     while (x->next_run < x->nruns && n < KVX_WIRE_MAX_RUNS && len < KVX_READ_REQ_MAX) {
-        uint64_t run_len = (uint64_t)x->runs[x->next_run].count * t->core.block_len;
+        uint64_t run_len = (uint64_t)x->runs[x->next_run].count * core->block_len;
         uint64_t left = run_len - x->run_off, room = KVX_READ_REQ_MAX - len;
         uint64_t piece = left < room ? left : room;
-        kvx_wire_run_t r = {kvx_xfer_remote(t, x, x->next_run, x->run_off), (uint32_t)piece, 0};
+        kvx_wire_run_t r = {kvx_xfer_remote(core, x, x->next_run, x->run_off), (uint32_t)piece, 0};
 
         kvx_wire_run_put(hdr + KVX_WIRE_READ_REQ_LEN, n++, &r);
         len += piece;
@@ -512,7 +512,7 @@ static unsigned kvx_rreqs_used(const kvx_conn_t *c)
     unsigned n = 0;
 
     for (unsigned i = 0; i < KVX_MAX_REQS; i++)
-        n += c->rreqs[i].xfer_id != 0;
+        n += c->read_reqs[i].xfer_id != 0;
     return n;
 }
 
@@ -596,8 +596,8 @@ void kvx_xfer_post(kvx_conn_t *c, size_t budget)
                 return;
             }
             if (c->reqs >= KVX_MAX_REQS && c->mapped == NULL)
-                return;            /* a reply or send resumes */
-            if (!kvx_conn_busy(c)) /* the stall clock starts with the first outstanding op */
+                return;                   /* a reply or send resumes */
+            if (!kvx_conn_awaits_peer(c)) /* the stall clock starts with the first outstanding op */
                 c->last_progress_ns = kvx_now_ns();
             if (c->mapped != NULL) /* a copy keeps to its level's round too */
                 n = kvx_xfer_copy(c, x,
@@ -608,7 +608,7 @@ void kvx_xfer_post(kvx_conn_t *c, size_t budget)
             else
                 n = kvx_xfer_post_read(c, x);
             if (n < 0) {
-                kvx_error(&c->t->core, "posting to %s: %s", c->agent_name, kvx_strerror((int)n));
+                kvx_error(c->core, "posting to %s: %s", c->agent_name, kvx_strerror((int)n));
                 kvx_conn_fail(c, (int)n);
                 return;
             }
@@ -650,7 +650,7 @@ void kvx_xfer_write_landed(kvx_conn_t *c, kvx_xfer_t *x)
                                  .u.notice = {.xfer_id = x->id,
                                               .tag = x->tag,
                                               .epoch = x->epoch,
-                                              .blocks = x->bytes / c->t->core.block_len,
+                                              .blocks = x->bytes / c->core->block_len,
                                               .bytes = x->bytes}},
                     hdr);
     rc = kvx_ucx_send_ctl(c->ucx, hdr, sizeof(hdr), &c->ucx_refs);
@@ -676,18 +676,18 @@ void kvx_xfer_write_landed(kvx_conn_t *c, kvx_xfer_t *x)
  * within another KVX_END_GRACE_NS, the write is reported all the same (logged): no transfer
  * waits for UCX forever. Runs only when the earliest known deadline has passed.
  */
-void kvx_xfer_check_deadlines(kvx_transport_t *t, uint64_t now)
+void kvx_xfer_check_deadlines(kvx_core_t *core, uint64_t now)
 {
     kvx_list_t *n, *next;
     uint64_t earliest = UINT64_MAX, due;
     kvx_conn_t *stuck;
 
-    if (now < t->core.next_deadline_ns)
+    if (now < core->next_deadline_ns)
         return;
 again:
     stuck = NULL;
     earliest = UINT64_MAX;
-    for (n = t->core.active.next; n != &t->core.active; n = next) {
+    for (n = core->active.next; n != &core->active; n = next) {
         kvx_xfer_t *x = kvx_container_of(n, kvx_xfer_t, active_link);
 
         next = n->next;
@@ -695,7 +695,7 @@ again:
             if (x->conn == NULL || x->conn->state != KVX_CONN_OPEN) { /* its close lets go */
                 due = x->deadline_ns + KVX_END_GRACE_NS;
                 if (now >= due) {
-                    kvx_warn(&t->core,
+                    kvx_warn(core,
                              "peer %s: UCX kept messages of failed transfer %llu after its "
                              "connection's close: reporting it anyway",
                              x->peer->id, (unsigned long long)x->id);
@@ -712,7 +712,7 @@ again:
                 earliest = due;
             continue;
         }
-        due = kvx_xfer_due(t, x);
+        due = kvx_xfer_due(core, x);
         if (due == 0)
             continue;
         if (now < due) {
@@ -720,7 +720,7 @@ again:
                 earliest = due;
             continue;
         }
-        kvx_debug(&t->core, "transfer %llu to %s missed its %s", (unsigned long long)x->id,
+        kvx_debug(core, "transfer %llu to %s missed its %s", (unsigned long long)x->id,
                   x->conn ? x->conn->agent_name : x->peer->id,
                   due == x->deadline_ns ? "deadline" : "connection within the stall limit");
         kvx_xfer_end(x, -ETIMEDOUT);
@@ -728,12 +728,12 @@ again:
             earliest = x->deadline_ns;
     }
     if (stuck != NULL) {
-        kvx_warn(&t->core,
+        kvx_warn(core,
                  "connection to %s: UCX still holds messages of a failed write: failing the "
                  "connection",
                  stuck->agent_name);
         kvx_conn_fail(stuck, -ETIMEDOUT);
         goto again;
     }
-    t->core.next_deadline_ns = earliest;
+    core->next_deadline_ns = earliest;
 }

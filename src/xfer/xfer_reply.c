@@ -1,8 +1,8 @@
 /*
- * What the receiver answers the initiator's side (src/README.md: the sides layer, a rank above
- * xfer.c): ACKs of writes, READ_DATA of reads (eager, copied in here; or by rendezvous, checked
- * against the read's request, then received by UCX straight into its local blocks), NOTICE_ACK,
- * and HELLO_ACK and FENCE for the connection; and UCX letting go of a message.
+ * What the receiver answers the initiator's side (a rank above xfer.c): ACKs of writes,
+ * READ_DATA of reads (eager, copied in here; or by rendezvous, checked against the read's
+ * request, then received by UCX straight into its local blocks), NOTICE_ACK; HELLO_ACK and FENCE
+ * go to the connection (conn/conn.c). And UCX letting go of a transfer's message.
  */
 #include "xfer/kvx_xfer.h"
 
@@ -10,11 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const uint8_t kvx_zero_nonce[KVX_WIRE_NONCE_LEN];
-
 static void kvx_xfer_on_ack(kvx_conn_t *c, const kvx_msg_t *m)
 {
-    kvx_transport_t *t = c->t;
+    kvx_core_t *core = c->core;
 
     for (uint32_t i = 0; i < m->u.ack.n; i++) {
         uint64_t id;
@@ -23,14 +21,14 @@ static void kvx_xfer_on_ack(kvx_conn_t *c, const kvx_msg_t *m)
         kvx_xfer_t *x;
 
         kvx_wire_ack_get(m->u.ack.entries, i, &id, &bytes, &status);
-        x = kvx_xfer_lookup(&t->core, id);
+        x = kvx_xfer_lookup(core, id);
         /* a reply for a transfer that is gone (failed, canceled) or not this connection's */
         if (x == NULL || x->conn != c || x->op != KVX_OP_WRITE || x->state == KVX_XS_DONE ||
             x->state == KVX_XS_ENDING || bytes > x->posted - x->done || status > 0)
             continue;
         if (status < 0) {
             status = kvx_remote_status(status);
-            kvx_debug(&t->core, "transfer %llu: refused by %s: %s", (unsigned long long)id,
+            kvx_debug(core, "transfer %llu: refused by %s: %s", (unsigned long long)id,
                       c->agent_name, kvx_strerror(status));
             kvx_xfer_end(x, status);
             continue;
@@ -47,7 +45,7 @@ static void kvx_xfer_on_ack(kvx_conn_t *c, const kvx_msg_t *m)
 
 /* The slot of a read request all of whose bytes arrived or are being received is free: more
  * can be asked. */
-static void kvx_rreq_check_done(kvx_conn_t *c, kvx_rreq_t *q)
+static void kvx_rreq_check_done(kvx_conn_t *c, kvx_read_req_t *q)
 {
     if (q->got != q->len)
         return;
@@ -60,24 +58,24 @@ static void kvx_rreq_check_done(kvx_conn_t *c, kvx_rreq_t *q)
  * their checksum (when the read asked for checksums) matched; a receive that failed fails its
  * read and its connection (the target vanished or stopped, or the connection closed). A read
  * that ended meanwhile (ENDING) is reported once its last receive is done. */
-static void kvx_xfer_rrx_end(kvx_conn_t *c, kvx_rrx_t *rx, int status)
+static void kvx_xfer_rrx_end(kvx_conn_t *c, kvx_read_rndv_t *rx, int status)
 {
-    kvx_transport_t *t = c->t;
-    kvx_xfer_t *x = kvx_xfer_lookup(&t->core, rx->xfer_id);
+    kvx_core_t *core = c->core;
+    kvx_xfer_t *x = kvx_xfer_lookup(core, rx->xfer_id);
     uint32_t len = rx->len;
 
     if (status == 0 && rx->check_crc && kvx_crc32c(rx->dest, len) != rx->crc) {
-        t->core.rcounters.drop_crc++;
+        core->rcounters.drop_crc++;
         status = -EBADMSG;
     }
     free(rx);
     if (status == 0)
         c->last_progress_ns = kvx_now_ns();
     else if (status != -EBADMSG)
-        kvx_info(&t->core, "connection to %s: a rendezvous receive of read data ended: %s",
+        kvx_info(core, "connection to %s: a rendezvous receive of read data ended: %s",
                  c->agent_name, kvx_strerror(status));
     if (status < 0 && status != -EBADMSG && c->state == KVX_CONN_OPEN)
-        kvx_on_conn_error(c, status);
+        kvx_conn_error(c, status);
     /* forgotten (canceled at once) or reported already: nothing to count */
     if (x == NULL || x->conn != c || x->op != KVX_OP_READ || x->state == KVX_XS_DONE ||
         x->sending == 0)
@@ -106,7 +104,7 @@ static void kvx_xfer_rrx_end(kvx_conn_t *c, kvx_rrx_t *rx, int status)
         kvx_xfer_end(x, 0);
 }
 
-void kvx_xfer_on_received(kvx_conn_t *c, kvx_rrx_t *rx, int status)
+void kvx_xfer_on_received(kvx_conn_t *c, kvx_read_rndv_t *rx, int status)
 {
     kvx_xfer_rrx_end(c, rx, status);
 }
@@ -119,26 +117,25 @@ void kvx_xfer_on_received(kvx_conn_t *c, kvx_rrx_t *rx, int status)
  * refused, not received, and fails the read as a malformed reply does. Its bytes are claimed at
  * once (the next piece must follow them) and count as arrived when the receive has ended.
  */
-static void kvx_xfer_read_rndv(kvx_conn_t *c, kvx_xfer_t *x, kvx_rreq_t *q, const kvx_msg_t *m,
+static void kvx_xfer_read_rndv(kvx_conn_t *c, kvx_xfer_t *x, kvx_read_req_t *q, const kvx_msg_t *m,
                                void *desc, size_t len)
 {
-    kvx_transport_t *t = c->t;
-    uint64_t run_len = (uint64_t)x->runs[q->run].count * t->core.block_len;
-    kvx_rrx_t *rx;
+    kvx_core_t *core = c->core;
+    uint64_t run_len = (uint64_t)x->runs[q->run].count * core->block_len;
+    kvx_read_rndv_t *rx;
     int r;
 
-    if (!kvx_core_takes_rndv(&t->core)) {
+    if (!kvx_core_takes_rndv(core)) {
         /* this transport chose KVX_RNDV_EAGER and said so in its HELLO: no payload moves that
          * way into its blocks (on an RDMA lane UCX might hand the target a remote key for them) */
-        kvx_debug(&t->core, "transfer %llu: a rendezvous reply refused (this transport is eager)",
+        kvx_debug(core, "transfer %llu: a rendezvous reply refused (this transport is eager)",
                   (unsigned long long)x->id);
-        t->core.rcounters.drop_other++;
+        core->rcounters.drop_other++;
         kvx_xfer_end(x, -EPROTO);
         return;
     }
     if (len > run_len - q->run_off) {
-        kvx_debug(&t->core,
-                  "transfer %llu: a rendezvous reply of %zu bytes crosses a local run's end",
+        kvx_debug(core, "transfer %llu: a rendezvous reply of %zu bytes crosses a local run's end",
                   (unsigned long long)x->id, len);
         kvx_xfer_end(x, -EPROTO);
         return;
@@ -149,7 +146,7 @@ static void kvx_xfer_read_rndv(kvx_conn_t *c, kvx_xfer_t *x, kvx_rreq_t *q, cons
         return;
     }
     rx->xfer_id = x->id;
-    rx->dest = kvx_xfer_local(t, x, q->run, q->run_off);
+    rx->dest = kvx_xfer_local(core, x, q->run, q->run_off);
     rx->len = (uint32_t)len;
     rx->crc = m->u.read_data.crc;
     rx->check_crc = c->crc;
@@ -168,27 +165,26 @@ static void kvx_xfer_read_rndv(kvx_conn_t *c, kvx_xfer_t *x, kvx_rreq_t *q, cons
     }
     x->sending--;
     free(rx);
-    kvx_info(&t->core,
-             "connection to %s: a rendezvous reply of transfer %llu cannot be received: %s",
+    kvx_info(core, "connection to %s: a rendezvous reply of transfer %llu cannot be received: %s",
              c->agent_name, (unsigned long long)x->id, kvx_strerror(r));
     if (r == -EBUSY) /* more receives at once than a kvx target causes */
-        kvx_on_conn_error(c, -EPROTO);
+        kvx_conn_error(c, -EPROTO);
     kvx_xfer_end(x, r == -EBUSY || r == -EPERM ? -EPROTO : r);
 }
 
 static void kvx_xfer_on_read_data(kvx_conn_t *c, const kvx_msg_t *m, const uint8_t *data,
                                   size_t len)
 {
-    kvx_transport_t *t = c->t;
-    kvx_rreq_t *q = NULL;
+    kvx_core_t *core = c->core;
+    kvx_read_req_t *q = NULL;
     kvx_xfer_t *x;
 
     for (unsigned i = 0; i < KVX_MAX_REQS && q == NULL; i++)
-        if (c->rreqs[i].xfer_id == m->u.read_data.xfer_id &&
-            c->rreqs[i].stream_off <= m->u.read_data.stream_off &&
-            m->u.read_data.stream_off < c->rreqs[i].stream_off + c->rreqs[i].len)
-            q = &c->rreqs[i];
-    x = q != NULL ? kvx_xfer_lookup(&t->core, q->xfer_id) : NULL;
+        if (c->read_reqs[i].xfer_id == m->u.read_data.xfer_id &&
+            c->read_reqs[i].stream_off <= m->u.read_data.stream_off &&
+            m->u.read_data.stream_off < c->read_reqs[i].stream_off + c->read_reqs[i].len)
+            q = &c->read_reqs[i];
+    x = q != NULL ? kvx_xfer_lookup(core, q->xfer_id) : NULL;
     /* a reply for a read that failed or was canceled: dropped, so that a read reported failed
      * never has a byte land in its local blocks afterwards (a rendezvous one is not received) */
     if (x == NULL || x->conn != c || x->state == KVX_XS_DONE || x->canceled)
@@ -207,7 +203,7 @@ static void kvx_xfer_on_read_data(kvx_conn_t *c, const kvx_msg_t *m, const uint8
     }
     if ((m->flags & KVX_MSGF_CRC) != c->crc * KVX_MSGF_CRC ||
         (c->crc && !m->rndv && kvx_crc32c(data, len) != m->u.read_data.crc)) {
-        t->core.rcounters.drop_crc++;
+        core->rcounters.drop_crc++;
         kvx_xfer_end(x, -EBADMSG);
         return;
     }
@@ -216,10 +212,10 @@ static void kvx_xfer_on_read_data(kvx_conn_t *c, const kvx_msg_t *m, const uint8
         return;
     }
     for (size_t off = 0; off < len;) {
-        uint64_t run_len = (uint64_t)x->runs[q->run].count * t->core.block_len;
+        uint64_t run_len = (uint64_t)x->runs[q->run].count * core->block_len;
         size_t piece =
             run_len - q->run_off < len - off ? (size_t)(run_len - q->run_off) : len - off;
-        memcpy(kvx_xfer_local(t, x, q->run, q->run_off), data + off, piece);
+        memcpy(kvx_xfer_local(core, x, q->run, q->run_off), data + off, piece);
         off += piece;
         kvx_run_step(&q->run, &q->run_off, piece, run_len);
     }
@@ -231,73 +227,19 @@ static void kvx_xfer_on_read_data(kvx_conn_t *c, const kvx_msg_t *m, const uint8
         kvx_xfer_end(x, 0);
 }
 
-void kvx_xfer_on_message(kvx_transport_t *t, const kvx_msg_t *m, const uint8_t *data,
-                         size_t data_len)
+void kvx_xfer_on_message(kvx_conns_t *cs, const kvx_msg_t *m, const uint8_t *data, size_t data_len)
 {
-    kvx_conn_t *c = kvx_idtab_get(&t->conn_ids, m->conn_id);
-    uint8_t a[8], b[8];
+    kvx_conn_t *c = kvx_conn_of(cs, m);
+    kvx_xfer_t *x;
 
-    if (c != NULL) {
-        kvx_put64(a, c->token);
-        kvx_put64(b, m->token);
-    }
-    if (c == NULL || c->state != KVX_CONN_OPEN || !kvx_equal_ct(a, b, 8)) {
-        kvx_count_drop(&t->core, KVX_DROP_UNKNOWN);
+    if (c == NULL)
         return;
-    }
-    c->last_progress_ns = kvx_now_ns();
     switch (m->type) {
-    case KVX_MSG_HELLO_ACK:
-        if (c->wired)
-            break;
-        if (m->u.hello_ack.status < 0) {
-            int st = kvx_remote_status(m->u.hello_ack.status);
-            kvx_warn(&t->core, "peer %s refused the handshake: %s", c->agent_name,
-                     kvx_strerror(st));
-            kvx_on_conn_error(c, st);
-            break;
-        }
-        /* before anything is posted: no byte is copied into a mapping the token did not prove */
-        kvx_conn_map_prove(c, m->u.hello_ack.seg_token);
-        c->rconn_id = m->u.hello_ack.rconn_id;
-        c->rconn_token = m->u.hello_ack.token;
-        c->epoch = m->u.hello_ack.epoch;
-        if (t->core.secret != NULL &&
-            !kvx_equal_ct(m->u.hello_ack.nonce, kvx_zero_nonce, KVX_WIRE_NONCE_LEN)) {
-            /* the receiver asks for a proof over its fresh nonce first (a recorded HELLO has
-             * none): it goes before anything else on this endpoint */
-            uint8_t pr[KVX_WIRE_PROOF_LEN], mac[KVX_PROOF_LEN];
-            int rc;
-            kvx_wire_proof_mac(t->core.secret, t->core.secret_len, m->u.hello_ack.nonce,
-                               c->rconn_id, c->rconn_token, mac);
-            kvx_wire_encode(&(kvx_msg_t){.type = KVX_MSG_PROOF,
-                                         .conn_id = c->rconn_id,
-                                         .token = c->rconn_token,
-                                         .u.proof.mac = mac},
-                            pr);
-            rc = kvx_ucx_send_ctl(c->ucx, pr, sizeof(pr), &c->ucx_refs);
-            if (rc < 0) {
-                kvx_on_conn_error(c, rc);
-                break;
-            }
-            if (rc == 1)
-                c->reqs++;
-        }
-        kvx_conn_wired(c, m->flags);
-        t->core.conn_event = true;
-        for (int l = 0; l < KVX_PRIO_LEVELS; l++)
-            for (kvx_list_t *n = c->queue[l].next; n != &c->queue[l]; n = n->next) {
-                kvx_xfer_t *x = kvx_container_of(n, kvx_xfer_t, conn_link);
-                if (x->epoch == UINT64_MAX)
-                    x->epoch = c->epoch;
-            }
-        if (kvx_conn_queued(c))
-            kvx_conn_want_work(c);
+    case KVX_MSG_HELLO_ACK: /* the connection's: its handshake answered */
+        kvx_conn_hello_ack(c, m);
         break;
     case KVX_MSG_FENCE:
-        /* later writes carry the new epoch; those submitted before are judged by the receiver */
-        if (m->u.fence.epoch > c->epoch)
-            c->epoch = m->u.fence.epoch;
+        kvx_conn_fence(c, m);
         break;
     case KVX_MSG_ACK:
         kvx_xfer_on_ack(c, m);
@@ -305,40 +247,25 @@ void kvx_xfer_on_message(kvx_transport_t *t, const kvx_msg_t *m, const uint8_t *
     case KVX_MSG_READ_DATA:
         kvx_xfer_on_read_data(c, m, data, data_len);
         break;
-    case KVX_MSG_NOTICE_ACK: {
-        kvx_xfer_t *x = kvx_xfer_lookup(&t->core, m->u.notice_ack.xfer_id);
+    case KVX_MSG_NOTICE_ACK:
+        x = kvx_xfer_lookup(cs->core, m->u.notice_ack.xfer_id);
         if (x != NULL && x->conn == c && x->noticed)
             kvx_xfer_end(x, kvx_remote_status(m->u.notice_ack.status));
         break;
-    }
     default:
         break;
     }
 }
 
-void kvx_xfer_on_sent(kvx_conn_t *c, uint64_t xfer_id, int status)
+void kvx_xfer_on_sent(kvx_conn_t *c, uint64_t xfer_id)
 {
-    if (--c->reqs == 0 && c->lingering) { /* all it held left: its endpoint may close */
-        c->linger_over = true;
-        kvx_conn_want_work(c);
-    }
-    c->ucx_refs--;
-    c->last_progress_ns = kvx_now_ns();
-    if (xfer_id != 0) {
-        kvx_xfer_t *x = kvx_xfer_lookup(&c->t->core, xfer_id);
-        if (x != NULL && x->conn == c && x->sending > 0 && --x->sending == 0) {
-            /* its last message left: it touches no memory any more */
-            if (x->state == KVX_XS_ENDING)
-                kvx_xfer_done(x, x->end_status);
-            else if (x->canceled && x->state != KVX_XS_DONE)
-                kvx_xfer_end(x, -ECANCELED);
-        }
-    }
-    if (c->state == KVX_CONN_OPEN) {
-        if (status != 0)
-            kvx_on_conn_error(c, status);
-        else if (kvx_conn_queued(c))
-            kvx_conn_want_work(c);
-    }
-    kvx_conn_maybe_free(c);
+    kvx_xfer_t *x = kvx_xfer_lookup(c->core, xfer_id);
+
+    if (x == NULL || x->conn != c || x->sending == 0 || --x->sending > 0)
+        return;
+    /* its last message left: it touches no memory any more */
+    if (x->state == KVX_XS_ENDING)
+        kvx_xfer_done(x, x->end_status);
+    else if (x->canceled && x->state != KVX_XS_DONE)
+        kvx_xfer_end(x, -ECANCELED);
 }

@@ -22,9 +22,11 @@ static kvx_transport_t *setup(bool unproven)
 {
     kvx_transport_t *t = calloc(1, sizeof(*t));
     kvx_writer_t *w = calloc(1, sizeof(*w));
-    kvx_rconn_t *rc = calloc(1, sizeof(*rc));
+    kvx_rconn_t *rc;
 
     pthread_mutex_init(&t->core.lock, NULL);
+    kvx_conns_init(&t->conns, &t->core);
+    kvx_rconns_init(&t->rconns, &t->core);
     t->core.base = malloc(REGION);
     t->core.region_len = REGION;
     t->core.block_len = 4096;
@@ -35,11 +37,7 @@ static kvx_transport_t *setup(bool unproven)
     kvx_list_init(&t->refusing);
     t->notice_cap = 4;
     t->notices = calloc(t->notice_cap, sizeof(*t->notices));
-    kvx_list_init(&t->rwork);
     kvx_list_init(&t->hellos);
-    kvx_list_init(&t->rconns);
-    kvx_list_init(&t->conns);
-    kvx_list_init(&t->work);
     snprintf(w->name, sizeof(w->name), "writer");
     kvx_list_init(&w->rconns);
     w->epoch = 2;
@@ -48,17 +46,10 @@ static kvx_transport_t *setup(bool unproven)
     w->ftags[0].tag = 7;
     w->ftags[0].at_epoch = 2; /* writes of tag 7 stamped before epoch 2 are fenced */
     w->live = 1;
-    t->nftags = 1;
-    rc->t = t;
-    rc->w = w;
+    t->rconns.nftags = 1;
+    rc = kvx_rconn_alloc(&t->rconns, w, &(kvx_msg_t){.type = KVX_MSG_HELLO});
     rc->token = TOKEN;
     rc->state = KVX_CONN_OPEN;
-    kvx_list_init(&rc->serve);
-    kvx_list_init(&rc->ctl);
-    kvx_list_init(&rc->work_link);
-    kvx_list_init(&rc->w_link);
-    kvx_list_init(&rc->all_link);
-    kvx_list_init(&rc->slot_link);
     rc->proven = !unproven;
     if (unproven) {
         static uint8_t secret[] = "fuzz";
@@ -68,13 +59,13 @@ static kvx_transport_t *setup(bool unproven)
     w->nopen = 1;
     w->live = 1;
     kvx_list_add_tail(&w->rconns, &rc->w_link);
-    kvx_list_add_tail(&t->rconns, &rc->all_link);
-    kvx_idtab_alloc(&t->rconn_ids, rc, &rc->id); /* id 1 */
-    t->nrconns = 1;
-    t->wtab_cap = 1;
-    t->wtab = calloc(1, sizeof(*t->wtab));
-    t->wtab[0] = w;
-    t->nwriters = 1;
+    kvx_list_add_tail(&t->rconns.all, &rc->all_link);
+    kvx_idtab_alloc(&t->rconns.ids, rc, &rc->id); /* id 1 */
+    t->rconns.nopen = 1;
+    t->rconns.wtab_cap = 1;
+    t->rconns.wtab = calloc(1, sizeof(*t->rconns.wtab));
+    t->rconns.wtab[0] = w;
+    t->rconns.nwriters = 1;
     return t;
 }
 
@@ -122,14 +113,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             kvx_recv_on_message(t, &m, hdr, hdr_len, payload, size - 2 - hdr_len);
             break;
         case KVX_TO_INITIATOR:
-            kvx_xfer_on_message(t, &m, payload, size - 2 - hdr_len);
+            kvx_xfer_on_message(&t->conns, &m, payload, size - 2 - hdr_len);
             break;
         default: /* a pairing's: taken only on a pairing's endpoint (fuzz_pair) */
             break;
         }
     }
     kvx_recv_free_all(t);
-    free(t->conn_ids.slots);
+    free(t->conns.ids.slots);
     free(t->notices);
     free(t->core.base);
     pthread_mutex_destroy(&t->core.lock);

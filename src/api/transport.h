@@ -3,14 +3,11 @@
  * core/kvx_core.h) is its first member; the other layers' state is still grouped here by the
  * layer that owns it, until each has a struct of its own.
  */
-#ifndef KVX_OBJECTS_H
-#define KVX_OBJECTS_H
+#ifndef KVX_TRANSPORT_H
+#define KVX_TRANSPORT_H
 
-#include "core/kvx_core.h"
-
-typedef struct kvx_rconn kvx_rconn_t;
-typedef struct kvx_writer kvx_writer_t;
-typedef struct kvx_conn_ops kvx_conn_ops_t; /* what a connection tells its owner (conn.c) */
+#include "conn/kvx_conn.h"
+#include "conn/kvx_rconn.h"
 
 /* Retired capabilities remembered (older ones are dropped like any unknown one). */
 #define KVX_RETIRED_MAX 8
@@ -31,31 +28,18 @@ struct kvx_transport {
     uint8_t *metadata;
     size_t metadata_len;
 
-    /* the initiator's connections */
-    kvx_list_t conns; /* every connection not yet freed */
-    kvx_list_t work;  /* connections with runs to post or an error to handle */
-    kvx_idtab_t conn_ids;
+    kvx_conns_t conns; /* the initiator's connections */
 
-    /* the receiving side: writers by name, their connections by id */
+    /* the receiving side: its connections and their writers, and its own */
+    kvx_rconns_t rconns;
     /* capabilities kvx_fence_ex retired, newest first: a HELLO with one is refused, answered */
     uint8_t retired[KVX_RETIRED_MAX][16];
     unsigned nretired;
     struct kvx_seen_proof *seen; /* with a secret: HELLO proofs of the last seconds (hello.c) */
     kvx_list_t refusing;         /* connections made only to answer such a HELLO (at most 16) */
-    size_t nftags;               /* tag fence records of every writer (kvx_fence_rec_t) */
-    kvx_writer_t **wtab;
-    size_t wtab_cap, nwriters;
-    kvx_idtab_t rconn_ids;
-    size_t nrconns;    /* open ones */
-    kvx_list_t rconns; /* every one not yet freed */
-    kvx_list_t rwork;  /* rconns with acknowledgements, read data or control to send */
-    kvx_list_t hellos; /* HELLOs with a valid capability, handled after UCX progress */
+    kvx_list_t hellos;           /* HELLOs with a valid capability, handled after UCX progress */
     unsigned nhellos;
-    kvx_list_t rslots[3];     /* open rconns by eviction order: unproven, fresh, active (rconn.c) */
-    size_t rqbytes;           /* sum of their qbytes (lingering ones' excepted) */
-    unsigned nlingering;      /* closed tcp connections whose endpoints wait for UCX (rconn.c) */
-    uint64_t hello_credit_ns; /* the transport's endpoint-open budget (rconn.c) */
-    kvx_notice_t *notices;    /* a ring of notice_cap */
+    kvx_notice_t *notices; /* a ring of notice_cap */
     size_t notice_cap, notice_head, notice_count;
 
     /* pairing by address (listen.c): the listener, and the pairings under way */
@@ -98,4 +82,4 @@ struct kvx_transport {
     unsigned ev_kinds; /* the kinds that had something at the last kvx_events_update */
 };
 
-#endif /* KVX_OBJECTS_H */
+#endif /* KVX_TRANSPORT_H */
