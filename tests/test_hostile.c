@@ -21,6 +21,8 @@
  *  7. a HELLO naming another writer's worker address: that writer's rendezvous writes still land,
  *     also when the connection it made closed before the writer came (unproven, with a secret);
  *     and after 17 more such HELLOs the receiver's own connection to that writer is answered;
+ *  9. a reader that keeps the descriptors of its rendezvous read data while the target closes:
+ *     the close drives UCX until it lets go of them (no crash, nothing left behind);
  *  8. a target made with KVX_RNDV_EAGER: its handshake says it takes no rendezvous payload, and
  *     one sent anyway is refused at its header (-EPROTO, counted), while an eager write lands;
  *  4. kvx itself with forged metadata (num_blocks doubled, base moved): writes and reads beyond
@@ -52,7 +54,7 @@ static ucp_context_h ctx;
 static ucp_worker_h worker;
 static ucp_ep_h ep;
 static struct {
-    int hello_acks, acks, read_data;
+    int hello_acks, acks, read_data, read_rndv;
     uint16_t ack_flags; /* the last HELLO_ACK's: KVX_MSGF_RNDV when the target takes rendezvous */
     uint32_t rconn_id;
     uint64_t token, epoch; /* the last HELLO_ACK's: a fence of this writer bumps the epoch */
@@ -61,14 +63,27 @@ static struct {
     uint8_t read_buf[BL];
 } seen;
 
+/* section 9: rendezvous read data the attacker keeps UCX's descriptors of, never receiving it */
+static bool hold_rndv;
+static void *held[64];
+static int nheld;
+
 static ucs_status_t on_reply(void *arg, const void *hdr, size_t hdr_len, void *data, size_t len,
                              const ucp_am_recv_param_t *param)
 {
     kvx_msg_t m;
     (void)arg;
-    (void)param;
     if (kvx_wire_decode(hdr, hdr_len, len, &m) < 0)
         return UCS_OK;
+    if (m.type == KVX_MSG_READ_DATA && (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
+        /* read data by rendezvous: data is UCX's descriptor; kept (never received) in hold mode */
+        seen.read_rndv++;
+        if (hold_rndv && nheld < (int)(sizeof(held) / sizeof(held[0]))) {
+            held[nheld++] = data;
+            return UCS_INPROGRESS;
+        }
+        return UCS_OK;
+    }
     if (m.type == KVX_MSG_HELLO_ACK) {
         seen.hello_acks++;
         seen.ack_flags = m.flags;
@@ -862,6 +877,80 @@ static void eager_target(void)
     kt_region_free(&tr);
 }
 
+/* ---- 9: a reader that holds rendezvous read data while the target closes --------------------- */
+
+/* A reader that says it takes rendezvous read data (KVX_MSGF_RNDV) from a target made with
+ * KVX_RNDV_ALWAYS asks 40 reads and keeps every READ_DATA's descriptor without receiving it, so
+ * that the target's UCX holds all its sends; then the target closes. The close must drive UCX
+ * until it has let go of them: destroying the worker with them still held made UCX 1.19.1 free
+ * twice (the registration it made for each send, released while its callback queue was being
+ * destroyed: 5 runs of 8), and left kvx's message records behind (ASan: 16 kvx_send_t). */
+static void held_reads(void)
+{
+    kt_region_t tr = kt_region_alloc(NB, BL);
+    kvx_params_t p = {.field_mask = KVX_PARAM_REGION | KVX_PARAM_AGENT_NAME |
+                                    KVX_PARAM_NUM_THREADS | KVX_PARAM_RNDV,
+                      .base = tr.base,
+                      .num_blocks = NB,
+                      .block_len = BL,
+                      .agent_name = "always-target",
+                      .num_threads = 1,
+                      .rndv_mode = KVX_RNDV_ALWAYS};
+    ucp_ep_params_t ep_params = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
+                                               UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
+                                 .err_mode = UCP_ERR_HANDLING_MODE_PEER};
+    ucp_request_param_t cp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                              .flags = UCP_EP_CLOSE_FLAG_FORCE};
+    kvx_transport_attr_t a = {.field_mask = KVX_TRANSPORT_ATTR_RECV};
+    uint8_t *raw, h[4096];
+    kvx_transport_t *target;
+    ucp_ep_h first = ep;
+    kvx_md_t tmd;
+    size_t len, n;
+    uint64_t t0;
+
+    kt_fill_all(&tr, 0x37, 9);
+    KT_OK(kvx_transport_create(&p, &target));
+    raw = kt_metadata(target, &len);
+    KT_OK(kvx_md_decode(raw, len, &tmd));
+    ep_params.address = (const ucp_address_t *)tmd.worker_addr;
+    KT_CHECK(ucp_ep_create(worker, &ep_params, &ep) == UCS_OK);
+    progress_for(50);
+    seen.hello_acks = 0;
+    n = hello(h, &tmd, tmd.capability);
+    h[2] |= KVX_MSGF_RNDV; /* it takes read data by rendezvous */
+    send_raw(h, n, NULL, 0, UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY);
+    for (int i = 0; i < 300 && seen.hello_acks == 0; i++)
+        progress_for(10);
+    KT_EQ(seen.hello_acks, 1);
+    hold_rndv = true;
+    nheld = seen.read_rndv = 0;
+    for (int i = 0; i < 40; i++) {
+        n = read_hdr(h, 0, 16 * BL);
+        kvx_put64(h + 16, 200 + (uint64_t)i);
+        send_raw(h, n, NULL, 0, UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY);
+    }
+    for (int i = 0; i < 300 && nheld < 16; i++)
+        progress_for(10);
+    KT_OK(kvx_transport_query(target, &a));
+    kt_log("a reader holding rendezvous read data: %d held, %llu served by rendezvous", nheld,
+           (unsigned long long)a.recv.rndv_served);
+    KT_CHECK(nheld >= 1);
+    t0 = kt_now_ns();
+    KT_OK(kvx_transport_close(target));
+    kt_log("... the target closed in %.1f ms", (double)(kt_now_ns() - t0) / 1e6);
+    kvx_transport_destroy(target);
+    hold_rndv = false;
+    for (int i = 0; i < nheld; i++)
+        ucp_am_data_release(worker, held[i]);
+    nheld = 0;
+    keep_req(ucp_ep_close_nbx(ep, &cp));
+    ep = first;
+    progress_for(50);
+    free(raw);
+    kt_region_free(&tr);
+}
+
 /* A child attacker announces a 256 KiB rendezvous write (the whole region) and is killed before
  * it progresses again: the receive the target started ends (it sees the connection fail), and
  * nothing of the target's outside the region moves. */
@@ -959,6 +1048,7 @@ static int attack(void)
     KT_EQ(kt_target_canaries(&tg), 0);
     impersonate_unproven();
     eager_target();
+    held_reads();
     attacker_stop();
     rndv_vanish(&md);
     KT_EQ(kt_target_canaries(&tg), 0);
