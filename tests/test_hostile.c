@@ -21,6 +21,8 @@
  *  7. a HELLO naming another writer's worker address: that writer's rendezvous writes still land,
  *     also when the connection it made closed before the writer came (unproven, with a secret);
  *     and after 17 more such HELLOs the receiver's own connection to that writer is answered;
+ *  9. a reader that keeps the descriptors of its rendezvous read data while the target closes:
+ *     the close drives UCX until it lets go of them (no crash, nothing left behind);
  *  8. a target made with KVX_RNDV_EAGER: its handshake says it takes no rendezvous payload, and
  *     one sent anyway is refused at its header (-EPROTO, counted), while an eager write lands;
  *  4. kvx itself with forged metadata (num_blocks doubled, base moved): writes and reads beyond
@@ -52,7 +54,7 @@ static ucp_context_h ctx;
 static ucp_worker_h worker;
 static ucp_ep_h ep;
 static struct {
-    int hello_acks, acks, read_data;
+    int hello_acks, acks, read_data, read_rndv;
     uint16_t ack_flags; /* the last HELLO_ACK's: KVX_MSGF_RNDV when the target takes rendezvous */
     uint32_t rconn_id;
     uint64_t token, epoch; /* the last HELLO_ACK's: a fence of this writer bumps the epoch */
@@ -61,14 +63,27 @@ static struct {
     uint8_t read_buf[BL];
 } seen;
 
+/* section 9: rendezvous read data the attacker keeps UCX's descriptors of, never receiving it */
+static bool hold_rndv;
+static void *held[64];
+static int nheld;
+
 static ucs_status_t on_reply(void *arg, const void *hdr, size_t hdr_len, void *data, size_t len,
                              const ucp_am_recv_param_t *param)
 {
     kvx_msg_t m;
     (void)arg;
-    (void)param;
     if (kvx_wire_decode(hdr, hdr_len, len, &m) < 0)
         return UCS_OK;
+    if (m.type == KVX_MSG_READ_DATA && (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
+        /* read data by rendezvous: data is UCX's descriptor; kept (never received) in hold mode */
+        seen.read_rndv++;
+        if (hold_rndv && nheld < (int)(sizeof(held) / sizeof(held[0]))) {
+            held[nheld++] = data;
+            return UCS_INPROGRESS;
+        }
+        return UCS_OK;
+    }
     if (m.type == KVX_MSG_HELLO_ACK) {
         seen.hello_acks++;
         seen.ack_flags = m.flags;
@@ -97,6 +112,17 @@ static void progress_for(uint64_t ms)
     uint64_t end = kt_now_ns() + ms * 1000000ull;
     while (kt_now_ns() < end)
         ucp_worker_progress(worker);
+}
+
+/* Progress until *count reaches want (answers counted by on_reply), for at most 10 s: a loaded
+ * host may take longer than any fixed pause; then a little more, so that an answer that should
+ * not come has had its chance too. */
+static void settle(const int *count, int want)
+{
+    uint64_t end = kt_now_ns() + 10000000000ull;
+    while (*count < want && kt_now_ns() < end)
+        ucp_worker_progress(worker);
+    progress_for(20);
 }
 
 /* Requests the target may never answer (a get it has no handler for) are left to the forced
@@ -296,7 +322,7 @@ static void message_attacks(const kvx_md_t *md)
     /* a legitimate write of block 5 from this program: acknowledged */
     n = write_hdr(h, seen.rconn_id, seen.token, 0, 5 * BL, BL, 0);
     send_raw(h, n, data, BL, UCP_AM_SEND_FLAG_EAGER);
-    progress_for(100);
+    settle(&seen.acks, 1);
     KT_EQ(seen.acks, 1);
     KT_EQ(seen.last_ack_status, 0);
     /* outside the region: just past its end, straddling it, and far away */
@@ -306,7 +332,7 @@ static void message_attacks(const kvx_md_t *md)
     send_raw(h, n, data, BL, UCP_AM_SEND_FLAG_EAGER);
     n = write_hdr(h, seen.rconn_id, seen.token, 0, UINT64_MAX - 10, 64, 0);
     send_raw(h, n, data, 64, UCP_AM_SEND_FLAG_EAGER);
-    progress_for(100);
+    settle(&seen.acks, 4);
     KT_EQ(seen.acks, 4);
     KT_ERR(seen.last_ack_status, -EINVAL);
     /* a wrong token, an unknown connection: no answer at all */
@@ -323,18 +349,18 @@ static void message_attacks(const kvx_md_t *md)
     /* a bad checksum: refused whole */
     n = write_hdr(h, seen.rconn_id, seen.token, KVX_MSGF_CRC, 6 * BL, BL, 0xdeadbeef);
     send_raw(h, n, data, BL, UCP_AM_SEND_FLAG_EAGER);
-    progress_for(100);
+    settle(&seen.acks, 5);
     KT_EQ(seen.acks, 5);
     KT_ERR(seen.last_ack_status, -EBADMSG);
     /* reads outside the region: refused; inside: the bytes written above */
     n = read_hdr(h, region - 8, 64);
     send_raw(h, n, NULL, 0, UCP_AM_SEND_FLAG_EAGER);
-    progress_for(100);
+    settle(&seen.read_data, 1);
     KT_EQ(seen.read_data, 1);
     KT_ERR(seen.last_read_status, -EINVAL);
     n = read_hdr(h, 5 * BL, BL);
     send_raw(h, n, NULL, 0, UCP_AM_SEND_FLAG_EAGER);
-    progress_for(100);
+    settle(&seen.read_data, 2);
     KT_EQ(seen.read_data, 2);
     KT_EQ(seen.last_read_status, 0);
     KT_EQ(seen.last_read_len, BL);
@@ -347,7 +373,7 @@ static void message_attacks(const kvx_md_t *md)
         n = read_hdr(h, 5 * BL, BL);
         kvx_put32(h + 36, prio);
         send_raw(h, n, NULL, 0, UCP_AM_SEND_FLAG_EAGER);
-        progress_for(100);
+        settle(&seen.read_data, before + (prio < 3));
         KT_EQ(seen.read_data, before + (prio < 3));
         if (prio < 3) {
             KT_EQ(seen.last_read_status, 0);
@@ -383,31 +409,33 @@ static void message_attacks(const kvx_md_t *md)
     }
     n = read_hdr(h, 0, 64); /* a read request carries no payload: malformed */
     send_raw(h, n, data, 64, UCP_AM_SEND_FLAG_RNDV | UCP_AM_SEND_FLAG_REPLY);
-    progress_for(200);
+    settle(&seen.acks, 7);
     KT_EQ(seen.acks, 7); /* the straddling write and the one with two runs are answered */
     KT_ERR(seen.last_ack_status, -EINVAL);
     /* a bad checksum: checked once the payload has landed (inside the region), refused */
     n = write_hdr(h, seen.rconn_id, seen.token, KVX_MSGF_CRC, 8 * BL, BL, 0xdeadbeef);
     send_raw(h, n, data, BL, UCP_AM_SEND_FLAG_RNDV | UCP_AM_SEND_FLAG_REPLY);
-    progress_for(200);
+    settle(&seen.acks, 8);
     KT_EQ(seen.acks, 8);
     KT_ERR(seen.last_ack_status, -EBADMSG);
     /* a legitimate one that names no endpoint (no REPLY): refused, its payload never moves */
     n = write_hdr(h, seen.rconn_id, seen.token, 0, 16 * BL, sizeof(data), 0);
     send_raw(h, n, data, sizeof(data), UCP_AM_SEND_FLAG_RNDV);
-    progress_for(200);
+    settle(&seen.acks, 9);
     KT_EQ(seen.acks, 9);
     KT_ERR(seen.last_ack_status, -EPROTO);
     /* a legitimate one: 16 blocks from block 16 land, read back whole */
     n = write_hdr(h, seen.rconn_id, seen.token, 0, 16 * BL, sizeof(data), 0);
     send_raw(h, n, data, sizeof(data), UCP_AM_SEND_FLAG_RNDV | UCP_AM_SEND_FLAG_REPLY);
-    progress_for(300);
+    settle(&seen.acks, 10);
     KT_EQ(seen.acks, 10);
     KT_EQ(seen.last_ack_status, 0);
     for (uint32_t b = 0; b < sizeof(data) / BL; b++) {
+        int before = seen.read_data;
         n = read_hdr(h, (16 + b) * BL, BL);
         send_raw(h, n, NULL, 0, UCP_AM_SEND_FLAG_EAGER);
-        progress_for(50);
+        settle(&seen.read_data, before + 1);
+        KT_EQ(seen.read_data, before + 1);
         KT_EQ(seen.last_read_status, 0);
         KT_CHECK(memcmp(seen.read_buf, data + b * BL, BL) == 0);
     }
@@ -862,6 +890,80 @@ static void eager_target(void)
     kt_region_free(&tr);
 }
 
+/* ---- 9: a reader that holds rendezvous read data while the target closes --------------------- */
+
+/* A reader that says it takes rendezvous read data (KVX_MSGF_RNDV) from a target made with
+ * KVX_RNDV_ALWAYS asks 40 reads and keeps every READ_DATA's descriptor without receiving it, so
+ * that the target's UCX holds all its sends; then the target closes. The close must drive UCX
+ * until it has let go of them: destroying the worker with them still held made UCX 1.19.1 free
+ * twice (the registration it made for each send, released while its callback queue was being
+ * destroyed: 5 runs of 8), and left kvx's message records behind (ASan: 16 kvx_send_t). */
+static void held_reads(void)
+{
+    kt_region_t tr = kt_region_alloc(NB, BL);
+    kvx_params_t p = {.field_mask = KVX_PARAM_REGION | KVX_PARAM_AGENT_NAME |
+                                    KVX_PARAM_NUM_THREADS | KVX_PARAM_RNDV,
+                      .base = tr.base,
+                      .num_blocks = NB,
+                      .block_len = BL,
+                      .agent_name = "always-target",
+                      .num_threads = 1,
+                      .rndv_mode = KVX_RNDV_ALWAYS};
+    ucp_ep_params_t ep_params = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
+                                               UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
+                                 .err_mode = UCP_ERR_HANDLING_MODE_PEER};
+    ucp_request_param_t cp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                              .flags = UCP_EP_CLOSE_FLAG_FORCE};
+    kvx_transport_attr_t a = {.field_mask = KVX_TRANSPORT_ATTR_RECV};
+    uint8_t *raw, h[4096];
+    kvx_transport_t *target;
+    ucp_ep_h first = ep;
+    kvx_md_t tmd;
+    size_t len, n;
+    uint64_t t0;
+
+    kt_fill_all(&tr, 0x37, 9);
+    KT_OK(kvx_transport_create(&p, &target));
+    raw = kt_metadata(target, &len);
+    KT_OK(kvx_md_decode(raw, len, &tmd));
+    ep_params.address = (const ucp_address_t *)tmd.worker_addr;
+    KT_CHECK(ucp_ep_create(worker, &ep_params, &ep) == UCS_OK);
+    progress_for(50);
+    seen.hello_acks = 0;
+    n = hello(h, &tmd, tmd.capability);
+    h[2] |= KVX_MSGF_RNDV; /* it takes read data by rendezvous */
+    send_raw(h, n, NULL, 0, UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY);
+    for (int i = 0; i < 300 && seen.hello_acks == 0; i++)
+        progress_for(10);
+    KT_EQ(seen.hello_acks, 1);
+    hold_rndv = true;
+    nheld = seen.read_rndv = 0;
+    for (int i = 0; i < 40; i++) {
+        n = read_hdr(h, 0, 16 * BL);
+        kvx_put64(h + 16, 200 + (uint64_t)i);
+        send_raw(h, n, NULL, 0, UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY);
+    }
+    for (int i = 0; i < 300 && nheld < 16; i++)
+        progress_for(10);
+    KT_OK(kvx_transport_query(target, &a));
+    kt_log("a reader holding rendezvous read data: %d held, %llu served by rendezvous", nheld,
+           (unsigned long long)a.recv.rndv_served);
+    KT_CHECK(nheld >= 1);
+    t0 = kt_now_ns();
+    KT_OK(kvx_transport_close(target));
+    kt_log("... the target closed in %.1f ms", (double)(kt_now_ns() - t0) / 1e6);
+    kvx_transport_destroy(target);
+    hold_rndv = false;
+    for (int i = 0; i < nheld; i++)
+        ucp_am_data_release(worker, held[i]);
+    nheld = 0;
+    keep_req(ucp_ep_close_nbx(ep, &cp));
+    ep = first;
+    progress_for(50);
+    free(raw);
+    kt_region_free(&tr);
+}
+
 /* A child attacker announces a 256 KiB rendezvous write (the whole region) and is killed before
  * it progresses again: the receive the target started ends (it sees the connection fail), and
  * nothing of the target's outside the region moves. */
@@ -959,6 +1061,7 @@ static int attack(void)
     KT_EQ(kt_target_canaries(&tg), 0);
     impersonate_unproven();
     eager_target();
+    held_reads();
     attacker_stop();
     rndv_vanish(&md);
     KT_EQ(kt_target_canaries(&tg), 0);

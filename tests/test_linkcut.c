@@ -17,6 +17,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <ucp/api/ucp.h>
 #include <unistd.h>
 
 #define BL 65536
@@ -336,5 +337,17 @@ int main(void)
 {
     kt_target_args_t a = {
         .num_blocks = NB, .block_len = BL, .salt = 4, .threads = 1, .name = "host-a"};
+    unsigned major, minor, release;
+
+    /* by rendezvous over tcp, UCX 1.13.1 itself aborts now and then (tcp_ep.c:1404, a frame
+     * of 32 MiB on a connection still waiting for its handshake, or an assertion while a failed
+     * endpoint's queue is purged: README, "Rendezvous"), in this run of the suite as in
+     * linkcut_rndv, which ctest has on UCX 1.14 and later only */
+    ucp_get_version(&major, &minor, &release);
+    if (kt_rndv_forced() && major == 1 && minor < 14) {
+        fprintf(stderr, "SKIP: by rendezvous on UCX %u.%u.%u, whose tcp aborts on a cut link\n",
+                major, minor, release);
+        return KT_SKIP;
+    }
     return kt_two_hosts(&ns, &tg, &a, host_b, 90);
 }

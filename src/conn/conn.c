@@ -554,9 +554,11 @@ void kvx_conns_end_lingers(kvx_conns_t *cs)
 
 bool kvx_conns_closing(const kvx_conns_t *cs)
 {
-    for (const kvx_list_t *n = cs->all.next; n != &cs->all; n = n->next)
-        if (kvx_container_of(n, kvx_conn_t, all_link)->state == KVX_CONN_CLOSING)
+    for (const kvx_list_t *n = cs->all.next; n != &cs->all; n = n->next) {
+        const kvx_conn_t *c = kvx_container_of(n, kvx_conn_t, all_link);
+        if (c->state == KVX_CONN_CLOSING || c->ucx_refs > 0)
             return true;
+    }
     return false;
 }
 

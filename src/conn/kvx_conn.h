@@ -208,8 +208,9 @@ unsigned kvx_conns_work(kvx_conns_t *cs);
 bool kvx_conns_need_polling(const kvx_conns_t *cs);
 /* Periodic: a same-host peer whose process exited, a connection stalled past the stall limit. */
 void kvx_conns_housekeeping(kvx_conns_t *cs, uint64_t now);
-/* At close: every lingering endpoint closes now; whether any connection is still closing; every
- * mapping let go of (before the worker goes); everything freed (after it went). */
+/* At close: every lingering endpoint closes now; whether any connection is still closing (or
+ * UCX still holds a request of one); every mapping let go of (before the worker goes);
+ * everything freed (after it went). */
 void kvx_conns_end_lingers(kvx_conns_t *cs);
 bool kvx_conns_closing(const kvx_conns_t *cs);
 void kvx_conns_unmap_all(kvx_conns_t *cs);

@@ -238,8 +238,9 @@ kvx_rconn_t *kvx_slot_victim(kvx_rconns_t *rs, kvx_writer_t *w, uint64_t now);
 void kvx_rconns_housekeeping(kvx_rconns_t *rs, uint64_t now);
 /* Work only polling advances: connections with something to send, or messages UCX holds. */
 bool kvx_rconns_need_polling(const kvx_rconns_t *rs);
-/* At close: every receiving connection closes (UCX still runs); whether any is still closing;
- * everything freed (the worker is gone: no callback will come). */
+/* At close: every receiving connection closes (UCX still runs); whether any is still closing
+ * (or UCX still holds a request of one); everything freed (the worker is gone: no callback will
+ * come). */
 void kvx_rconns_close_all(kvx_rconns_t *rs);
 bool kvx_rconns_closing(const kvx_rconns_t *rs);
 void kvx_rconns_free_all(kvx_rconns_t *rs);

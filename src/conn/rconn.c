@@ -563,9 +563,11 @@ void kvx_rconns_close_all(kvx_rconns_t *rs)
 
 bool kvx_rconns_closing(const kvx_rconns_t *rs)
 {
-    for (const kvx_list_t *n = rs->all.next; n != &rs->all; n = n->next)
-        if (kvx_container_of(n, kvx_rconn_t, all_link)->state == KVX_CONN_CLOSING)
+    for (const kvx_list_t *n = rs->all.next; n != &rs->all; n = n->next) {
+        const kvx_rconn_t *rc = kvx_container_of(n, kvx_rconn_t, all_link);
+        if (rc->state == KVX_CONN_CLOSING || rc->ucx_refs > 0)
             return true;
+    }
     return false;
 }
 
