@@ -1,5 +1,5 @@
 /*
- * What the receiver answers the initiator's side (a rank above xfer.c): ACKs of writes,
+ * What the receiver answers the initiator's side: ACKs of writes,
  * READ_DATA of reads (eager, copied in here; or by rendezvous, checked against the read's
  * request, then received by UCX straight into its local blocks), NOTICE_ACK; HELLO_ACK and FENCE
  * go to the connection (conn/conn.c). And UCX letting go of a transfer's message.
@@ -45,7 +45,7 @@ static void kvx_xfer_on_ack(kvx_conn_t *c, const kvx_msg_t *m)
 
 /* The slot of a read request all of whose bytes arrived or are being received is free: more
  * can be asked. */
-static void kvx_rreq_check_done(kvx_conn_t *c, kvx_read_req_t *q)
+static void kvx_read_req_check_done(kvx_conn_t *c, kvx_read_req_t *q)
 {
     if (q->got != q->len)
         return;
@@ -58,17 +58,17 @@ static void kvx_rreq_check_done(kvx_conn_t *c, kvx_read_req_t *q)
  * their checksum (when the read asked for checksums) matched; a receive that failed fails its
  * read and its connection (the target vanished or stopped, or the connection closed). A read
  * that ended meanwhile (ENDING) is reported once its last receive is done. */
-static void kvx_xfer_rrx_end(kvx_conn_t *c, kvx_read_rndv_t *rx, int status)
+static void kvx_xfer_read_rndv_end(kvx_conn_t *c, kvx_read_rndv_t *rr, int status)
 {
     kvx_core_t *core = c->core;
-    kvx_xfer_t *x = kvx_xfer_lookup(core, rx->xfer_id);
-    uint32_t len = rx->len;
+    kvx_xfer_t *x = kvx_xfer_lookup(core, rr->xfer_id);
+    uint32_t len = rr->len;
 
-    if (status == 0 && rx->check_crc && kvx_crc32c(rx->dest, len) != rx->crc) {
+    if (status == 0 && rr->check_crc && kvx_crc32c(rr->dest, len) != rr->crc) {
         core->rcounters.drop_crc++;
         status = -EBADMSG;
     }
-    free(rx);
+    free(rr);
     if (status == 0)
         c->last_progress_ns = kvx_now_ns();
     else if (status != -EBADMSG)
@@ -104,9 +104,9 @@ static void kvx_xfer_rrx_end(kvx_conn_t *c, kvx_read_rndv_t *rx, int status)
         kvx_xfer_end(x, 0);
 }
 
-void kvx_xfer_on_received(kvx_conn_t *c, kvx_read_rndv_t *rx, int status)
+void kvx_xfer_on_received(kvx_conn_t *c, kvx_read_rndv_t *rr, int status)
 {
-    kvx_xfer_rrx_end(c, rx, status);
+    kvx_xfer_read_rndv_end(c, rr, status);
 }
 
 /*
@@ -122,7 +122,7 @@ static void kvx_xfer_read_rndv(kvx_conn_t *c, kvx_xfer_t *x, kvx_read_req_t *q, 
 {
     kvx_core_t *core = c->core;
     uint64_t run_len = (uint64_t)x->runs[q->run].count * core->block_len;
-    kvx_read_rndv_t *rx;
+    kvx_read_rndv_t *rr;
     int r;
 
     if (!kvx_core_takes_rndv(core)) {
@@ -140,31 +140,31 @@ static void kvx_xfer_read_rndv(kvx_conn_t *c, kvx_xfer_t *x, kvx_read_req_t *q, 
         kvx_xfer_end(x, -EPROTO);
         return;
     }
-    rx = malloc(sizeof(*rx));
-    if (rx == NULL) {
+    rr = malloc(sizeof(*rr));
+    if (rr == NULL) {
         kvx_xfer_end(x, -ENOMEM);
         return;
     }
-    rx->xfer_id = x->id;
-    rx->dest = kvx_xfer_local(core, x, q->run, q->run_off);
-    rx->len = (uint32_t)len;
-    rx->crc = m->u.read_data.crc;
-    rx->check_crc = c->crc;
+    rr->xfer_id = x->id;
+    rr->dest = kvx_xfer_local(core, x, q->run, q->run_off);
+    rr->len = (uint32_t)len;
+    rr->crc = m->u.read_data.crc;
+    rr->check_crc = c->crc;
     kvx_run_step(&q->run, &q->run_off, len, run_len);
     q->got += len;
     x->sending++; /* first: the receive's end may come before kvx_conn_recv returns */
-    r = kvx_conn_recv(c, rx, desc);
+    r = kvx_conn_recv(c, rr, desc);
     if (r == 1) {
-        kvx_rreq_check_done(c, q);
+        kvx_read_req_check_done(c, q);
         return;
     }
     if (r == 0) { /* in place already */
-        kvx_rreq_check_done(c, q);
-        kvx_xfer_rrx_end(c, rx, 0);
+        kvx_read_req_check_done(c, q);
+        kvx_xfer_read_rndv_end(c, rr, 0);
         return;
     }
     x->sending--;
-    free(rx);
+    free(rr);
     kvx_info(core, "connection to %s: a rendezvous reply of transfer %llu cannot be received: %s",
              c->agent_name, (unsigned long long)x->id, kvx_strerror(r));
     if (r == -EBUSY) /* more receives at once than a kvx target causes */
@@ -222,7 +222,7 @@ static void kvx_xfer_on_read_data(kvx_conn_t *c, const kvx_msg_t *m, const uint8
     q->got += len;
     x->done += len;
     kvx_conn_unacked_sub(c, x, len);
-    kvx_rreq_check_done(c, q);
+    kvx_read_req_check_done(c, q);
     if (x->done == x->bytes && x->posted == x->bytes)
         kvx_xfer_end(x, 0);
 }
