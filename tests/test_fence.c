@@ -780,12 +780,12 @@ static void total_tag_bound(void)
            kvx_strerror(rc));
     KT_ERR(rc, -ENOSPC);
     KT_EQ(calls, KVX_FENCE_TOTAL_TAGS_MAX / (16 * NW));
-    KT_EQ(rx->rconns.nftags, calls * 16 * NW); /* nothing of the refused call was recorded */
+    KT_EQ(rx->recv.conns.nftags, calls * 16 * NW); /* nothing of the refused call was recorded */
     /* one writer's 16 still fit (208 records were left) */
     KT_EQ(kvx_fence(rx, "bound-writer-0", tags, 16), 1);
-    KT_EQ(rx->rconns.nftags, calls * 16 * NW + 16);
+    KT_EQ(rx->recv.conns.nftags, calls * 16 * NW + 16);
     KT_EQ(kvx_fence(rx, NULL, NULL, 0), NW);
-    KT_EQ(rx->rconns.nftags, 0);
+    KT_EQ(rx->recv.conns.nftags, 0);
     KT_EQ(kvx_fence(rx, NULL, tags, 16), NW);
     for (int i = 0; i < NW; i++)
         kvx_transport_destroy(w[i]);

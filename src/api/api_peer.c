@@ -3,6 +3,7 @@
  * what they wait for with the lock released (a handshake, an old connection closing, the adds and
  * removes of one id before them). Peers and their connections themselves are peer.c's.
  */
+#include "api/transport.h"
 #include "engine/kvx_engine.h"
 
 #include <errno.h>
@@ -352,7 +353,7 @@ int kvx_peer_query(kvx_transport_t *t, const char *peer_id, kvx_peer_attr_t *att
     if (m & KVX_PEER_ATTR_GENERATION)
         attr->generation = p->last_generation;
     if (m & KVX_PEER_ATTR_RECV) {
-        kvx_writer_t *w = kvx_writer_lookup(&t->rconns, p->last_agent);
+        kvx_writer_t *w = kvx_writer_lookup(&t->recv.conns, p->last_agent);
         memset(&attr->recv, 0, sizeof(attr->recv));
         if (w != NULL)
             attr->recv = w->counters;

@@ -4,6 +4,7 @@
  * (kvx_transport_wait, whose loop is the engine's), and the event fds that say a poll has
  * something (kvx_transport_event_fd_ex; notify.c makes them and keeps their state).
  */
+#include "api/transport.h"
 #include "engine/kvx_engine.h"
 
 #include <errno.h>
@@ -20,7 +21,7 @@ int kvx_notice_poll(kvx_transport_t *t, kvx_notice_t *out, size_t max)
     if (kvx_enter(&t->core) < 0)
         return -ESHUTDOWN;
     kvx_progress_step(t);
-    n = kvx_notice_take(t, out, max);
+    n = kvx_notice_take(&t->recv, out, max);
     kvx_events_update(t);
     kvx_unlock(&t->core);
     return (int)n;

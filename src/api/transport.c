@@ -3,6 +3,7 @@
  * read (checked here, born in xfer.c), poll (a transfer leaves through kvx_transport_poll, from
  * the completion queue cq.c keeps) and cancel. The top of the layers: it may call any of them.
  */
+#include "api/transport.h"
 #include "engine/kvx_engine.h"
 
 #include <errno.h>
@@ -192,11 +193,7 @@ static int kvx_transport_retire(kvx_transport_t *t)
     t->old_md = o;
     t->metadata = buf;
     t->metadata_len = len;
-    /* the newest first; the oldest beyond KVX_RETIRED_MAX is forgotten (dropped as unknown) */
-    memmove(t->retired[1], t->retired[0], (KVX_RETIRED_MAX - 1) * sizeof(t->retired[0]));
-    memcpy(t->retired[0], old, sizeof(old));
-    if (t->nretired < KVX_RETIRED_MAX)
-        t->nretired++;
+    kvx_recv_retire(&t->recv, old);
     kvx_info(&t->core, "capability retired: new metadata (%zu bytes)", len);
     return 0;
 }
@@ -208,10 +205,9 @@ static void kvx_transport_free_params(kvx_transport_t *t)
         memset(t->core.secret, 0, t->core.secret_len);
     free(t->core.secret);
     free(t->net_devices);
-    free(t->notices);
+    kvx_recv_fini(&t->recv);
     t->core.secret = NULL;
     t->net_devices = NULL;
-    t->notices = NULL;
 }
 
 /* What the backend reports of the worker (arg: the transport), and which layer hears it. */
@@ -219,7 +215,7 @@ static void kvx_transport_on_request(void *arg, const kvx_msg_t *m, const void *
                                      const uint8_t *data, size_t data_len)
 {
     kvx_transport_t *t = arg;
-    kvx_recv_on_message(t, m, hdr, hdr_len, data, data_len);
+    kvx_recv_on_message(&t->recv, m, hdr, hdr_len, data, data_len);
 }
 static void kvx_transport_on_reply(void *arg, const kvx_msg_t *m, const uint8_t *data,
                                    size_t data_len)
@@ -271,12 +267,9 @@ int kvx_transport_create(const kvx_params_t *params, kvx_transport_t **transport
     kvx_list_init(&t->core.ready);
     kvx_list_init(&t->core.active);
     kvx_conns_init(&t->conns, &t->core);
-    kvx_rconns_init(&t->rconns, &t->core);
     kvx_list_init(&t->pairings);
     kvx_list_init(&t->reconnects);
     t->next_reconnect_ns = UINT64_MAX;
-    kvx_list_init(&t->hellos);
-    kvx_list_init(&t->refusing);
     t->core.next_deadline_ns = UINT64_MAX;
     t->core.next_seq = 1;
     kvx_engine_hooks(t);
@@ -301,13 +294,11 @@ int kvx_transport_create(const kvx_params_t *params, kvx_transport_t **transport
         t->core.rndv_mode = params->rndv_mode;
         t->core.rndv_thresh = params->rndv_thresh;
     }
-    t->notice_cap =
-        (params->field_mask & KVX_PARAM_NOTICES) ? params->notice_queue : KVX_DEFAULT_NOTICES;
-    t->notices = calloc(t->notice_cap, sizeof(*t->notices));
-    if (t->notices == NULL) {
-        rc = -ENOMEM;
+    rc = kvx_recv_init(&t->recv, &t->core,
+                       (params->field_mask & KVX_PARAM_NOTICES) ? params->notice_queue
+                                                                : KVX_DEFAULT_NOTICES);
+    if (rc < 0)
         goto err_free;
-    }
     if (params->field_mask & KVX_PARAM_SECRET) {
         t->core.secret = malloc(params->secret_len);
         if (t->core.secret == NULL) {
@@ -442,7 +433,7 @@ int kvx_transport_close(kvx_transport_t *t)
             kvx_conn_release(c, -ECONNABORTED);
         }
     }
-    kvx_rconns_close_all(&t->rconns);
+    kvx_rconns_close_all(&t->recv.conns);
     kvx_listen_close_all(t);
     kvx_conns_end_lingers(&t->conns);
     /* Drive UCX until the forced closes complete (they need no answer from the peers) and UCX has
@@ -452,7 +443,7 @@ int kvx_transport_close(kvx_transport_t *t)
      * for such a send itself (test_hostile section 9: a reader holding its read data). */
     end = kvx_now_ns() + KVX_CLOSE_DRAIN_NS;
     while (kvx_listen_closing(t) || kvx_conns_closing(&t->conns) ||
-           kvx_rconns_closing(&t->rconns)) {
+           kvx_rconns_closing(&t->recv.conns)) {
         if (kvx_now_ns() > end) {
             kvx_warn(
                 &t->core,
@@ -466,7 +457,7 @@ int kvx_transport_close(kvx_transport_t *t)
     kvx_conns_unmap_all(&t->conns);
     kvx_ucx_fini(t->core.ucx);
     kvx_conns_free_all(&t->conns);
-    kvx_recv_free_all(t);
+    kvx_recv_free_all(&t->recv);
     kvx_listen_free_all(t);
     kvx_xfer_free_all(&t->core);
     kvx_peer_free_all(&t->core);
@@ -578,7 +569,8 @@ static int kvx_tag_cmp(const void *a, const void *b)
 static bool kvx_fence_rxs_wait(kvx_transport_t *t, const char *writer, uint64_t until_ns)
 {
     t->core.unlocked_calls++;
-    while (!t->core.closed && kvx_recv_fence_rxs(t, writer, false) > 0 && kvx_now_ns() < until_ns) {
+    while (!t->core.closed && kvx_recv_fence_rndvs(&t->recv, writer, false) > 0 &&
+           kvx_now_ns() < until_ns) {
         uint64_t next = kvx_now_ns() + 1000000ull;
         /* this call steps progress itself: a receive that ended (or the close that ends it)
          * must not wait for the progress thread's next wake-up */
@@ -597,15 +589,15 @@ static void kvx_fence_rxs(kvx_transport_t *t, const char *writer)
                         ? t->core.stall_ns
                         : KVX_FENCE_RX_WAIT_NS;
 
-    if (kvx_recv_fence_rxs(t, writer, false) == 0 ||
+    if (kvx_recv_fence_rndvs(&t->recv, writer, false) == 0 ||
         !kvx_fence_rxs_wait(t, writer, kvx_now_ns() + wait))
         return;
-    if (kvx_recv_fence_rxs(t, writer, true) > 0) {
+    if (kvx_recv_fence_rndvs(&t->recv, writer, true) > 0) {
         kvx_warn(&t->core,
                  "fence of %s: rendezvous receives still in flight after %llu ms: their "
                  "connections close",
                  writer ? writer : "every writer", (unsigned long long)(wait / 1000000));
-        kvx_recv_work(t); /* the closes, now: UCX ends the receives in its next progress */
+        kvx_recv_work(&t->recv); /* the closes, now: UCX ends the receives in its next progress */
         kvx_fence_rxs_wait(t, writer, kvx_now_ns() + KVX_FENCE_RX_END_NS);
     }
 }
@@ -634,7 +626,7 @@ int kvx_fence_ex(kvx_transport_t *t, const char *writer, const uint64_t *tags, s
         return -ESHUTDOWN;
     /* what can fail comes first (the bounds, memory, the new capability): on error nothing is
      * fenced and the capability stays */
-    rc = kvx_recv_fence_prepare(t, writer, sorted, n);
+    rc = kvx_recv_fence_prepare(&t->recv, writer, sorted, n);
     if (rc == 0 && (flags & KVX_FENCE_RETIRE))
         rc = kvx_transport_retire(t);
     if (rc < 0) {
@@ -643,7 +635,7 @@ int kvx_fence_ex(kvx_transport_t *t, const char *writer, const uint64_t *tags, s
         kvx_unlock(&t->core);
         return rc;
     }
-    rc = kvx_recv_fence(t, writer, sorted, n);
+    rc = kvx_recv_fence(&t->recv, writer, sorted, n);
     kvx_info(&t->core, "fence of %s%s%s: %d connection(s)", writer ? writer : "every writer",
              n ? " (some tags)" : "", (flags & KVX_FENCE_RETIRE) ? ", capability retired" : "", rc);
     kvx_fence_rxs(t, writer);

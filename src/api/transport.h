@@ -7,10 +7,7 @@
 #define KVX_TRANSPORT_H
 
 #include "conn/kvx_conn.h"
-#include "conn/kvx_rconn.h"
-
-/* Retired capabilities remembered (older ones are dropped like any unknown one). */
-#define KVX_RETIRED_MAX 8
+#include "recv/kvx_recv.h"
 
 /* After the last sign of activity a progress loop keeps polling this long before it arms the
  * event fd and sleeps: on tcp, arming after every empty progress costs ~50x more wake-ups. */
@@ -30,17 +27,7 @@ struct kvx_transport {
 
     kvx_conns_t conns; /* the initiator's connections */
 
-    /* the receiving side: its connections and their writers, and its own */
-    kvx_rconns_t rconns;
-    /* capabilities kvx_fence_ex retired, newest first: a HELLO with one is refused, answered */
-    uint8_t retired[KVX_RETIRED_MAX][16];
-    unsigned nretired;
-    struct kvx_seen_proof *seen; /* with a secret: HELLO proofs of the last seconds (hello.c) */
-    kvx_list_t refusing;         /* connections made only to answer such a HELLO (at most 16) */
-    kvx_list_t hellos;           /* HELLOs with a valid capability, handled after UCX progress */
-    unsigned nhellos;
-    kvx_notice_t *notices; /* a ring of notice_cap */
-    size_t notice_cap, notice_head, notice_count;
+    kvx_recv_t recv; /* the receiving side */
 
     /* pairing by address (listen.c): the listener, and the pairings under way */
     bool listening;

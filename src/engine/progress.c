@@ -37,7 +37,7 @@ static void kvx_progress_housekeeping(kvx_transport_t *t, uint64_t now)
 {
     kvx_conns_housekeeping(&t->conns, now);
     kvx_listen_housekeeping(t, now);
-    kvx_recv_housekeeping(t, now);
+    kvx_recv_housekeeping(&t->recv, now);
     if (now >= t->next_pool_trim_ns) {
         kvx_xfer_trim_pool(&t->core);
         t->next_pool_trim_ns = now + KVX_POOL_PERIOD_NS;
@@ -59,8 +59,8 @@ unsigned kvx_progress_step(kvx_transport_t *t)
         n += kvx_listen_work(t);
     }
     /* the receiving side: handshakes, acknowledgements, read data */
-    if (kvx_recv_has_work(t))
-        n += kvx_recv_work(t);
+    if (kvx_recv_has_work(&t->recv))
+        n += kvx_recv_work(&t->recv);
     now = kvx_now_ns();
     kvx_xfer_check_deadlines(&t->core, now);
     if (now >= t->next_reconnect_ns) { /* peers paired by address pairing again */
@@ -102,7 +102,7 @@ void kvx_progress_wait_event(kvx_transport_t *t, uint64_t until_ns)
 /* Work that only polling can advance: UCX does not signal free space in a shared-memory FIFO. */
 static bool kvx_progress_needs_polling(kvx_transport_t *t)
 {
-    return kvx_conns_need_polling(&t->conns) || kvx_recv_needs_polling(t);
+    return kvx_conns_need_polling(&t->conns) || kvx_recv_needs_polling(&t->recv);
 }
 
 /* When the progress engine must look again at the latest: the next deadline, and UCX's

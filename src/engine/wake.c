@@ -52,7 +52,7 @@ void kvx_events_update(kvx_transport_t *t)
     if (!t->ev_used || t->core.closed)
         return;
     has = (kvx_list_empty(&t->core.ready) ? 0 : KVX_EVENT_COMPLETIONS) |
-          (t->notice_count > 0 ? KVX_EVENT_NOTICES : 0) |
+          (kvx_notices_pending(&t->recv) > 0 ? KVX_EVENT_NOTICES : 0) |
           (t->ev_count > 0 ? KVX_EVENT_PEER_EVENTS : 0);
     if (has == t->ev_kinds)
         return;

@@ -4,7 +4,7 @@
 #ifndef KVX_PEER_H
 #define KVX_PEER_H
 
-#include "recv/kvx_recv.h"
+#include "api/transport.h"
 #include "xfer/kvx_xfer.h"
 
 /* ---- peers (peer.c) ------------------------------------------------------------------------- */

@@ -43,15 +43,15 @@ bool kvx_writer_fenced(const kvx_writer_t *w, uint64_t e, uint64_t tag)
 
 /* The writers a fence names: the one called writer, or every one (writer NULL). Start with w
  * NULL and *bucket 0. */
-static kvx_writer_t *kvx_fence_next(const kvx_transport_t *t, const char *writer, size_t *bucket,
+static kvx_writer_t *kvx_fence_next(const kvx_recv_t *r, const char *writer, size_t *bucket,
                                     kvx_writer_t *w)
 {
     if (writer != NULL)
-        return w == NULL ? kvx_writer_lookup(&t->rconns, writer) : NULL;
+        return w == NULL ? kvx_writer_lookup(&r->conns, writer) : NULL;
     if (w != NULL && w->hnext != NULL)
         return w->hnext;
-    while (*bucket < t->rconns.wtab_cap) {
-        kvx_writer_t *x = t->rconns.wtab[(*bucket)++];
+    while (*bucket < r->conns.wtab_cap) {
+        kvx_writer_t *x = r->conns.wtab[(*bucket)++];
         if (x != NULL)
             return x;
     }
@@ -94,17 +94,17 @@ static int kvx_writer_fence_reserve(kvx_writer_t *w, uint32_t need)
 }
 
 /* Fence w (room for its records was made), and tell its connections the new epoch. */
-static void kvx_writer_fence(kvx_transport_t *t, kvx_writer_t *w, const uint64_t *tags,
-                             size_t ntags, int *count)
+static void kvx_writer_fence(kvx_recv_t *r, kvx_writer_t *w, const uint64_t *tags, size_t ntags,
+                             int *count)
 {
     w->epoch++;
     if (w->live == 0) {
         /* no connection: nothing can come stamped with an older epoch (a new one starts at
          * this one), so no record is needed, and older ones are moot */
-        kvx_writer_drop_fences(&t->rconns, w);
+        kvx_writer_drop_fences(&r->conns, w);
     } else if (ntags == 0) {
         w->fence_all = w->epoch;
-        kvx_writer_drop_fences(&t->rconns, w); /* every tag record is older: moot */
+        kvx_writer_drop_fences(&r->conns, w); /* every tag record is older: moot */
     } else {
         for (size_t k = 0; k < ntags; k++) {
             uint32_t i = kvx_ftag_find(w, tags[k]);
@@ -112,7 +112,7 @@ static void kvx_writer_fence(kvx_transport_t *t, kvx_writer_t *w, const uint64_t
                 memmove(&w->ftags[i + 1], &w->ftags[i], (w->nftags - i) * sizeof(w->ftags[0]));
                 w->ftags[i].tag = tags[k];
                 w->nftags++;
-                t->rconns.nftags++;
+                r->conns.nftags++;
             }
             w->ftags[i].at_epoch = w->epoch;
         }
@@ -145,40 +145,39 @@ static void kvx_writer_fence(kvx_transport_t *t, kvx_writer_t *w, const uint64_t
  * connections, so that their writers' writes submitted before the call are fenced too (and,
  * retiring, they were made with the old capability); then everything that can fail, before any
  * fence changes: the bounds and the memory for the records. tags are sorted and distinct. */
-int kvx_recv_fence_prepare(kvx_transport_t *t, const char *writer, const uint64_t *tags,
-                           size_t ntags)
+int kvx_recv_fence_prepare(kvx_recv_t *r, const char *writer, const uint64_t *tags, size_t ntags)
 {
     size_t bucket = 0, total = 0;
     kvx_writer_t *w;
     int rc = 0;
 
-    kvx_recv_hellos(t, true);
-    for (w = NULL; ntags > 0 && (w = kvx_fence_next(t, writer, &bucket, w)) != NULL;) {
+    kvx_recv_hellos(r, true);
+    for (w = NULL; ntags > 0 && (w = kvx_fence_next(r, writer, &bucket, w)) != NULL;) {
         uint32_t need = kvx_writer_fence_need(w, tags, ntags);
         if (w->nftags + need > KVX_FENCE_WRITER_TAGS_MAX)
             rc = -ENOSPC;
         total += need;
     }
-    if (rc == 0 && t->rconns.nftags + total > KVX_FENCE_TOTAL_TAGS_MAX)
+    if (rc == 0 && r->conns.nftags + total > KVX_FENCE_TOTAL_TAGS_MAX)
         rc = -ENOSPC;
     bucket = 0;
-    for (w = NULL; rc == 0 && ntags > 0 && (w = kvx_fence_next(t, writer, &bucket, w)) != NULL;)
+    for (w = NULL; rc == 0 && ntags > 0 && (w = kvx_fence_next(r, writer, &bucket, w)) != NULL;)
         rc = kvx_writer_fence_reserve(w, kvx_writer_fence_need(w, tags, ntags));
     return rc;
 }
 
 /* The second half, which cannot fail: returns the number of connections fenced. */
-int kvx_recv_fence(kvx_transport_t *t, const char *writer, const uint64_t *tags, size_t ntags)
+int kvx_recv_fence(kvx_recv_t *r, const char *writer, const uint64_t *tags, size_t ntags)
 {
     size_t bucket = 0;
     kvx_writer_t *w;
     int count = 0;
 
-    for (w = NULL; (w = kvx_fence_next(t, writer, &bucket, w)) != NULL;)
-        kvx_writer_fence(t, w, tags, ntags, &count);
+    for (w = NULL; (w = kvx_fence_next(r, writer, &bucket, w)) != NULL;)
+        kvx_writer_fence(r, w, tags, ntags, &count);
     if (count > 0) {
-        t->core.stats.fences++;
-        kvx_core_kick(&t->core, 0); /* tell the writers now */
+        r->core->stats.fences++;
+        kvx_core_kick(r->core, 0); /* tell the writers now */
     }
     return count;
 }
@@ -187,11 +186,11 @@ int kvx_recv_fence(kvx_transport_t *t, const char *writer, const uint64_t *tags,
 
 /* How many rendezvous receives in flight a fence of writer (NULL: every writer) now covers; with
  * abort, the connections holding them close (which ends them). */
-unsigned kvx_recv_fence_rxs(kvx_transport_t *t, const char *writer, bool abort)
+unsigned kvx_recv_fence_rndvs(kvx_recv_t *r, const char *writer, bool abort)
 {
     unsigned n = 0;
 
-    for (kvx_list_t *c = t->rconns.all.next; c != &t->rconns.all; c = c->next) {
+    for (kvx_list_t *c = r->conns.all.next; c != &r->conns.all; c = c->next) {
         kvx_rconn_t *rc = kvx_container_of(c, kvx_rconn_t, all_link);
         unsigned here = 0;
 

@@ -88,7 +88,7 @@ static void kvx_recv_write_rndv(kvx_rconn_t *rc, const kvx_msg_t *m, const uint8
                                 size_t data_len, int32_t status)
 {
     kvx_write_rndv_t *wr = NULL;
-    kvx_wire_run_t r;
+    kvx_wire_run_t run;
     int got;
 
     if (status == 0 && (wr = calloc(1, sizeof(*wr))) == NULL)
@@ -98,14 +98,14 @@ static void kvx_recv_write_rndv(kvx_rconn_t *rc, const kvx_msg_t *m, const uint8
             kvx_rconn_doom(rc, "its acknowledgements cannot leave");
         return;
     }
-    kvx_wire_run_get(m->u.write.runs, 0, &r);
+    kvx_wire_run_get(m->u.write.runs, 0, &run);
     wr->done = kvx_recv_landed;
     wr->epoch = m->u.write.epoch;
     wr->tag = m->u.write.tag;
     wr->xfer_id = m->u.write.xfer_id;
-    wr->off = r.offset;
-    wr->len = r.len;
-    wr->crc = r.crc;
+    wr->off = run.offset;
+    wr->len = run.len;
+    wr->crc = run.crc;
     wr->check_crc = (m->flags & KVX_MSGF_CRC) != 0;
     got = kvx_rconn_recv(rc, wr, (void *)desc);
     if (got == 0) {
@@ -125,10 +125,9 @@ static void kvx_recv_write_rndv(kvx_rconn_t *rc, const kvx_msg_t *m, const uint8
     }
 }
 
-static void kvx_recv_write(kvx_transport_t *t, const kvx_msg_t *m, const uint8_t *data,
-                           size_t data_len)
+static void kvx_recv_write(kvx_recv_t *r, const kvx_msg_t *m, const uint8_t *data, size_t data_len)
 {
-    kvx_rconn_t *rc = kvx_rconn_of(&t->rconns, m);
+    kvx_rconn_t *rc = kvx_rconn_of(&r->conns, m);
     kvx_writer_t *w;
     int32_t status = 0;
     const uint8_t *d;
@@ -138,36 +137,36 @@ static void kvx_recv_write(kvx_transport_t *t, const kvx_msg_t *m, const uint8_t
     w = rc->w;
     /* every check before any byte lands: a message lands whole or not at all */
     if (kvx_writer_fenced(w, m->u.write.epoch, m->u.write.tag)) {
-        kvx_count(&t->core, w, KVX_CNT(drop_fenced));
+        kvx_count(r->core, w, KVX_CNT(drop_fenced));
         status = -KVX_EFENCED;
     }
     /* a rendezvous payload is one run, received in one piece into the region, and only by a
      * transport that takes them (not KVX_RNDV_EAGER, which its HELLO_ACK said): on an RDMA lane
      * UCX might hand the sender a remote key for the place it lands in */
-    if (m->rndv && status == 0 && !kvx_core_takes_rndv(&t->core)) {
-        kvx_count(&t->core, w, KVX_CNT(drop_other));
+    if (m->rndv && status == 0 && !kvx_core_takes_rndv(r->core)) {
+        kvx_count(r->core, w, KVX_CNT(drop_other));
         status = -EPROTO;
     } else if (m->rndv && status == 0 && m->u.write.nruns != 1) {
-        kvx_count(&t->core, w, KVX_CNT(drop_malformed));
+        kvx_count(r->core, w, KVX_CNT(drop_malformed));
         status = -EINVAL;
     }
     d = data;
     for (uint32_t i = 0; i < m->u.write.nruns && status == 0; i++) {
-        kvx_wire_run_t r;
-        kvx_wire_run_get(m->u.write.runs, i, &r);
-        if (r.offset > t->core.region_len || r.len > t->core.region_len - r.offset) {
-            kvx_count(&t->core, w, KVX_CNT(drop_range));
+        kvx_wire_run_t run;
+        kvx_wire_run_get(m->u.write.runs, i, &run);
+        if (run.offset > r->core->region_len || run.len > r->core->region_len - run.offset) {
+            kvx_count(r->core, w, KVX_CNT(drop_range));
             status = -EINVAL;
         } else if (m->rndv) {
             /* its checksum, if any, is checked once it has landed (kvx_recv_landed) */
-        } else if ((m->flags & KVX_MSGF_CRC) && kvx_crc32c(d, r.len) != r.crc) {
-            kvx_count(&t->core, w, KVX_CNT(drop_crc));
+        } else if ((m->flags & KVX_MSGF_CRC) && kvx_crc32c(d, run.len) != run.crc) {
+            kvx_count(r->core, w, KVX_CNT(drop_crc));
             status = -EBADMSG;
         }
-        d += r.len;
+        d += run.len;
     }
     if (status != 0)
-        kvx_debug(&t->core, "writer %s: write %llu refused: %s", w->name,
+        kvx_debug(r->core, "writer %s: write %llu refused: %s", w->name,
                   (unsigned long long)m->u.write.xfer_id, kvx_strerror(status));
     if (m->rndv) { /* the checks passed or not: the payload is received now, or refused */
         kvx_recv_write_rndv(rc, m, data, data_len, status);
@@ -176,14 +175,14 @@ static void kvx_recv_write(kvx_transport_t *t, const kvx_msg_t *m, const uint8_t
     if (status == 0) {
         d = data;
         for (uint32_t i = 0; i < m->u.write.nruns; i++) {
-            kvx_wire_run_t r;
-            kvx_wire_run_get(m->u.write.runs, i, &r);
-            memcpy(t->core.base + r.offset, d, r.len);
-            d += r.len;
+            kvx_wire_run_t run;
+            kvx_wire_run_get(m->u.write.runs, i, &run);
+            memcpy(r->core->base + run.offset, d, run.len);
+            d += run.len;
         }
-        t->core.rcounters.bytes_landed += data_len;
+        r->core->rcounters.bytes_landed += data_len;
         w->counters.bytes_landed += data_len;
-        kvx_count(&t->core, w, KVX_CNT(writes_landed));
+        kvx_count(r->core, w, KVX_CNT(writes_landed));
         kvx_rconn_active(rc);
     }
     /* no room to remember the answer: rather than leave the writer waiting for it, close the
@@ -226,9 +225,9 @@ static void kvx_recv_serve_queue(kvx_rconn_t *rc, kvx_serve_t *s)
     kvx_list_add_tail(at->next, &s->link); /* before at's next: after at */
 }
 
-static void kvx_recv_read_req(kvx_transport_t *t, const kvx_msg_t *m)
+static void kvx_recv_read_req(kvx_recv_t *r, const kvx_msg_t *m)
 {
-    kvx_rconn_t *rc = kvx_rconn_of(&t->rconns, m);
+    kvx_rconn_t *rc = kvx_rconn_of(&r->conns, m);
     kvx_serve_t *s;
     uint32_t n = m->u.read_req.nruns;
 
@@ -236,7 +235,7 @@ static void kvx_recv_read_req(kvx_transport_t *t, const kvx_msg_t *m)
         return;
     s = rc->nserve < KVX_SERVE_MAX ? malloc(sizeof(*s) + n * sizeof(s->runs[0])) : NULL;
     if (s == NULL) { /* too many waiting (a kvx reader asks 16 at a time), or out of memory */
-        kvx_count(&t->core, rc->w, KVX_CNT(drop_other));
+        kvx_count(r->core, rc->w, KVX_CNT(drop_other));
         kvx_recv_refuse_read(rc, m, -EBUSY);
         return;
     }
@@ -248,10 +247,10 @@ static void kvx_recv_read_req(kvx_transport_t *t, const kvx_msg_t *m)
     s->run_off = 0;
     for (uint32_t i = 0; i < n; i++) {
         kvx_wire_run_get(m->u.read_req.runs, i, &s->runs[i]);
-        if (s->runs[i].offset > t->core.region_len ||
-            s->runs[i].len > t->core.region_len - s->runs[i].offset) {
+        if (s->runs[i].offset > r->core->region_len ||
+            s->runs[i].len > r->core->region_len - s->runs[i].offset) {
             /* refused whole: the reader's transfer fails */
-            kvx_count(&t->core, rc->w, KVX_CNT(drop_range));
+            kvx_count(r->core, rc->w, KVX_CNT(drop_range));
             free(s);
             kvx_recv_refuse_read(rc, m, -EINVAL);
             return;
@@ -266,31 +265,31 @@ static void kvx_recv_read_req(kvx_transport_t *t, const kvx_msg_t *m)
     kvx_rq_add(rc, sizeof(*s) + n * sizeof(s->runs[0]));
 }
 
-static void kvx_recv_notice(kvx_transport_t *t, const kvx_msg_t *m)
+static void kvx_recv_notice(kvx_recv_t *r, const kvx_msg_t *m)
 {
-    kvx_rconn_t *rc = kvx_rconn_of(&t->rconns, m);
+    kvx_rconn_t *rc = kvx_rconn_of(&r->conns, m);
     uint8_t hdr[KVX_WIRE_NOTICE_ACK_LEN];
     int32_t status = 0;
 
     if (rc == NULL)
         return;
     if (kvx_writer_fenced(rc->w, m->u.notice.epoch, m->u.notice.tag)) {
-        kvx_count(&t->core, rc->w, KVX_CNT(drop_fenced));
+        kvx_count(r->core, rc->w, KVX_CNT(drop_fenced));
         status = -KVX_EFENCED;
-    } else if (t->notice_count == t->notice_cap) {
-        kvx_count(&t->core, rc->w, KVX_CNT(drop_other));
+    } else if (r->notice_count == r->notice_cap) {
+        kvx_count(r->core, rc->w, KVX_CNT(drop_other));
         status = -ENOSPC;
     } else {
-        kvx_notice_t *n = &t->notices[(t->notice_head + t->notice_count) % t->notice_cap];
+        kvx_notice_t *n = &r->notices[(r->notice_head + r->notice_count) % r->notice_cap];
         memset(n, 0, sizeof(*n));
         snprintf(n->writer, sizeof(n->writer), "%s", rc->w->name);
         n->tag = m->u.notice.tag;
         n->blocks = m->u.notice.blocks;
         n->bytes = m->u.notice.bytes;
-        t->notice_count++;
-        kvx_count(&t->core, rc->w, KVX_CNT(notices));
+        r->notice_count++;
+        kvx_count(r->core, rc->w, KVX_CNT(notices));
         kvx_rconn_active(rc);
-        kvx_core_arrived(&t->core);
+        kvx_core_arrived(r->core);
     }
     kvx_wire_encode(
         &(kvx_msg_t){.type = KVX_MSG_NOTICE_ACK,
@@ -301,30 +300,30 @@ static void kvx_recv_notice(kvx_transport_t *t, const kvx_msg_t *m)
     kvx_rconn_ctl(rc, hdr, sizeof(hdr));
 }
 
-void kvx_recv_on_message(kvx_transport_t *t, const kvx_msg_t *m, const void *hdr, size_t hdr_len,
+void kvx_recv_on_message(kvx_recv_t *r, const kvx_msg_t *m, const void *hdr, size_t hdr_len,
                          const uint8_t *data, size_t data_len)
 {
     kvx_rconn_t *rc;
 
     switch (m->type) {
     case KVX_MSG_HELLO:
-        kvx_recv_hello_in(t, m, hdr, hdr_len);
+        kvx_recv_hello_in(r, m, hdr, hdr_len);
         break;
     case KVX_MSG_WRITE:
-        kvx_recv_write(t, m, data, data_len);
+        kvx_recv_write(r, m, data, data_len);
         break;
     case KVX_MSG_READ_REQ:
-        kvx_recv_read_req(t, m);
+        kvx_recv_read_req(r, m);
         break;
     case KVX_MSG_NOTICE:
-        kvx_recv_notice(t, m);
+        kvx_recv_notice(r, m);
         break;
     case KVX_MSG_BYE:
-        if ((rc = kvx_rconn_of(&t->rconns, m)) != NULL)
+        if ((rc = kvx_rconn_of(&r->conns, m)) != NULL)
             kvx_rconn_close(rc);
         break;
     case KVX_MSG_PROOF:
-        kvx_recv_proof(t, m);
+        kvx_recv_proof(r, m);
         break;
     default:
         break;
@@ -340,7 +339,7 @@ void kvx_recv_on_message(kvx_transport_t *t, const kvx_msg_t *m, const void *hdr
  * receives it straight into its blocks). The header is the same as an eager one's for that
  * piece.
  */
-static unsigned kvx_recv_serve(kvx_transport_t *t, kvx_rconn_t *rc, size_t seg)
+static unsigned kvx_recv_serve(kvx_recv_t *r, kvx_rconn_t *rc, size_t seg)
 {
     uint64_t rndv_min = rc->rndv_min;
     unsigned n = 0;
@@ -358,20 +357,21 @@ static unsigned kvx_recv_serve(kvx_transport_t *t, kvx_rconn_t *rc, size_t seg)
         if (m == NULL)
             break;
         while (s->run < s->nruns && len < budget && niov < KVX_WIRE_MAX_RUNS) {
-            kvx_wire_run_t *r = &s->runs[s->run];
-            size_t piece = r->len - s->run_off < budget - len ? r->len - s->run_off : budget - len;
-            if (r->len - s->run_off >= rndv_min) { /* alone, the rest of the run */
+            kvx_wire_run_t *run = &s->runs[s->run];
+            size_t piece =
+                run->len - s->run_off < budget - len ? run->len - s->run_off : budget - len;
+            if (run->len - s->run_off >= rndv_min) { /* alone, the rest of the run */
                 if (niov > 0)
                     break;
-                piece = r->len - s->run_off;
+                piece = run->len - s->run_off;
                 m->rndv = true;
             }
-            m->iov[niov].base = t->core.base + r->offset + s->run_off;
+            m->iov[niov].base = r->core->base + run->offset + s->run_off;
             m->iov[niov].len = piece;
             niov++;
             len += piece;
             s->run_off += piece;
-            if (s->run_off == r->len) {
+            if (s->run_off == run->len) {
                 s->run++;
                 s->run_off = 0;
             }
@@ -394,10 +394,10 @@ static unsigned kvx_recv_serve(kvx_transport_t *t, kvx_rconn_t *rc, size_t seg)
         rc2 = kvx_ucx_send(m, KVX_WIRE_READ_DATA_LEN, niov, &rc->ucx_refs);
         if (rc2 == 1)
             rc->sending++;
-        t->core.rcounters.bytes_served += len;
+        r->core->rcounters.bytes_served += len;
         rc->w->counters.bytes_served += len;
         if (rndv && rc2 >= 0)
-            kvx_count(&t->core, rc->w, KVX_CNT(rndv_served));
+            kvx_count(r->core, rc->w, KVX_CNT(rndv_served));
         n++;
         if (s->run == s->nruns || rc2 < 0) {
             kvx_list_del(&s->link);
@@ -413,7 +413,7 @@ static unsigned kvx_recv_serve(kvx_transport_t *t, kvx_rconn_t *rc, size_t seg)
     return n;
 }
 
-static unsigned kvx_recv_flush(kvx_transport_t *t, kvx_rconn_t *rc)
+static unsigned kvx_recv_flush(kvx_recv_t *r, kvx_rconn_t *rc)
 {
     unsigned n = 0;
 
@@ -471,18 +471,18 @@ static unsigned kvx_recv_flush(kvx_transport_t *t, kvx_rconn_t *rc)
     if (rc->nacks > 0 && rc->sending < KVX_SEND_WINDOW + KVX_ACK_WINDOW)
         kvx_rconn_want_work(rc); /* no message buffer: next round (else kvx_recv_on_sent) */
     if (!kvx_list_empty(&rc->serve))
-        n += kvx_recv_serve(t, rc, rc->seg);
+        n += kvx_recv_serve(r, rc, rc->seg);
     return n;
 }
 
-unsigned kvx_recv_work(kvx_transport_t *t)
+unsigned kvx_recv_work(kvx_recv_t *r)
 {
-    unsigned n = kvx_recv_hellos(t, false);
+    unsigned n = kvx_recv_hellos(r, false);
     kvx_list_t todo;
 
     if (n > 0)
-        kvx_recv_housekeeping(t, kvx_now_ns());
-    kvx_list_splice_init(&t->rconns.work, &todo);
+        kvx_recv_housekeeping(r, kvx_now_ns());
+    kvx_list_splice_init(&r->conns.work, &todo);
     while (!kvx_list_empty(&todo)) {
         kvx_rconn_t *rc = kvx_list_first(&todo, kvx_rconn_t, work_link);
         kvx_list_del(&rc->work_link);
@@ -501,7 +501,7 @@ unsigned kvx_recv_work(kvx_transport_t *t)
             continue;
         }
         if (rc->pending_err == 0)
-            n += kvx_recv_flush(t, rc);
+            n += kvx_recv_flush(r, rc);
         /* what the send window held back resumes from kvx_recv_on_sent */
         if (rc->pending_err != 0) { /* failed before or during the flush: UCX is out of it */
             kvx_rconn_close(rc);
@@ -511,41 +511,58 @@ unsigned kvx_recv_work(kvx_transport_t *t)
     return n;
 }
 
-bool kvx_recv_has_work(const kvx_transport_t *t)
+int kvx_recv_init(kvx_recv_t *r, kvx_core_t *core, size_t notice_cap)
 {
-    return !kvx_list_empty(&t->rconns.work) || !kvx_list_empty(&t->hellos);
+    r->core = core;
+    kvx_rconns_init(&r->conns, core);
+    kvx_list_init(&r->hellos);
+    kvx_list_init(&r->refusing);
+    r->notice_cap = notice_cap;
+    r->notices = calloc(notice_cap, sizeof(*r->notices));
+    return r->notices != NULL ? 0 : -ENOMEM;
+}
+
+void kvx_recv_fini(kvx_recv_t *r)
+{
+    free(r->notices);
+    r->notices = NULL;
+}
+
+bool kvx_recv_has_work(const kvx_recv_t *r)
+{
+    return !kvx_list_empty(&r->conns.work) || !kvx_list_empty(&r->hellos);
 }
 
 /* Work only polling advances: handshakes to answer, replies to send, or UCX holding ours until
  * a FIFO has room. */
-bool kvx_recv_needs_polling(const kvx_transport_t *t)
+bool kvx_recv_needs_polling(const kvx_recv_t *r)
 {
-    return !kvx_list_empty(&t->hellos) || kvx_rconns_need_polling(&t->rconns);
+    return !kvx_list_empty(&r->hellos) || kvx_rconns_need_polling(&r->conns);
 }
 
 /* Free everything of the receiving side (the worker is gone: no callback will come). */
-void kvx_recv_free_all(kvx_transport_t *t)
+void kvx_recv_free_all(kvx_recv_t *r)
 {
-    while (!kvx_list_empty(&t->hellos)) {
-        kvx_hello_t *h = kvx_list_first(&t->hellos, kvx_hello_t, link);
+    while (!kvx_list_empty(&r->hellos)) {
+        kvx_hello_t *h = kvx_list_first(&r->hellos, kvx_hello_t, link);
         kvx_list_del(&h->link);
         free(h);
     }
-    t->nhellos = 0;
-    kvx_rconns_free_all(&t->rconns);
-    free(t->seen);
-    t->seen = NULL;
+    r->nhellos = 0;
+    kvx_rconns_free_all(&r->conns);
+    free(r->seen);
+    r->seen = NULL;
 }
 
 /* Take up to max arrival notices into out, oldest first (kvx_notice_poll): how many. */
-size_t kvx_notice_take(kvx_transport_t *t, kvx_notice_t *out, size_t max)
+size_t kvx_notice_take(kvx_recv_t *r, kvx_notice_t *out, size_t max)
 {
     size_t n = 0;
 
-    while (n < max && t->notice_count > 0) {
-        out[n++] = t->notices[t->notice_head];
-        t->notice_head = (t->notice_head + 1) % t->notice_cap;
-        t->notice_count--;
+    while (n < max && r->notice_count > 0) {
+        out[n++] = r->notices[r->notice_head];
+        r->notice_head = (r->notice_head + 1) % r->notice_cap;
+        r->notice_count--;
     }
     return n;
 }

@@ -20,11 +20,11 @@ typedef struct kvx_hello {
 /* ---- hello.c: the handshake ----------------------------------------------------------------- */
 
 /* A HELLO arrived (inside UCX progress): checked, and kept for kvx_recv_hellos. */
-void kvx_recv_hello_in(kvx_transport_t *t, const kvx_msg_t *m, const void *hdr, size_t hdr_len);
+void kvx_recv_hello_in(kvx_recv_t *r, const kvx_msg_t *m, const void *hdr, size_t hdr_len);
 /* Make the connections of the HELLOs that arrived (force: none is held back by the rates).
  * Returns the HELLOs done with. */
-unsigned kvx_recv_hellos(kvx_transport_t *t, bool force);
-void kvx_recv_proof(kvx_transport_t *t, const kvx_msg_t *m); /* a PROOF arrived */
+unsigned kvx_recv_hellos(kvx_recv_t *r, bool force);
+void kvx_recv_proof(kvx_recv_t *r, const kvx_msg_t *m); /* a PROOF arrived */
 
 /* ---- fence.c: the writers' fences ----------------------------------------------------------- */
 

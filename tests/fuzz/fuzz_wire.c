@@ -26,18 +26,14 @@ static kvx_transport_t *setup(bool unproven)
 
     pthread_mutex_init(&t->core.lock, NULL);
     kvx_conns_init(&t->conns, &t->core);
-    kvx_rconns_init(&t->rconns, &t->core);
+    kvx_recv_init(&t->recv, &t->core, 4);
     t->core.base = malloc(REGION);
     t->core.region_len = REGION;
     t->core.block_len = 4096;
     t->core.num_blocks = REGION / 4096;
     memset(t->core.capability, 0x42, sizeof(t->core.capability));
-    memset(t->retired[0], 0x43, sizeof(t->retired[0])); /* a HELLO with it is kept, to refuse */
-    t->nretired = 1;
-    kvx_list_init(&t->refusing);
-    t->notice_cap = 4;
-    t->notices = calloc(t->notice_cap, sizeof(*t->notices));
-    kvx_list_init(&t->hellos);
+    memset(t->recv.retired[0], 0x43, sizeof(t->recv.retired[0])); /* a HELLO with it is kept */
+    t->recv.nretired = 1;
     snprintf(w->name, sizeof(w->name), "writer");
     kvx_list_init(&w->rconns);
     w->epoch = 2;
@@ -46,8 +42,8 @@ static kvx_transport_t *setup(bool unproven)
     w->ftags[0].tag = 7;
     w->ftags[0].at_epoch = 2; /* writes of tag 7 stamped before epoch 2 are fenced */
     w->live = 1;
-    t->rconns.nftags = 1;
-    rc = kvx_rconn_alloc(&t->rconns, w, &(kvx_msg_t){.type = KVX_MSG_HELLO});
+    t->recv.conns.nftags = 1;
+    rc = kvx_rconn_alloc(&t->recv.conns, w, &(kvx_msg_t){.type = KVX_MSG_HELLO});
     rc->token = TOKEN;
     rc->state = KVX_CONN_OPEN;
     rc->proven = !unproven;
@@ -59,13 +55,13 @@ static kvx_transport_t *setup(bool unproven)
     w->nopen = 1;
     w->live = 1;
     kvx_list_add_tail(&w->rconns, &rc->w_link);
-    kvx_list_add_tail(&t->rconns.all, &rc->all_link);
-    kvx_idtab_alloc(&t->rconns.ids, rc, &rc->id); /* id 1 */
-    t->rconns.nopen = 1;
-    t->rconns.wtab_cap = 1;
-    t->rconns.wtab = calloc(1, sizeof(*t->rconns.wtab));
-    t->rconns.wtab[0] = w;
-    t->rconns.nwriters = 1;
+    kvx_list_add_tail(&t->recv.conns.all, &rc->all_link);
+    kvx_idtab_alloc(&t->recv.conns.ids, rc, &rc->id); /* id 1 */
+    t->recv.conns.nopen = 1;
+    t->recv.conns.wtab_cap = 1;
+    t->recv.conns.wtab = calloc(1, sizeof(*t->recv.conns.wtab));
+    t->recv.conns.wtab[0] = w;
+    t->recv.conns.nwriters = 1;
     return t;
 }
 
@@ -110,7 +106,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         /* to the side that takes it, by the codecs' table (as the backend's dispatch) */
         switch (kvx_wire_type(m.type)->to) {
         case KVX_TO_RECEIVER:
-            kvx_recv_on_message(t, &m, hdr, hdr_len, payload, size - 2 - hdr_len);
+            kvx_recv_on_message(&t->recv, &m, hdr, hdr_len, payload, size - 2 - hdr_len);
             break;
         case KVX_TO_INITIATOR:
             kvx_xfer_on_message(&t->conns, &m, payload, size - 2 - hdr_len);
@@ -119,9 +115,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             break;
         }
     }
-    kvx_recv_free_all(t);
+    kvx_recv_free_all(&t->recv);
     free(t->conns.ids.slots);
-    free(t->notices);
+    kvx_recv_fini(&t->recv);
     free(t->core.base);
     pthread_mutex_destroy(&t->core.lock);
     free(t);
