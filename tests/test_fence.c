@@ -621,7 +621,7 @@ static bool answer_gone(kvx_transport_t *rx)
     bool gone = false;
 
     kvx_lock(&rx->core);
-    for (kvx_list_t *n = rx->pairings.next; n != &rx->pairings; n = n->next) {
+    for (kvx_list_t *n = rx->peers.pairings.next; n != &rx->peers.pairings; n = n->next) {
         kvx_pairing_t *pg = kvx_container_of(n, kvx_pairing_t, link);
         gone |= pg->accepted && pg->answered && pg->refs == 0;
     }

@@ -162,7 +162,7 @@ static int kvx_peer_add_at(kvx_transport_t *t, const char *peer_id, const void *
     }
     /* The new connection is not the peer's until it has answered (or 200 ms passed): until
      * then an existing connection of that id keeps working, and stays if this one fails. */
-    rc = kvx_conn_open(&t->conns, peer_id, &md, &kvx_peer_conn_ops, t, &c);
+    rc = kvx_conn_open(&t->conns, peer_id, &md, &kvx_peer_conn_ops, &t->peers, &c);
     if (rc < 0)
         goto out_turn;
     c->pins++;
@@ -200,7 +200,7 @@ static int kvx_peer_add_at(kvx_transport_t *t, const char *peer_id, const void *
     free(p->addr);
     p->addr = addr_copy;
     addr_copy = NULL;
-    kvx_listen_peer_forget(t, p);
+    kvx_reconnect_forget(&t->peers, p);
     kvx_xfer_unpark(p, c, 0);
     kvx_info(&t->core, "peer %s: connected to %s over %s (messages of %zu bytes)%s", peer_id,
              c->agent_name, c->transport, c->seg, c->watched ? ", watching its process" : "");
@@ -271,7 +271,7 @@ static int kvx_peer_remove_impl(kvx_transport_t *t, const char *peer_id, unsigne
     t->core.nconnected--;
     free(p->addr); /* no more pairing again */
     p->addr = NULL;
-    kvx_listen_peer_forget(t, p);
+    kvx_reconnect_forget(&t->peers, p);
     kvx_xfer_unpark(p, NULL, -ECONNABORTED);
     kvx_conn_retire(t, c, -ECONNABORTED);
     kvx_peer_turn_end(t, p);
@@ -367,7 +367,7 @@ out:
 
 int kvx_transport_listen(kvx_transport_t *t, const char *addr)
 {
-    struct sockaddr_storage ss, bound;
+    struct sockaddr_storage ss;
     socklen_t len;
     int rc;
 
@@ -376,19 +376,9 @@ int kvx_transport_listen(kvx_transport_t *t, const char *addr)
     rc = kvx_addr_parse(addr, true, &ss, &len);
     if (rc < 0)
         return rc;
-    kvx_lock(&t->core);
-    if (t->core.closed) {
-        rc = -ESHUTDOWN;
-    } else if (t->listening) {
-        rc = -EALREADY;
-    } else {
-        rc = kvx_ucx_listen(t->core.ucx, (const struct sockaddr *)&ss, len, &bound);
-        if (rc == 0) {
-            t->listening = true;
-            kvx_addr_format(&bound, t->listen_addr, sizeof(t->listen_addr));
-            kvx_info(&t->core, "listening at %s", t->listen_addr);
-        }
-    }
+    if (kvx_enter(&t->core) < 0)
+        return -ESHUTDOWN;
+    rc = kvx_listen(&t->peers, &ss, len);
     kvx_unlock(&t->core);
     return rc;
 }
@@ -413,18 +403,18 @@ int kvx_peer_connect(kvx_transport_t *t, const char *peer_id, const char *addr,
     kvx_addr_format(&ss, numeric, sizeof(numeric));
     if (kvx_enter(&t->core) < 0)
         return -ESHUTDOWN;
-    rc = kvx_listen_dial(t, &ss, len, &pg);
+    rc = kvx_dial(&t->peers, &ss, len, &pg);
     if (rc < 0) {
         kvx_unlock(&t->core);
         return rc;
     }
     t->core.unlocked_calls++;
-    while (!t->core.closed && !kvx_listen_dial_over(pg))
+    while (!t->core.closed && !kvx_dial_over(pg))
         kvx_progress_wait_event(t, pg->expires_ns);
     t->core.unlocked_calls--;
     if (t->core.closed)
         pthread_cond_broadcast(&t->core.cond); /* close waits for busy calls to leave */
-    rc = kvx_listen_dial_end(pg, peer_id, addr, &md, &md_len);
+    rc = kvx_dial_end(pg, peer_id, addr, &md, &md_len);
     kvx_unlock(&t->core);
     if (rc == 0)
         rc = kvx_peer_add_at(t, peer_id, md, md_len, params, numeric);
@@ -440,11 +430,7 @@ int kvx_peer_event_poll(kvx_transport_t *t, kvx_peer_event_t *out, size_t max)
         return -EINVAL;
     if (kvx_enter(&t->core) < 0)
         return -ESHUTDOWN;
-    while (n < max && n < INT32_MAX && t->ev_count > 0) {
-        out[n++] = t->events[t->ev_head];
-        t->ev_head = (t->ev_head + 1) % KVX_PEER_EVENTS_MAX;
-        t->ev_count--;
-    }
+    n = kvx_peer_events_take(&t->peers, out, max < INT32_MAX ? max : INT32_MAX);
     kvx_events_update(t);
     kvx_unlock(&t->core);
     return (int)n;

@@ -141,7 +141,11 @@ static int kvx_metadata_encode(kvx_transport_t *t, uint8_t **buf_p, size_t *len_
 
 static int kvx_metadata_build(kvx_transport_t *t)
 {
-    return kvx_metadata_encode(t, &t->metadata, &t->metadata_len);
+    int rc = kvx_metadata_encode(t, &t->metadata, &t->metadata_len);
+
+    if (rc == 0)
+        kvx_peers_metadata(&t->peers, t->metadata, t->metadata_len);
+    return rc;
 }
 
 /* A superseded metadata buffer: the listener's answers in flight may still point at one (UCX
@@ -186,13 +190,14 @@ static int kvx_transport_retire(kvx_transport_t *t)
         free(o);
         return rc;
     }
-    if (t->naccepted == 0)
+    if (t->peers.naccepted == 0)
         kvx_old_md_free(t);
     o->buf = t->metadata;
     o->next = t->old_md;
     t->old_md = o;
     t->metadata = buf;
     t->metadata_len = len;
+    kvx_peers_metadata(&t->peers, buf, len);
     kvx_recv_retire(&t->recv, old);
     kvx_info(&t->core, "capability retired: new metadata (%zu bytes)", len);
     return 0;
@@ -226,7 +231,7 @@ static void kvx_transport_on_reply(void *arg, const kvx_msg_t *m, const uint8_t 
 static void kvx_transport_on_conn_request(void *arg, void *conn_req)
 {
     kvx_transport_t *t = arg;
-    kvx_listen_on_request(t, conn_req);
+    kvx_listen_on_request(&t->peers, conn_req);
 }
 static void kvx_transport_on_drop(void *arg, int why)
 {
@@ -267,9 +272,7 @@ int kvx_transport_create(const kvx_params_t *params, kvx_transport_t **transport
     kvx_list_init(&t->core.ready);
     kvx_list_init(&t->core.active);
     kvx_conns_init(&t->conns, &t->core);
-    kvx_list_init(&t->pairings);
-    kvx_list_init(&t->reconnects);
-    t->next_reconnect_ns = UINT64_MAX;
+    kvx_peers_init(&t->peers, &t->core, &t->conns);
     t->core.next_deadline_ns = UINT64_MAX;
     t->core.next_seq = 1;
     kvx_engine_hooks(t);
@@ -425,7 +428,7 @@ int kvx_transport_close(kvx_transport_t *t)
     for (size_t i = 0; i < t->core.ptab_cap; i++) {
         for (kvx_peer_t *p = t->core.ptab[i]; p != NULL; p = p->hnext) {
             kvx_conn_t *c = p->conn;
-            kvx_listen_peer_forget(t, p);
+            kvx_reconnect_forget(&t->peers, p);
             kvx_xfer_unpark(p, NULL, -ECONNABORTED);
             if (c == NULL)
                 continue;
@@ -434,7 +437,7 @@ int kvx_transport_close(kvx_transport_t *t)
         }
     }
     kvx_rconns_close_all(&t->recv.conns);
-    kvx_listen_close_all(t);
+    kvx_pairings_close_all(&t->peers);
     kvx_conns_end_lingers(&t->conns);
     /* Drive UCX until the forced closes complete (they need no answer from the peers) and UCX has
      * let go of every request of kvx's: it purges a closed endpoint's requests only once its
@@ -442,7 +445,7 @@ int kvx_transport_close(kvx_transport_t *t)
      * them (and kvx's records) behind, and UCX 1.19.1 then freed twice what it had registered
      * for such a send itself (test_hostile section 9: a reader holding its read data). */
     end = kvx_now_ns() + KVX_CLOSE_DRAIN_NS;
-    while (kvx_listen_closing(t) || kvx_conns_closing(&t->conns) ||
+    while (kvx_pairings_closing(&t->peers) || kvx_conns_closing(&t->conns) ||
            kvx_rconns_closing(&t->recv.conns)) {
         if (kvx_now_ns() > end) {
             kvx_warn(
@@ -458,9 +461,10 @@ int kvx_transport_close(kvx_transport_t *t)
     kvx_ucx_fini(t->core.ucx);
     kvx_conns_free_all(&t->conns);
     kvx_recv_free_all(&t->recv);
-    kvx_listen_free_all(t);
+    kvx_pairings_free_all(&t->peers);
     kvx_xfer_free_all(&t->core);
     kvx_peer_free_all(&t->core);
+    kvx_peers_metadata(&t->peers, NULL, 0);
     free(t->metadata);
     t->metadata = NULL;
     kvx_old_md_free(t);
@@ -514,7 +518,7 @@ int kvx_transport_query(kvx_transport_t *t, kvx_transport_attr_t *attr)
     if (attr->field_mask & KVX_TRANSPORT_ATTR_STALL)
         attr->stall_ms = t->core.stall_ns / 1000000ull;
     if (attr->field_mask & KVX_TRANSPORT_ATTR_LISTEN)
-        snprintf(attr->listen_addr, sizeof(attr->listen_addr), "%s", t->listen_addr);
+        snprintf(attr->listen_addr, sizeof(attr->listen_addr), "%s", t->peers.listen_addr);
     if (attr->field_mask & KVX_TRANSPORT_ATTR_RECV)
         attr->recv = t->core.rcounters;
     if (attr->field_mask & KVX_TRANSPORT_ATTR_MAPS_REFUSED)

@@ -6,7 +6,7 @@
 #ifndef KVX_TRANSPORT_H
 #define KVX_TRANSPORT_H
 
-#include "conn/kvx_conn.h"
+#include "peer/kvx_peer.h"
 #include "recv/kvx_recv.h"
 
 /* After the last sign of activity a progress loop keeps polling this long before it arms the
@@ -29,16 +29,7 @@ struct kvx_transport {
 
     kvx_recv_t recv; /* the receiving side */
 
-    /* pairing by address (listen.c): the listener, and the pairings under way */
-    bool listening;
-    char listen_addr[KVX_ADDR_MAX];
-    kvx_list_t pairings;
-    bool pair_work;             /* a pairing has something for kvx_listen_work */
-    unsigned naccepted;         /* pairings the listener accepted that are not yet freed */
-    kvx_list_t reconnects;      /* peers paired by address whose connection failed */
-    uint64_t next_reconnect_ns; /* when one of them is due (UINT64_MAX: none) */
-    kvx_peer_event_t events[KVX_PEER_EVENTS_MAX]; /* a ring */
-    size_t ev_head, ev_count;
+    kvx_peers_t peers; /* pairing by address, peers pairing again, peer events */
 
     uint32_t cancel_calls;
     uint64_t next_housekeeping_ns; /* stall and liveness checks, pool trimming */

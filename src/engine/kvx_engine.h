@@ -5,7 +5,7 @@
 #ifndef KVX_ENGINE_H
 #define KVX_ENGINE_H
 
-#include "peer/kvx_peer.h"
+#include "api/transport.h"
 
 /* ---- wake-ups (wake.c) ---------------------------------------------------------------------- */
 

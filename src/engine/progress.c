@@ -36,7 +36,7 @@ static bool kvx_progress_sleep(kvx_transport_t *t, int fd, uint64_t now, uint64_
 static void kvx_progress_housekeeping(kvx_transport_t *t, uint64_t now)
 {
     kvx_conns_housekeeping(&t->conns, now);
-    kvx_listen_housekeeping(t, now);
+    kvx_pairings_housekeeping(&t->peers, now);
     kvx_recv_housekeeping(&t->recv, now);
     if (now >= t->next_pool_trim_ns) {
         kvx_xfer_trim_pool(&t->core);
@@ -54,17 +54,17 @@ unsigned kvx_progress_step(kvx_transport_t *t)
      * here, outside the callbacks. Work they queue again waits for the next step. */
     n += kvx_conns_work(&t->conns);
     /* pairing by address: what UCX's callbacks recorded */
-    if (t->pair_work) {
-        t->pair_work = false;
-        n += kvx_listen_work(t);
+    if (t->peers.pair_work) {
+        t->peers.pair_work = false;
+        n += kvx_pairings_work(&t->peers);
     }
     /* the receiving side: handshakes, acknowledgements, read data */
     if (kvx_recv_has_work(&t->recv))
         n += kvx_recv_work(&t->recv);
     now = kvx_now_ns();
     kvx_xfer_check_deadlines(&t->core, now);
-    if (now >= t->next_reconnect_ns) { /* peers paired by address pairing again */
-        kvx_listen_reconnect(t, now);
+    if (now >= t->peers.next_reconnect_ns) { /* peers paired by address pairing again */
+        kvx_reconnect_step(&t->peers, now);
         now = kvx_now_ns(); /* a connection it made counts its progress from later than now */
     }
     if (now >= t->next_housekeeping_ns)
@@ -115,8 +115,8 @@ static uint64_t kvx_progress_tick(kvx_transport_t *t, uint64_t now)
                   (kvx_list_empty(&t->core.active) ? 1 : KVX_KEEPALIVE_DIVISOR);
     if (!kvx_list_empty(&t->core.active) && t->next_housekeeping_ns < until)
         until = t->next_housekeeping_ns;
-    if (t->next_reconnect_ns < until)
-        until = t->next_reconnect_ns;
+    if (t->peers.next_reconnect_ns < until)
+        until = t->peers.next_reconnect_ns;
     return t->core.next_deadline_ns < until ? t->core.next_deadline_ns : until;
 }
 

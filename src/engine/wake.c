@@ -53,7 +53,7 @@ void kvx_events_update(kvx_transport_t *t)
         return;
     has = (kvx_list_empty(&t->core.ready) ? 0 : KVX_EVENT_COMPLETIONS) |
           (kvx_notices_pending(&t->recv) > 0 ? KVX_EVENT_NOTICES : 0) |
-          (t->ev_count > 0 ? KVX_EVENT_PEER_EVENTS : 0);
+          (kvx_peer_events_pending(&t->peers) > 0 ? KVX_EVENT_PEER_EVENTS : 0);
     if (has == t->ev_kinds)
         return;
     t->ev_kinds = has;

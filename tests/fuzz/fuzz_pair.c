@@ -1,10 +1,11 @@
 /*
- * libFuzzer harness for the pairing messages (src/listen.c): decoded CHALLENGE, MD_REQ and MD
- * handed to kvx_listen_on_message, in either role (the listener's side of an accepted exchange,
- * or the connecting side's), with or without a shared secret, and the work kvx_listen_work then
- * does (the proof check, the answer, the metadata taken, closing). A pairing object is built by
- * hand, as fuzz_wire.c builds its transport; its endpoint is a zeroed stand-in with no UCP
- * endpoint behind it (sends fail -ENOTCONN, as on an endpoint UCX has closed), or none at all.
+ * libFuzzer harness for the pairing messages (src/peer/listen.c, dial.c): decoded CHALLENGE,
+ * MD_REQ and MD handed to kvx_pair_on_message, in either role (the listener's side of an accepted
+ * exchange, or the connecting side's), with or without a shared secret, and the work
+ * kvx_pairings_work then does (the proof check, the answer, the metadata taken, closing). A
+ * pairing object is built by hand, as fuzz_wire.c builds its transport; its endpoint is a zeroed
+ * stand-in with no UCP endpoint behind it (sends fail -ENOTCONN, as on an endpoint UCX has
+ * closed), or none at all.
  *
  * Input: one byte of options, then up to 8 messages, each a u16 header length, a u16 payload
  * length (little-endian), the header, the payload. Options: bit 0 the listener's side; bit 1 a
@@ -58,18 +59,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     }
     pthread_mutex_init(&t->core.lock, NULL);
-    kvx_list_init(&t->pairings);
-    kvx_list_init(&t->reconnects);
+    kvx_peers_init(&t->peers, &t->core, &t->conns);
     snprintf(t->core.log.name, sizeof(t->core.log.name), "fuzz");
     memset(metadata, 0x6d, sizeof(metadata));
-    t->metadata = metadata;
-    t->metadata_len = sizeof(metadata);
+    kvx_peers_metadata(&t->peers, metadata, sizeof(metadata));
     if (opt & 2) {
         t->core.secret = (uint8_t *)secret;
         t->core.secret_len = strlen(secret);
     }
-    pg->t = t;
+    pg->peers = &t->peers;
     pg->accepted = opt & 1;
+    pg->side = pg->accepted ? &kvx_listen_side : &kvx_dial_side;
     /* a stand-in larger than kvx_ucx_ep_t, zeroed: no UCP endpoint (ASan would see a read past
      * it); kvx_ucx_ep_free frees it with the pairing */
     pg->ucx = (opt & 16) ? NULL : calloc(1, 4096);
@@ -77,11 +77,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     memset(pg->cnonce, 0x22, sizeof(pg->cnonce)); /* the connecting side's */
     pg->expires_ns = UINT64_MAX;
     pg->asked = (opt & 32) != 0;
-    kvx_list_add_tail(&t->pairings, &pg->link);
+    kvx_list_add_tail(&t->peers.pairings, &pg->link);
     if (pg->accepted)
-        t->naccepted = 1;
+        t->peers.naccepted = 1;
 
-    for (int i = 0; i < 8 && off + 4 <= size && !kvx_list_empty(&t->pairings); i++) {
+    for (int i = 0; i < 8 && off + 4 <= size && !kvx_list_empty(&t->peers.pairings); i++) {
         size_t hlen = get16(data + off), dlen = get16(data + off + 2);
         uint8_t *hdr, *payload;
         kvx_msg_t m;
@@ -117,7 +117,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             }
         }
         if (kvx_wire_decode(hdr, hlen, dlen, &m) == 0) {
-            kvx_listen_on_message(pg, &m, payload, dlen);
+            kvx_pair_on_message(pg, &m, payload, dlen);
             if (!pg->accepted && !had_md && pg->md != NULL) {
                 /* metadata taken: it must answer this exchange */
                 uint8_t want[32];
@@ -131,18 +131,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                         abort();
                 }
             }
-            if (t->pair_work) {
-                t->pair_work = false;
-                kvx_listen_work(t); /* may free an accepted pairing once closed */
+            if (t->peers.pair_work) {
+                t->peers.pair_work = false;
+                kvx_pairings_work(&t->peers); /* may free an accepted pairing once closed */
             }
         }
         free(hdr);
         free(payload);
     }
-    if (!kvx_list_empty(&t->pairings)) {
+    if (!kvx_list_empty(&t->peers.pairings)) {
         /* as kvx_peer_connect and close leave it: abandoned, closed, freed */
         pg->abandoned = true;
-        kvx_listen_free_all(t);
+        kvx_pairings_free_all(&t->peers);
     }
     pthread_mutex_destroy(&t->core.lock);
     free(t);
