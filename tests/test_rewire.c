@@ -31,7 +31,7 @@ int main(void)
     kt_fill_all(&rw, 2, 0);
     tgt = kt_transport(&rt, "rewire-target", 1);
     kvx_lock(&tgt->core);
-    tgt->spin_ns = 1000;
+    tgt->engine.spin_ns = 1000;
     kvx_unlock(&tgt->core);
     w = kt_transport(&rw, "rewire-writer", 1);
     md = kt_metadata(tgt, &md_len);

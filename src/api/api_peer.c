@@ -4,7 +4,6 @@
  * removes of one id before them). Peers and their connections themselves are peer.c's.
  */
 #include "api/transport.h"
-#include "engine/kvx_engine.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -17,23 +16,29 @@
 /* How long removing or replacing a peer waits for its old connection to close. */
 #define KVX_CLOSE_WAIT_NS (2ull * 1000000000ull)
 
-/*
- * Wait with the lock released until c is no longer open-and-unwired (wait_wired) or no longer
- * closing (otherwise), the transport closes, or until_ns. c is pinned meanwhile: it stays
- * allocated. Lock held on entry and on return.
- */
+/* What a call waits for on a connection: its handshake answered (or failed), or its close. */
+static bool kvx_conn_wired_or_failed(void *arg)
+{
+    const kvx_conn_t *c = arg;
+    return !(c->state == KVX_CONN_OPEN && !c->wired && c->pending_err == 0);
+}
+static bool kvx_conn_closed_or_lingering(void *arg)
+{
+    const kvx_conn_t *c = arg;
+    return !(c->state == KVX_CONN_CLOSING && !c->lingering);
+}
+
+/* Wait with the lock released (kvx_core_wait) until c is no longer open-and-unwired (wait_wired)
+ * or no longer closing (otherwise), the transport closes, or until_ns. c is pinned meanwhile: it
+ * stays allocated. */
 static void kvx_conn_wait(kvx_transport_t *t, kvx_conn_t *c, bool wait_wired, uint64_t until_ns)
 {
     c->pins++;
-    t->core.unlocked_calls++;
-    while (!t->core.closed && kvx_now_ns() < until_ns &&
-           (wait_wired ? c->state == KVX_CONN_OPEN && !c->wired && c->pending_err == 0
-                       : c->state == KVX_CONN_CLOSING && !c->lingering))
-        kvx_progress_wait_event(t, until_ns);
-    t->core.unlocked_calls--;
+    kvx_core_wait(&t->core, &(kvx_wait_t){.done = wait_wired ? kvx_conn_wired_or_failed
+                                                             : kvx_conn_closed_or_lingering,
+                                          .arg = c,
+                                          .until_ns = until_ns});
     c->pins--;
-    if (t->core.closed)
-        pthread_cond_broadcast(&t->core.cond); /* close waits for busy calls to leave */
 }
 
 /*
@@ -42,19 +47,26 @@ static void kvx_conn_wait(kvx_transport_t *t, kvx_conn_t *c, bool wait_wired, ui
  * install its connection after a quick add of fresh metadata, and win. Returns 0 when it is the
  * caller's turn, or -ESHUTDOWN (the transport closes; the queue does not matter any more).
  */
+typedef struct kvx_turn {
+    const kvx_peer_t *p;
+    uint64_t ticket;
+} kvx_turn_t;
+
+static bool kvx_peer_turn_came(void *arg)
+{
+    const kvx_turn_t *turn = arg;
+    return turn->p->turn_now == turn->ticket;
+}
+
 static int kvx_peer_turn_begin(kvx_transport_t *t, kvx_peer_t *p)
 {
-    uint64_t ticket = p->turn_next++;
+    kvx_turn_t turn = {p, p->turn_next++};
 
-    t->core.unlocked_calls++;
-    while (p->turn_now != ticket && !t->core.closed)
-        kvx_progress_wait_event(t, kvx_now_ns() + 10000000ull);
-    t->core.unlocked_calls--;
-    if (t->core.closed) {
-        pthread_cond_broadcast(&t->core.cond); /* close waits for busy calls to leave */
-        return -ESHUTDOWN;
-    }
-    return 0;
+    /* looked at every 10 ms: a turn that comes signals nobody */
+    return kvx_core_wait(&t->core, &(kvx_wait_t){.done = kvx_peer_turn_came,
+                                                 .arg = &turn,
+                                                 .until_ns = UINT64_MAX,
+                                                 .slice_ns = 10000000ull});
 }
 
 static void kvx_peer_turn_end(kvx_transport_t *t, kvx_peer_t *p)
@@ -383,6 +395,9 @@ int kvx_transport_listen(kvx_transport_t *t, const char *addr)
     return rc;
 }
 
+/* A pairing answered, failed or closed (its time is kvx_core_wait's bound). */
+static bool kvx_dial_answered(void *pg) { return kvx_dial_over(pg); }
+
 int kvx_peer_connect(kvx_transport_t *t, const char *peer_id, const char *addr,
                      const kvx_peer_params_t *params)
 {
@@ -408,12 +423,8 @@ int kvx_peer_connect(kvx_transport_t *t, const char *peer_id, const char *addr,
         kvx_unlock(&t->core);
         return rc;
     }
-    t->core.unlocked_calls++;
-    while (!t->core.closed && !kvx_dial_over(pg))
-        kvx_progress_wait_event(t, pg->expires_ns);
-    t->core.unlocked_calls--;
-    if (t->core.closed)
-        pthread_cond_broadcast(&t->core.cond); /* close waits for busy calls to leave */
+    kvx_core_wait(&t->core,
+                  &(kvx_wait_t){.done = kvx_dial_answered, .arg = pg, .until_ns = pg->expires_ns});
     rc = kvx_dial_end(pg, peer_id, addr, &md, &md_len);
     kvx_unlock(&t->core);
     if (rc == 0)
@@ -431,7 +442,7 @@ int kvx_peer_event_poll(kvx_transport_t *t, kvx_peer_event_t *out, size_t max)
     if (kvx_enter(&t->core) < 0)
         return -ESHUTDOWN;
     n = kvx_peer_events_take(&t->peers, out, max < INT32_MAX ? max : INT32_MAX);
-    kvx_events_update(t);
+    kvx_events_update(&t->engine);
     kvx_unlock(&t->core);
     return (int)n;
 }

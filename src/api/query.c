@@ -5,7 +5,6 @@
  * something (kvx_transport_event_fd_ex; notify.c makes them and keeps their state).
  */
 #include "api/transport.h"
-#include "engine/kvx_engine.h"
 
 #include <errno.h>
 #include <string.h>
@@ -20,9 +19,9 @@ int kvx_notice_poll(kvx_transport_t *t, kvx_notice_t *out, size_t max)
         max = INT32_MAX;
     if (kvx_enter(&t->core) < 0)
         return -ESHUTDOWN;
-    kvx_progress_step(t);
+    kvx_progress_step(&t->engine);
     n = kvx_notice_take(&t->recv, out, max);
-    kvx_events_update(t);
+    kvx_events_update(&t->engine);
     kvx_unlock(&t->core);
     return (int)n;
 }
@@ -38,15 +37,15 @@ int kvx_transport_event_fd_ex(kvx_transport_t *t, unsigned kinds, int *fd_p)
         rc = -ESHUTDOWN;
         goto out;
     }
-    if (t->evfd[kinds].fd < 0) {
-        rc = kvx_events_open(t, kinds);
+    if (t->engine.evfd[kinds].fd < 0) {
+        rc = kvx_events_open(&t->engine, kinds);
         if (rc < 0) {
             kvx_error(&t->core, "event fd: eventfd: %s", strerror(-rc));
             goto out;
         }
         rc = 0;
     }
-    *fd_p = t->evfd[kinds].fd;
+    *fd_p = t->engine.evfd[kinds].fd;
 out:
     kvx_unlock(&t->core);
     return rc;
@@ -66,7 +65,7 @@ int kvx_transport_wait(kvx_transport_t *t, const char *peer_id, int timeout_ms)
     if (t == NULL)
         return -EINVAL;
     kvx_lock(&t->core);
-    rc = kvx_progress_wait_cq(t, peer_id, end);
+    rc = kvx_progress_wait_cq(&t->engine, peer_id, end);
     kvx_unlock(&t->core);
     return rc;
 }

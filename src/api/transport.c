@@ -4,7 +4,6 @@
  * the completion queue cq.c keeps) and cancel. The top of the layers: it may call any of them.
  */
 #include "api/transport.h"
-#include "engine/kvx_engine.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -275,14 +274,8 @@ int kvx_transport_create(const kvx_params_t *params, kvx_transport_t **transport
     kvx_peers_init(&t->peers, &t->core, &t->conns);
     t->core.next_deadline_ns = UINT64_MAX;
     t->core.next_seq = 1;
-    kvx_engine_hooks(t);
-    t->wake_fd = -1;
-    for (unsigned m = 0; m <= KVX_EVENT_ALL; m++)
-        t->evfd[m].fd = -1;
-    t->spin_ns = KVX_SPIN_NS;
-    t->cq_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC | EFD_SEMAPHORE);
-    if (t->cq_fd < 0) {
-        rc = -errno;
+    rc = kvx_engine_init(&t->engine, &t->core, &t->conns, &t->recv, &t->peers);
+    if (rc < 0) {
         pthread_cond_destroy(&t->core.cond);
         pthread_mutex_destroy(&t->core.lock);
         free(t);
@@ -370,7 +363,7 @@ int kvx_transport_create(const kvx_params_t *params, kvx_transport_t **transport
     if (rc < 0)
         goto err_ucx;
     if (t->num_threads > 0) {
-        rc = kvx_progress_start(t);
+        rc = kvx_progress_start(&t->engine);
         if (rc < 0)
             goto err_md;
     }
@@ -378,7 +371,7 @@ int kvx_transport_create(const kvx_params_t *params, kvx_transport_t **transport
              "created: %llu blocks of %llu bytes at %p%s, fingerprint '%s', %u progress thread(s)",
              (unsigned long long)t->core.num_blocks, (unsigned long long)t->core.block_len,
              (void *)t->core.base, t->owned ? " (owned)" : "", t->core.fingerprint,
-             t->thread_running ? 1u : 0u);
+             t->engine.thread_running ? 1u : 0u);
     *transport_p = t;
     return 0;
 
@@ -387,7 +380,7 @@ err_md:
 err_ucx:
     kvx_ucx_free(t->core.ucx);
 err_free:
-    close(t->cq_fd);
+    kvx_engine_fini(&t->engine);
     pthread_cond_destroy(&t->core.cond);
     pthread_mutex_destroy(&t->core.lock);
     kvx_transport_free_params(t);
@@ -416,13 +409,13 @@ int kvx_transport_close(kvx_transport_t *t)
      * kvx_transport_wait, or in peer add/remove on t->core.cond) wake, see it and leave; the
      * teardown starts once none is left. */
     t->core.closed = true;
-    t->cq_signaled = false; /* one count for every waiter, whatever was signaled before */
-    kvx_notify_waiters(t);
+    t->engine.cq_signaled = false; /* one count for every waiter, whatever was signaled before */
+    kvx_notify_waiters(&t->engine);
     pthread_cond_broadcast(&t->core.cond);
-    while (t->core.unlocked_calls > 0 || t->waiters > 0)
+    while (t->core.unlocked_calls > 0 || t->engine.waiters > 0)
         pthread_cond_wait(&t->core.cond, &t->core.lock);
     kvx_unlock(&t->core);
-    kvx_progress_stop(t);
+    kvx_progress_stop(&t->engine);
 
     kvx_lock(&t->core);
     for (size_t i = 0; i < t->core.ptab_cap; i++) {
@@ -468,9 +461,7 @@ int kvx_transport_close(kvx_transport_t *t)
     free(t->metadata);
     t->metadata = NULL;
     kvx_old_md_free(t);
-    close(t->cq_fd);
-    t->cq_fd = -1;
-    kvx_events_closed(t); /* a loop waiting on one wakes, and its calls say closed */
+    kvx_engine_closed(&t->engine); /* a loop waiting on an event fd wakes, its calls say closed */
     t->close_done = true;
     pthread_cond_broadcast(&t->core.cond);
     kvx_info(&t->core, "closed");
@@ -485,7 +476,7 @@ void kvx_transport_destroy(kvx_transport_t *t)
     kvx_transport_close(t);
     kvx_ucx_free(t->core.ucx); /* an owned region lives until here */
     t->core.ucx = NULL;
-    kvx_events_free(t);
+    kvx_engine_fini(&t->engine);
     pthread_cond_destroy(&t->core.cond);
     pthread_mutex_destroy(&t->core.lock);
     kvx_transport_free_params(t);
@@ -508,7 +499,7 @@ int kvx_transport_query(kvx_transport_t *t, kvx_transport_attr_t *attr)
         attr->block_len = t->core.block_len;
     }
     if (attr->field_mask & KVX_TRANSPORT_ATTR_NUM_THREADS)
-        attr->num_threads = t->thread_running ? 1 : 0;
+        attr->num_threads = t->engine.thread_running ? 1 : 0;
     if (attr->field_mask & KVX_TRANSPORT_ATTR_DEADLINE)
         attr->deadline_ms = t->core.deadline_ns / 1000000ull;
     if (attr->field_mask & KVX_TRANSPORT_ATTR_METADATA_LEN)
@@ -568,23 +559,30 @@ static int kvx_tag_cmp(const void *a, const void *b)
  * KVX_FENCE_RX_WAIT_NS (they land: a fence drops what arrives after it, and these arrived
  * before), then their connections close, which ends them (their transfers fail). Lock held.
  */
+typedef struct kvx_fence_wait {
+    kvx_recv_t *recv;
+    const char *writer;
+} kvx_fence_wait_t;
+
+static bool kvx_fence_rndvs_ended(void *arg)
+{
+    kvx_fence_wait_t *fw = arg;
+    return kvx_recv_fence_rndvs(fw->recv, fw->writer, false) == 0;
+}
+
 /* Wait (lock released) while rendezvous receives a fence covers are in flight, until until_ns.
  * Returns false when the transport closes meanwhile. */
 static bool kvx_fence_rxs_wait(kvx_transport_t *t, const char *writer, uint64_t until_ns)
 {
-    t->core.unlocked_calls++;
-    while (!t->core.closed && kvx_recv_fence_rndvs(&t->recv, writer, false) > 0 &&
-           kvx_now_ns() < until_ns) {
-        uint64_t next = kvx_now_ns() + 1000000ull;
-        /* this call steps progress itself: a receive that ended (or the close that ends it)
-         * must not wait for the progress thread's next wake-up */
-        kvx_progress_step(t);
-        kvx_progress_wait_event(t, next < until_ns ? next : until_ns);
-    }
-    t->core.unlocked_calls--;
-    if (t->core.closed)
-        pthread_cond_broadcast(&t->core.cond); /* close waits for busy calls to leave */
-    return !t->core.closed;
+    kvx_fence_wait_t fw = {&t->recv, writer};
+
+    /* this call steps progress itself: a receive that ended (or the close that ends it) must not
+     * wait for the progress thread's next wake-up */
+    return kvx_core_wait(&t->core, &(kvx_wait_t){.done = kvx_fence_rndvs_ended,
+                                                 .arg = &fw,
+                                                 .until_ns = until_ns,
+                                                 .slice_ns = 1000000ull,
+                                                 .step = true}) != -ESHUTDOWN;
 }
 
 static void kvx_fence_rxs(kvx_transport_t *t, const char *writer)
@@ -663,12 +661,12 @@ int kvx_transport_poll(kvx_transport_t *t, const char *peer_id, kvx_completion_t
     kvx_defer_to_waiters(&t->core);
     if (kvx_enter(&t->core) < 0)
         return -ESHUTDOWN;
-    kvx_progress_step(t);
+    kvx_progress_step(&t->engine);
     /* An application that polls in a loop drives UCX itself, and the progress thread steps
      * aside; one that waits on the event fd polls once per wake-up and sleeps: the thread must
      * not step aside for it (it would add up to a millisecond to every wake-up). */
-    if (!t->ev_used)
-        atomic_store_explicit(&t->app_poll_ns, kvx_now_ns(), memory_order_relaxed);
+    if (!t->engine.ev_used)
+        atomic_store_explicit(&t->engine.app_poll_ns, kvx_now_ns(), memory_order_relaxed);
     if (peer_id != NULL) {
         kvx_peer_t *p = kvx_peer_lookup(&t->core, peer_id);
         if (p != NULL)
@@ -682,7 +680,7 @@ int kvx_transport_poll(kvx_transport_t *t, const char *peer_id, kvx_completion_t
             n += kvx_cq_drain(p, out + n, max - n);
         }
     }
-    kvx_events_update(t);
+    kvx_events_update(&t->engine);
     kvx_unlock(&t->core);
     return (int)n;
 }

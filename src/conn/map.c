@@ -60,6 +60,34 @@ void kvx_conn_map_prove(kvx_conn_t *c, const uint8_t *token)
 /* Bytes prefaulted between two looks at the connection and the transport. */
 #define KVX_PREFAULT_STEP ((size_t)64 << 20)
 
+/* A prefault under way: the pages [start, start + len) of c's mapping, faulted in up to off. */
+typedef struct kvx_prefault {
+    kvx_conn_t *c;
+    uintptr_t start;
+    size_t len, off;
+    int rc;
+} kvx_prefault_t;
+
+/* Its end (looked at with the lock held): all of it, an error, or a connection that failed
+ * (which let go of the mapping). */
+static bool kvx_prefault_over(void *arg)
+{
+    const kvx_prefault_t *pf = arg;
+
+    return pf->off >= pf->len || pf->rc != 0 || pf->c->state != KVX_CONN_OPEN ||
+           pf->c->mapped == NULL;
+}
+
+/* Its next KVX_PREFAULT_STEP bytes (the lock released). */
+static void kvx_prefault_step(void *arg)
+{
+    kvx_prefault_t *pf = arg;
+    size_t n = pf->len - pf->off < KVX_PREFAULT_STEP ? pf->len - pf->off : KVX_PREFAULT_STEP;
+
+    pf->rc = madvise((void *)(pf->start + pf->off), n, MADV_POPULATE_WRITE) == 0 ? 0 : -errno;
+    pf->off += n;
+}
+
 /*
  * Fault the mapped region's pages in here (without changing a byte: MADV_POPULATE_WRITE), so
  * that the first transfer does not pay for them (this also commits the owner's shared pages
@@ -70,36 +98,27 @@ void kvx_conn_map_prove(kvx_conn_t *c, const uint8_t *token)
  */
 void kvx_conn_prefault(kvx_conn_t *c)
 {
-    uintptr_t start = (uintptr_t)c->mapped & ~(uintptr_t)4095;
-    size_t len = (size_t)c->remote_len + ((uintptr_t)c->mapped & 4095), off = 0;
+    kvx_prefault_t pf = {.c = c,
+                         .start = (uintptr_t)c->mapped & ~(uintptr_t)4095,
+                         .len = (size_t)c->remote_len + ((uintptr_t)c->mapped & 4095)};
     uint64_t t0 = kvx_now_ns();
-    int rc = 0;
 
-    c->core->unlocked_calls++;
-    while (off < len && rc == 0 && !c->core->closed && c->state == KVX_CONN_OPEN &&
-           c->mapped != NULL) {
-        size_t n = len - off < KVX_PREFAULT_STEP ? len - off : KVX_PREFAULT_STEP;
-        kvx_unlock(c->core);
-        rc = madvise((void *)(start + off), n, MADV_POPULATE_WRITE) == 0 ? 0 : -errno;
-        kvx_lock(c->core);
-        off += n;
-    }
-    c->core->unlocked_calls--;
-    if (c->core->closed) {
-        pthread_cond_broadcast(&c->core->cond); /* close waits for calls away from the lock */
+    if (kvx_core_wait(c->core, &(kvx_wait_t){.done = kvx_prefault_over,
+                                             .work = kvx_prefault_step,
+                                             .arg = &pf,
+                                             .until_ns = UINT64_MAX}) == -ESHUTDOWN)
         return;
-    }
     if (c->state != KVX_CONN_OPEN || c->mapped == NULL)
         return;
-    if (rc < 0 && rc != -EINVAL) { /* EINVAL: a kernel without MADV_POPULATE_WRITE */
+    if (pf.rc < 0 && pf.rc != -EINVAL) { /* EINVAL: a kernel without MADV_POPULATE_WRITE */
         kvx_warn(c->core,
                  "peer %s: its region's pages cannot be had here (%s): messages carry the data",
-                 c->agent_name, kvx_strerror(rc));
+                 c->agent_name, kvx_strerror(pf.rc));
         kvx_conn_unmap(c);
         return;
     }
     kvx_info(c->core, "peer %s: its mapped region (%zu bytes) prefaulted in %.1f ms", c->agent_name,
-             len, (double)(kvx_now_ns() - t0) / 1e6);
+             pf.len, (double)(kvx_now_ns() - t0) / 1e6);
 }
 
 /* The mapping goes (a connection that failed has let go of it already); messages carry the

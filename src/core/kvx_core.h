@@ -157,6 +157,9 @@ typedef struct kvx_core_hooks {
     void (*arrived)(void *arg);
     /* what the polls hold changed: the event fds follow */
     void (*polls_changed)(void *arg);
+    /* sleep until something happens or until_ns, the lock released meanwhile (step: a progress
+     * step of the caller's first): kvx_core_wait's */
+    void (*sleep)(void *arg, uint64_t until_ns, bool step);
 } kvx_core_hooks_t;
 
 struct kvx_core {
@@ -167,7 +170,7 @@ struct kvx_core {
     pthread_cond_t cond;     /* progress signals connection events to API calls waiting */
     atomic_int lock_waiters; /* API calls waiting for the lock: the progress thread yields */
     bool closed;             /* set when close begins: every later call returns -ESHUTDOWN */
-    unsigned unlocked_calls; /* API calls waiting on cond, or working, with the lock released */
+    unsigned unlocked_calls; /* API calls away from the lock (kvx_core_wait): close waits */
     bool conn_event;         /* a connection was wired, failed or closed since the last signal */
     kvx_core_hooks_t hooks;
     kvx_ucx_t *ucx;
@@ -245,6 +248,25 @@ static inline int kvx_enter(kvx_core_t *c)
     }
     return 0;
 }
+
+/*
+ * The one way an API call goes without the lock for a while (wait.c): until done(arg), looked at
+ * with the lock held, says so, the transport closes, or until_ns. Between looks it sleeps through
+ * the engine's hook (on the progress thread's signal, or with no thread a progress step of its
+ * own; step: a step first, for a call that must not wait for the thread's next wake-up), at most
+ * slice_ns at a time (0: until until_ns); or, with work, it runs work(arg) with the lock released
+ * instead (one piece of a job that must not hold the lock). Close waits for every such call to
+ * come back. Returns 0 (done), -ETIMEDOUT or -ESHUTDOWN. Lock held on entry and on return.
+ */
+typedef struct kvx_wait {
+    bool (*done)(void *arg);
+    void (*work)(void *arg);
+    void *arg;
+    uint64_t until_ns;
+    uint64_t slice_ns;
+    bool step;
+} kvx_wait_t;
+int kvx_core_wait(kvx_core_t *c, const kvx_wait_t *w);
 
 /* ---- the engine's hooks --------------------------------------------------------------------- */
 
