@@ -28,4 +28,14 @@ struct kvx_transport {
     uint32_t cancel_calls; /* kvx_xfer_cancel calls so far (the ids of one are reported once) */
 };
 
+/* ---- the api's own (metadata_api.c) --------------------------------------------------------- */
+
+/* The metadata of t as it is now, the listener's to answer with: 0 or a negative errno. */
+int kvx_metadata_build(kvx_transport_t *t);
+/* A fresh capability, and metadata that carries it; the old capability is retired (a HELLO that
+ * presents it is refused). Returns 0 or a negative errno (nothing changed). */
+int kvx_transport_retire(kvx_transport_t *t);
+/* The superseded metadata buffers go (no accepted pairing can be sending them any more). */
+void kvx_old_md_free(kvx_transport_t *t);
+
 #endif /* KVX_TRANSPORT_H */

@@ -61,3 +61,13 @@ void kvx_xfer_purge(kvx_xfer_t *x)
     x->purged = true;
     x->peer->npurged++;
 }
+
+void kvx_xfer_purge_peer(kvx_core_t *c, kvx_peer_t *p, const kvx_conn_t *conn)
+{
+    /* every transfer not DONE is on core->active, ENDING ones too (on no connection list) */
+    for (kvx_list_t *n = c->active.next; n != &c->active; n = n->next) {
+        kvx_xfer_t *x = kvx_container_of(n, kvx_xfer_t, active_link);
+        if (x->peer == p && (conn == NULL || x->conn == conn))
+            kvx_xfer_purge(x);
+    }
+}

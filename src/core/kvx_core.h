@@ -355,6 +355,8 @@ void kvx_xfer_free_all(kvx_core_t *c);
 void kvx_xfer_done(kvx_xfer_t *x, int status);
 /* Never reported: it is forgotten as it ends (its peer's npurged counts it until it is freed). */
 void kvx_xfer_purge(kvx_xfer_t *x);
+/* ... and so is every transfer of p not yet done, of connection conn (NULL: of any). */
+void kvx_xfer_purge_peer(kvx_core_t *c, kvx_peer_t *p, const kvx_conn_t *conn);
 /* Up to max of p's completions into out, freed (the last may free p). */
 size_t kvx_cq_drain(kvx_peer_t *p, kvx_completion_t *out, size_t max);
 

@@ -1,30 +1,12 @@
 /*
- * The application's queries and waits: the arrival notices of recv.c (a query runs one progress
- * step first, so that a caller that only polls still advances), waiting for completions
- * (kvx_transport_wait, whose loop is the engine's), and the event fds that say a poll has
- * something (kvx_transport_event_fd_ex; notify.c makes them and keeps their state).
+ * The application's waits: kvx_transport_wait (whose loop is the engine's) and the event fds that
+ * say a poll has something (kvx_transport_event_fd_ex; engine/wake.c makes them and keeps their
+ * state).
  */
 #include "api/transport.h"
 
 #include <errno.h>
 #include <string.h>
-
-int kvx_notice_poll(kvx_transport_t *t, kvx_notice_t *out, size_t max)
-{
-    size_t n;
-
-    if (t == NULL || (out == NULL && max != 0))
-        return -EINVAL;
-    if (max > INT32_MAX)
-        max = INT32_MAX;
-    if (kvx_enter(&t->core) < 0)
-        return -ESHUTDOWN;
-    kvx_progress_step(&t->engine);
-    n = kvx_notice_take(&t->recv, out, max);
-    kvx_events_update(&t->engine);
-    kvx_unlock(&t->core);
-    return (int)n;
-}
 
 int kvx_transport_event_fd_ex(kvx_transport_t *t, unsigned kinds, int *fd_p)
 {

@@ -112,15 +112,102 @@ int kvx_peer_add(kvx_transport_t *t, const char *peer_id, const void *metadata, 
     return kvx_peer_add_at(t, peer_id, metadata, metadata_len, params, NULL);
 }
 
+/* The checks of an add (lock held): the blob signed with this transport's secret (with one,
+ * nothing of it reaches UCX's parsers unless it was), and the compatibility rules. 0, or the
+ * error (logged). */
+static int kvx_peer_add_check(kvx_transport_t *t, const char *peer_id, const void *metadata,
+                              size_t metadata_len, const kvx_md_t *md,
+                              const kvx_peer_params_t *params)
+{
+    const char *why;
+    int rc = kvx_md_verify(metadata, metadata_len, md, t->core.secret, t->core.secret_len);
+
+    if (rc < 0) {
+        kvx_error(&t->core, "peer %s (%s) rejected: %s", peer_id, md->agent_name,
+                  t->core.secret ? "metadata not signed with this transport's secret"
+                                 : "the peer requires a shared secret and this transport has none");
+        return rc;
+    }
+    rc = kvx_peer_check(&t->core, md, params, &why);
+    if (rc < 0)
+        kvx_error(&t->core, "peer %s (%s) rejected: %s", peer_id, md->agent_name, why);
+    return rc;
+}
+
+/* The new connection of an add: open, its handshake waited for (KVX_CONNECT_WAIT_NS: it is not
+ * the peer's until it has answered, or that time passed; until then an existing connection of
+ * that id keeps working, and stays if this one fails), its mapping prefaulted. 0 with *c_p, or
+ * the error (logged; the connection goes). */
+static int kvx_peer_add_conn(kvx_transport_t *t, const char *peer_id, const kvx_md_t *md,
+                             kvx_conn_t **c_p)
+{
+    kvx_conn_t *c;
+    int rc = kvx_conn_open(&t->conns, peer_id, md, &kvx_peer_conn_ops, &t->peers, &c);
+
+    if (rc < 0)
+        return rc;
+    c->pins++;
+    kvx_conn_wait(t, c, true, kvx_now_ns() + KVX_CONNECT_WAIT_NS);
+    if (c->mapped != NULL && !t->core.closed)
+        kvx_conn_prefault(c);
+    c->pins--;
+    rc = t->core.closed ? -ESHUTDOWN : c->state != KVX_CONN_OPEN ? c->err : c->pending_err;
+    if (rc < 0) {
+        kvx_error(&t->core, "peer %s (%s): %s", peer_id, md->agent_name, kvx_strerror(rc));
+        if (c->state == KVX_CONN_OPEN)
+            kvx_conn_fail(c, rc);
+        else
+            kvx_conn_maybe_free(c);
+        return rc;
+    }
+    if (!c->wired)
+        kvx_info(&t->core, "peer %s (%s) has not answered yet; wire-up goes on in the background",
+                 peer_id, md->agent_name);
+    *c_p = c;
+    return 0;
+}
+
+/* Install the new connection c on p (addr: where p listens, or NULL; the peer takes it), then
+ * retire the old one. The peer id stays known throughout: a write submitted meanwhile goes to
+ * one connection or the other. */
+static void kvx_peer_install(kvx_transport_t *t, kvx_peer_t *p, kvx_conn_t *c,
+                             const kvx_peer_params_t *params, char *addr)
+{
+    kvx_conn_t *old = p->conn;
+
+    if (p->removed)
+        t->core.nconnected++;
+    kvx_conn_attach(c, p);
+    p->removed = false;
+    p->last_err = 0;
+    memset(&p->expect, 0, sizeof(p->expect));
+    if (params != NULL && (params->field_mask & KVX_PEER_PARAM_EXPECT_REGION))
+        p->expect = *params;
+    /* paired by address or not from now on; a reconnection under way is over, and the
+     * transfers it parked go to this connection */
+    free(p->addr);
+    p->addr = addr;
+    kvx_reconnect_forget(&t->peers, p);
+    kvx_xfer_unpark(p, c, 0);
+    kvx_info(&t->core, "peer %s: connected to %s over %s (messages of %zu bytes)%s", p->id,
+             c->agent_name, c->transport, c->seg, c->watched ? ", watching its process" : "");
+    if (old == NULL)
+        return;
+    kvx_info(&t->core, "peer %s: replaced its connection to %s", p->id, old->agent_name);
+    if (params != NULL && (params->field_mask & KVX_PEER_PARAM_FLAGS) &&
+        (params->flags & KVX_PEER_ADD_PURGE))
+        kvx_xfer_purge_peer(&t->core, p, old); /* ENDING ones too: they name their connection */
+    kvx_conn_retire(t, old, -ECONNABORTED);
+}
+
 /* kvx_peer_add; addr: where the peer listens (kvx_peer_connect), or NULL (a metadata blob). */
 static int kvx_peer_add_at(kvx_transport_t *t, const char *peer_id, const void *metadata,
                            size_t metadata_len, const kvx_peer_params_t *params, const char *addr)
 {
     char *addr_copy = NULL;
     kvx_md_t md;
-    kvx_conn_t *c, *old;
+    kvx_conn_t *c;
     kvx_peer_t *p;
-    const char *why;
     int rc;
 
     if (t == NULL || !kvx_peer_id_ok(peer_id) || (metadata == NULL && metadata_len != 0) ||
@@ -132,24 +219,11 @@ static int kvx_peer_add_at(kvx_transport_t *t, const char *peer_id, const void *
         kvx_error(&t->core, "peer %s: metadata rejected: %s", peer_id, kvx_strerror(rc));
         return rc;
     }
-    kvx_lock(&t->core);
-    if (t->core.closed) {
-        rc = -ESHUTDOWN;
+    if (kvx_enter(&t->core) < 0)
+        return -ESHUTDOWN;
+    rc = kvx_peer_add_check(t, peer_id, metadata, metadata_len, &md, params);
+    if (rc < 0)
         goto out;
-    }
-    /* with a secret, nothing of the blob reaches UCX's parsers unless it was signed with it */
-    rc = kvx_md_verify(metadata, metadata_len, &md, t->core.secret, t->core.secret_len);
-    if (rc < 0) {
-        kvx_error(&t->core, "peer %s (%s) rejected: %s", peer_id, md.agent_name,
-                  t->core.secret ? "metadata not signed with this transport's secret"
-                                 : "the peer requires a shared secret and this transport has none");
-        goto out;
-    }
-    rc = kvx_peer_check(&t->core, &md, params, &why);
-    if (rc < 0) {
-        kvx_error(&t->core, "peer %s (%s) rejected: %s", peer_id, md.agent_name, why);
-        goto out;
-    }
     /* A new id gets its entry now, invisible until a connection is installed: it holds the
      * queue of adds and removes of that id. */
     p = kvx_peer_lookup(&t->core, peer_id);
@@ -172,62 +246,13 @@ static int kvx_peer_add_at(kvx_transport_t *t, const char *peer_id, const void *
         rc = -ESTALE;
         goto out_turn;
     }
-    /* The new connection is not the peer's until it has answered (or 200 ms passed): until
-     * then an existing connection of that id keeps working, and stays if this one fails. */
-    rc = kvx_conn_open(&t->conns, peer_id, &md, &kvx_peer_conn_ops, &t->peers, &c);
-    if (rc < 0)
-        goto out_turn;
-    c->pins++;
-    kvx_conn_wait(t, c, true, kvx_now_ns() + KVX_CONNECT_WAIT_NS);
-    if (c->mapped != NULL && !t->core.closed)
-        kvx_conn_prefault(c);
-    c->pins--;
-    rc = t->core.closed ? -ESHUTDOWN : c->state != KVX_CONN_OPEN ? c->err : c->pending_err;
-    if (rc < 0) {
-        kvx_error(&t->core, "peer %s (%s): %s", peer_id, md.agent_name, kvx_strerror(rc));
-        if (c->state == KVX_CONN_OPEN)
-            kvx_conn_fail(c, rc);
-        else
-            kvx_conn_maybe_free(c);
-        if (rc == -ESHUTDOWN)
-            goto out;
-        goto out_turn;
+    rc = kvx_peer_add_conn(t, peer_id, &md, &c);
+    if (rc == -ESHUTDOWN)
+        goto out;
+    if (rc == 0) {
+        kvx_peer_install(t, p, c, params, addr_copy);
+        addr_copy = NULL;
     }
-    if (!c->wired)
-        kvx_info(&t->core, "peer %s (%s) has not answered yet; wire-up goes on in the background",
-                 peer_id, md.agent_name);
-    /* Install the new connection, then retire the old one. The peer id stays known
-     * throughout: a write submitted meanwhile goes to one connection or the other. */
-    old = p->conn;
-    if (p->removed)
-        t->core.nconnected++;
-    kvx_conn_attach(c, p);
-    p->removed = false;
-    p->last_err = 0;
-    memset(&p->expect, 0, sizeof(p->expect));
-    if (params != NULL && (params->field_mask & KVX_PEER_PARAM_EXPECT_REGION))
-        p->expect = *params;
-    /* paired by address or not from now on; a reconnection under way is over, and the
-     * transfers it parked go to this connection */
-    free(p->addr);
-    p->addr = addr_copy;
-    addr_copy = NULL;
-    kvx_reconnect_forget(&t->peers, p);
-    kvx_xfer_unpark(p, c, 0);
-    kvx_info(&t->core, "peer %s: connected to %s over %s (messages of %zu bytes)%s", peer_id,
-             c->agent_name, c->transport, c->seg, c->watched ? ", watching its process" : "");
-    if (old != NULL) {
-        kvx_info(&t->core, "peer %s: replaced its connection to %s", peer_id, old->agent_name);
-        if (params != NULL && (params->field_mask & KVX_PEER_PARAM_FLAGS) &&
-            (params->flags & KVX_PEER_ADD_PURGE))
-            for (kvx_list_t *n = t->core.active.next; n != &t->core.active; n = n->next) {
-                kvx_xfer_t *x = kvx_container_of(n, kvx_xfer_t, active_link);
-                if (x->peer == p && x->conn == old)
-                    kvx_xfer_purge(x); /* ENDING ones too: they still name their connection */
-            }
-        kvx_conn_retire(t, old, -ECONNABORTED);
-    }
-    rc = 0;
 out_turn:
     kvx_peer_turn_end(t, p);
     kvx_peer_maybe_free(&t->core, p); /* an entry made for an add that failed */
@@ -267,15 +292,10 @@ static int kvx_peer_remove_impl(kvx_transport_t *t, const char *peer_id, unsigne
     }
     if (flags & KVX_PEER_REMOVE_PURGE) {
         /* forget what finished and was not polled yet (p keeps its connection meanwhile, so
-         * releasing cannot free it), and mark what is in flight to be forgotten as it ends:
-         * every transfer not DONE is on t->core.active, ENDING ones too (on no connection list) */
+         * freeing cannot free it), and mark what is in flight to be forgotten as it ends */
         while (!kvx_list_empty(&p->cq))
             kvx_xfer_free(kvx_list_first(&p->cq, kvx_xfer_t, conn_link));
-        for (kvx_list_t *n = t->core.active.next; n != &t->core.active; n = n->next) {
-            kvx_xfer_t *x = kvx_container_of(n, kvx_xfer_t, active_link);
-            if (x->peer == p)
-                kvx_xfer_purge(x);
-        }
+        kvx_xfer_purge_peer(&t->core, p, NULL);
     }
     p->conn = NULL;
     p->removed = true;
