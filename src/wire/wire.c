@@ -3,7 +3,8 @@
  * table of their types (length, flags, who takes them), their encoder and a strict decoder (a
  * fuzz target, like the metadata codec), each field at the same place in both. A peer's bytes are
  * hostile input: the decoder checks every length, count and reserved field before anything is
- * used, and recv.c then checks what the decoder cannot know (connection, token, region bounds).
+ * used, and recv/recv.c then checks what the decoder cannot know (connection, token, region
+ * bounds). Each type's decoder and encoder sit side by side, and the table names both.
  *
  * Every message starts with a common header, little-endian:
  *    0 u8 version (2)   1 u8 type   2 u16 flags   4 u32 connection id   8 u64 token
@@ -33,7 +34,7 @@
  *   NOTICE     16 u64 transfer id 24 u64 tag 32 u64 epoch 40 u64 blocks 48 u64 bytes
  *   NOTICE_ACK 16 u64 transfer id 24 i32 status 28 u32 0
  *   BYE        (nothing more)
- * and, on an endpoint of UCX's connection manager only (pairing by address, listen.c):
+ * and, on an endpoint of UCX's connection manager only (pairing by address, peer/):
  *   CHALLENGE  16 u8[16] nonce (flag KVX_MSGF_SECRET: a proof is required)
  *   MD_REQ     16 u8[32] proof of the secret over both nonces (flag KVX_MSGF_PROOF; else zero)
  *              48 u8[16] the connecting side's nonce
@@ -48,40 +49,6 @@
 #include <string.h>
 
 static const uint8_t kvx_zero[8];
-
-/* Every message type: its fixed length, the flags it may carry, who takes it, whether its payload
- * may come by rendezvous, and its name. The decoder, the backend's dispatch and the fuzzer read
- * this one table. */
-static const kvx_wire_type_t kvx_wire_types[] = {
-    [KVX_MSG_HELLO] = {KVX_WIRE_HELLO_LEN, KVX_MSGF_PROOF | KVX_MSGF_RNDV, KVX_TO_RECEIVER, false,
-                       "HELLO"},
-    [KVX_MSG_HELLO_ACK] = {KVX_WIRE_HELLO_ACK_LEN, KVX_MSGF_RNDV, KVX_TO_INITIATOR, false,
-                           "HELLO_ACK"},
-    [KVX_MSG_WRITE] = {KVX_WIRE_WRITE_LEN, KVX_MSGF_CRC, KVX_TO_RECEIVER, true, "WRITE"},
-    [KVX_MSG_ACK] = {KVX_WIRE_ACK_LEN, 0, KVX_TO_INITIATOR, false, "ACK"},
-    [KVX_MSG_READ_REQ] = {KVX_WIRE_READ_REQ_LEN, KVX_MSGF_CRC, KVX_TO_RECEIVER, false, "READ_REQ"},
-    [KVX_MSG_READ_DATA] = {KVX_WIRE_READ_DATA_LEN, KVX_MSGF_CRC, KVX_TO_INITIATOR, true,
-                           "READ_DATA"},
-    [KVX_MSG_FENCE] = {KVX_WIRE_FENCE_LEN, 0, KVX_TO_INITIATOR, false, "FENCE"},
-    [KVX_MSG_NOTICE] = {KVX_WIRE_NOTICE_LEN, 0, KVX_TO_RECEIVER, false, "NOTICE"},
-    [KVX_MSG_NOTICE_ACK] = {KVX_WIRE_NOTICE_ACK_LEN, 0, KVX_TO_INITIATOR, false, "NOTICE_ACK"},
-    [KVX_MSG_BYE] = {KVX_WIRE_HDR_LEN, 0, KVX_TO_RECEIVER, false, "BYE"},
-    [KVX_MSG_CHALLENGE] = {KVX_WIRE_CHALLENGE_LEN, KVX_MSGF_SECRET, KVX_TO_PAIRING, false,
-                           "CHALLENGE"},
-    [KVX_MSG_MD_REQ] = {KVX_WIRE_MD_REQ_LEN, KVX_MSGF_PROOF, KVX_TO_PAIRING, false, "MD_REQ"},
-    [KVX_MSG_MD] = {KVX_WIRE_MD_LEN, KVX_MSGF_PROOF, KVX_TO_PAIRING, false, "MD"},
-    [KVX_MSG_PROOF] = {KVX_WIRE_PROOF_LEN, 0, KVX_TO_RECEIVER, false, "PROOF"},
-};
-
-const kvx_wire_type_t *kvx_wire_type(unsigned type)
-{
-    static const kvx_wire_type_t none = {0, 0, KVX_TO_NOBODY, false, "?"};
-
-    if (type >= sizeof(kvx_wire_types) / sizeof(kvx_wire_types[0]) ||
-        kvx_wire_types[type].fixed == 0)
-        return &none;
-    return &kvx_wire_types[type];
-}
 
 void kvx_wire_put_hdr(uint8_t *p, int type, unsigned flags, uint32_t conn_id, uint64_t token)
 {
@@ -134,12 +101,389 @@ static bool kvx_wire_text_ok(const uint8_t *s, size_t len)
     return true;
 }
 
+/* Bytes of a fixed-size field: copied from src, or zero (src NULL). */
+static void kvx_wire_put_bytes(uint8_t *p, const uint8_t *src, size_t len)
+{
+    if (src != NULL)
+        memcpy(p, src, len);
+    else
+        memset(p, 0, len);
+}
+
+/* ---- each type: its decoder (p: hdr_len bytes, fixed of them its fixed part, checked whole;
+ * data_len: its payload's) and its encoder (p zeroed over fixed bytes, the common header
+ * written; returns the bytes written), every field at the same place in both -------------- */
+
+static int kvx_hello_dec(const uint8_t *p, size_t hdr_len, size_t fixed, size_t data_len,
+                         kvx_msg_t *m)
+{
+    size_t name_len = p[56], waddr_len = kvx_get32(p + 60);
+    size_t proof = (m->flags & KVX_MSGF_PROOF) ? KVX_PROOF_LEN : 0;
+
+    (void)data_len;
+    if (m->conn_id != 0 || m->token != 0 || memcmp(p + 57, kvx_zero, 3) != 0 || name_len == 0 ||
+        name_len > KVX_NAME_MAX || waddr_len == 0 || waddr_len > KVX_WIRE_MAX_WADDR ||
+        hdr_len != fixed + name_len + waddr_len + proof || !kvx_wire_text_ok(p + 64, name_len))
+        return -EBADMSG;
+    m->u.hello.capability = p + 16;
+    m->u.hello.conn_id = kvx_get32(p + 32);
+    m->u.hello.ep_sn = kvx_get32(p + 36);
+    m->u.hello.token = kvx_get64(p + 40);
+    m->u.hello.generation = kvx_get64(p + 48);
+    memcpy(m->u.hello.name, p + 64, name_len);
+    m->u.hello.name[name_len] = '\0';
+    m->u.hello.waddr = p + 64 + name_len;
+    m->u.hello.waddr_len = (uint32_t)waddr_len;
+    m->u.hello.proof = proof ? p + 64 + name_len + waddr_len : NULL;
+    m->u.hello.signed_len = fixed + name_len + waddr_len;
+    return 0;
+}
+static size_t kvx_hello_enc(const kvx_msg_t *m, uint8_t *p, size_t fixed)
+{
+    size_t n = strlen(m->u.hello.name);
+
+    kvx_wire_put_bytes(p + 16, m->u.hello.capability, 16);
+    kvx_put32(p + 32, m->u.hello.conn_id);
+    kvx_put32(p + 36, m->u.hello.ep_sn);
+    kvx_put64(p + 40, m->u.hello.token);
+    kvx_put64(p + 48, m->u.hello.generation);
+    p[56] = (uint8_t)n;
+    kvx_put32(p + 60, m->u.hello.waddr_len);
+    memcpy(p + fixed, m->u.hello.name, n);
+    memcpy(p + fixed + n, m->u.hello.waddr, m->u.hello.waddr_len);
+    return fixed + n + m->u.hello.waddr_len; /* the proof, if any, follows: signed_len */
+}
+
+static int kvx_hello_ack_dec(const uint8_t *p, size_t hdr_len, size_t fixed, size_t data_len,
+                             kvx_msg_t *m)
+{
+    (void)data_len;
+    if (hdr_len != fixed)
+        return -EBADMSG;
+    m->u.hello_ack.rconn_id = kvx_get32(p + 16);
+    m->u.hello_ack.status = (int32_t)kvx_get32(p + 20);
+    m->u.hello_ack.token = kvx_get64(p + 24);
+    m->u.hello_ack.epoch = kvx_get64(p + 32);
+    m->u.hello_ack.seg_token = p + 40;
+    m->u.hello_ack.nonce = p + 56;
+    return m->u.hello_ack.status > 0 ? -EBADMSG : 0;
+}
+static size_t kvx_hello_ack_enc(const kvx_msg_t *m, uint8_t *p, size_t fixed)
+{
+    kvx_put32(p + 16, m->u.hello_ack.rconn_id);
+    kvx_put32(p + 20, (uint32_t)m->u.hello_ack.status);
+    kvx_put64(p + 24, m->u.hello_ack.token);
+    kvx_put64(p + 32, m->u.hello_ack.epoch);
+    kvx_wire_put_bytes(p + 40, m->u.hello_ack.seg_token, KVX_SEG_TOKEN_LEN);
+    kvx_wire_put_bytes(p + 56, m->u.hello_ack.nonce, KVX_WIRE_NONCE_LEN);
+    return fixed;
+}
+
+static int kvx_proof_dec(const uint8_t *p, size_t hdr_len, size_t fixed, size_t data_len,
+                         kvx_msg_t *m)
+{
+    (void)data_len;
+    if (hdr_len != fixed)
+        return -EBADMSG;
+    m->u.proof.mac = p + 16;
+    return 0;
+}
+static size_t kvx_proof_enc(const kvx_msg_t *m, uint8_t *p, size_t fixed)
+{
+    kvx_wire_put_bytes(p + 16, m->u.proof.mac, KVX_PROOF_LEN);
+    return fixed;
+}
+
+/* Runs after the header: in place already (written by kvx_wire_run_put: the pointer is NULL or
+ * p's own tail), or copied. */
+static size_t kvx_wire_put_runs(uint8_t *p, size_t fixed, const uint8_t *runs, uint32_t nruns)
+{
+    size_t n = (size_t)nruns * KVX_WIRE_RUN_LEN;
+
+    if (runs != NULL && runs != p + fixed)
+        memcpy(p + fixed, runs, n);
+    return fixed + n;
+}
+
+static int kvx_write_dec(const uint8_t *p, size_t hdr_len, size_t fixed, size_t data_len,
+                         kvx_msg_t *m)
+{
+    uint64_t total;
+
+    m->u.write.xfer_id = kvx_get64(p + 16);
+    m->u.write.tag = kvx_get64(p + 24);
+    m->u.write.epoch = kvx_get64(p + 32);
+    m->u.write.nruns = kvx_get32(p + 40);
+    m->u.write.runs = p + fixed;
+    if (kvx_get32(p + 44) != 0 ||
+        kvx_wire_runs(p + fixed, m->u.write.nruns, hdr_len - fixed, &total) < 0 ||
+        total != data_len)
+        return -EBADMSG;
+    return 0;
+}
+static size_t kvx_write_enc(const kvx_msg_t *m, uint8_t *p, size_t fixed)
+{
+    kvx_put64(p + 16, m->u.write.xfer_id);
+    kvx_put64(p + 24, m->u.write.tag);
+    kvx_put64(p + 32, m->u.write.epoch);
+    kvx_put32(p + 40, m->u.write.nruns);
+    return kvx_wire_put_runs(p, fixed, m->u.write.runs, m->u.write.nruns);
+}
+
+static int kvx_ack_dec(const uint8_t *p, size_t hdr_len, size_t fixed, size_t data_len,
+                       kvx_msg_t *m)
+{
+    (void)data_len;
+    m->u.ack.n = kvx_get32(p + 16);
+    m->u.ack.entries = p + fixed;
+    if (kvx_get32(p + 20) != 0 || m->u.ack.n == 0 || m->u.ack.n > KVX_WIRE_MAX_ACKS ||
+        hdr_len != fixed + (size_t)m->u.ack.n * KVX_WIRE_ACK_ENTRY_LEN)
+        return -EBADMSG;
+    return 0;
+}
+/* The entries: in place after the header (kvx_wire_ack_put), or copied. */
+static size_t kvx_ack_enc(const kvx_msg_t *m, uint8_t *p, size_t fixed)
+{
+    size_t n = (size_t)m->u.ack.n * KVX_WIRE_ACK_ENTRY_LEN;
+
+    kvx_put32(p + 16, m->u.ack.n);
+    if (m->u.ack.entries != NULL && m->u.ack.entries != p + fixed)
+        memcpy(p + fixed, m->u.ack.entries, n);
+    return fixed + n;
+}
+
+static int kvx_read_req_dec(const uint8_t *p, size_t hdr_len, size_t fixed, size_t data_len,
+                            kvx_msg_t *m)
+{
+    uint64_t total;
+
+    (void)data_len;
+    m->u.read_req.xfer_id = kvx_get64(p + 16);
+    m->u.read_req.stream_off = kvx_get64(p + 24);
+    m->u.read_req.nruns = kvx_get32(p + 32);
+    m->u.read_req.runs = p + fixed;
+    m->u.read_req.prio = (uint8_t)kvx_wire_prio_get(kvx_get32(p + 36));
+    if (kvx_get32(p + 36) > 2 ||
+        kvx_wire_runs(p + fixed, m->u.read_req.nruns, hdr_len - fixed, &total) < 0 ||
+        total > KVX_READ_REQ_MAX)
+        return -EBADMSG;
+    m->u.read_req.bytes = total;
+    return 0;
+}
+static size_t kvx_read_req_enc(const kvx_msg_t *m, uint8_t *p, size_t fixed)
+{
+    kvx_put64(p + 16, m->u.read_req.xfer_id);
+    kvx_put64(p + 24, m->u.read_req.stream_off);
+    kvx_put32(p + 32, m->u.read_req.nruns);
+    kvx_put32(p + 36, kvx_wire_prio_put(m->u.read_req.prio));
+    return kvx_wire_put_runs(p, fixed, m->u.read_req.runs, m->u.read_req.nruns);
+}
+
+static int kvx_read_data_dec(const uint8_t *p, size_t hdr_len, size_t fixed, size_t data_len,
+                             kvx_msg_t *m)
+{
+    if (hdr_len != fixed || kvx_get32(p + 44) != 0)
+        return -EBADMSG;
+    m->u.read_data.xfer_id = kvx_get64(p + 16);
+    m->u.read_data.stream_off = kvx_get64(p + 24);
+    m->u.read_data.len = kvx_get32(p + 32);
+    m->u.read_data.crc = kvx_get32(p + 36);
+    m->u.read_data.status = (int32_t)kvx_get32(p + 40);
+    if (m->u.read_data.status > 0 ||
+        (m->u.read_data.status == 0 ? m->u.read_data.len != data_len || data_len == 0
+                                    : m->u.read_data.len != 0 || data_len != 0))
+        return -EBADMSG;
+    return 0;
+}
+static size_t kvx_read_data_enc(const kvx_msg_t *m, uint8_t *p, size_t fixed)
+{
+    kvx_put64(p + 16, m->u.read_data.xfer_id);
+    kvx_put64(p + 24, m->u.read_data.stream_off);
+    kvx_put32(p + 32, m->u.read_data.len);
+    kvx_put32(p + 36, m->u.read_data.crc);
+    kvx_put32(p + 40, (uint32_t)m->u.read_data.status);
+    return fixed;
+}
+
+static int kvx_fence_dec(const uint8_t *p, size_t hdr_len, size_t fixed, size_t data_len,
+                         kvx_msg_t *m)
+{
+    (void)data_len;
+    if (hdr_len != fixed)
+        return -EBADMSG;
+    m->u.fence.epoch = kvx_get64(p + 16);
+    return 0;
+}
+static size_t kvx_fence_enc(const kvx_msg_t *m, uint8_t *p, size_t fixed)
+{
+    kvx_put64(p + 16, m->u.fence.epoch);
+    return fixed;
+}
+
+static int kvx_notice_dec(const uint8_t *p, size_t hdr_len, size_t fixed, size_t data_len,
+                          kvx_msg_t *m)
+{
+    (void)data_len;
+    if (hdr_len != fixed)
+        return -EBADMSG;
+    m->u.notice.xfer_id = kvx_get64(p + 16);
+    m->u.notice.tag = kvx_get64(p + 24);
+    m->u.notice.epoch = kvx_get64(p + 32);
+    m->u.notice.blocks = kvx_get64(p + 40);
+    m->u.notice.bytes = kvx_get64(p + 48);
+    return 0;
+}
+static size_t kvx_notice_enc(const kvx_msg_t *m, uint8_t *p, size_t fixed)
+{
+    kvx_put64(p + 16, m->u.notice.xfer_id);
+    kvx_put64(p + 24, m->u.notice.tag);
+    kvx_put64(p + 32, m->u.notice.epoch);
+    kvx_put64(p + 40, m->u.notice.blocks);
+    kvx_put64(p + 48, m->u.notice.bytes);
+    return fixed;
+}
+
+static int kvx_notice_ack_dec(const uint8_t *p, size_t hdr_len, size_t fixed, size_t data_len,
+                              kvx_msg_t *m)
+{
+    (void)data_len;
+    if (hdr_len != fixed || kvx_get32(p + 28) != 0)
+        return -EBADMSG;
+    m->u.notice_ack.xfer_id = kvx_get64(p + 16);
+    m->u.notice_ack.status = (int32_t)kvx_get32(p + 24);
+    return m->u.notice_ack.status > 0 ? -EBADMSG : 0;
+}
+static size_t kvx_notice_ack_enc(const kvx_msg_t *m, uint8_t *p, size_t fixed)
+{
+    kvx_put64(p + 16, m->u.notice_ack.xfer_id);
+    kvx_put32(p + 24, (uint32_t)m->u.notice_ack.status);
+    return fixed;
+}
+
+static int kvx_bye_dec(const uint8_t *p, size_t hdr_len, size_t fixed, size_t data_len,
+                       kvx_msg_t *m)
+{
+    (void)p, (void)data_len, (void)m;
+    return hdr_len == fixed ? 0 : -EBADMSG;
+}
+static size_t kvx_bye_enc(const kvx_msg_t *m, uint8_t *p, size_t fixed)
+{
+    (void)m, (void)p;
+    return fixed;
+}
+
+/* the pairing messages: their length is checked whole by kvx_wire_decode */
+static int kvx_challenge_dec(const uint8_t *p, size_t hdr_len, size_t fixed, size_t data_len,
+                             kvx_msg_t *m)
+{
+    (void)hdr_len, (void)fixed, (void)data_len;
+    m->u.challenge.nonce = p + 16;
+    return 0;
+}
+static size_t kvx_challenge_enc(const kvx_msg_t *m, uint8_t *p, size_t fixed)
+{
+    kvx_wire_put_bytes(p + 16, m->u.challenge.nonce, KVX_WIRE_NONCE_LEN);
+    return fixed;
+}
+
+/* A proof or MAC that is there only with KVX_MSGF_PROOF, else all zero: NULL then. */
+static int kvx_wire_proof_field(const uint8_t *at, bool present, const uint8_t **field_p)
+{
+    *field_p = present ? at : NULL;
+    for (size_t i = 0; !present && i < KVX_PROOF_LEN; i++)
+        if (at[i] != 0)
+            return -EBADMSG;
+    return 0;
+}
+
+static int kvx_md_req_dec(const uint8_t *p, size_t hdr_len, size_t fixed, size_t data_len,
+                          kvx_msg_t *m)
+{
+    (void)hdr_len, (void)fixed, (void)data_len;
+    m->u.md_req.cnonce = p + 48;
+    return kvx_wire_proof_field(p + 16, (m->flags & KVX_MSGF_PROOF) != 0, &m->u.md_req.proof);
+}
+static size_t kvx_md_req_enc(const kvx_msg_t *m, uint8_t *p, size_t fixed)
+{
+    kvx_wire_put_bytes(p + 16, m->u.md_req.proof, KVX_PROOF_LEN);
+    kvx_wire_put_bytes(p + 48, m->u.md_req.cnonce, KVX_WIRE_NONCE_LEN);
+    return fixed;
+}
+
+static int kvx_md_dec(const uint8_t *p, size_t hdr_len, size_t fixed, size_t data_len, kvx_msg_t *m)
+{
+    (void)hdr_len, (void)fixed;
+    m->u.md.status = (int32_t)kvx_get32(p + 16);
+    m->u.md.len = kvx_get32(p + 20);
+    m->u.md.cnonce = p + 24;
+    if (kvx_wire_proof_field(p + 40, (m->flags & KVX_MSGF_PROOF) != 0, &m->u.md.mac) < 0 ||
+        m->u.md.status > 0 ||
+        (m->u.md.status == 0
+             ? m->u.md.len != data_len || data_len == 0 || data_len > KVX_WIRE_MAX_MD
+             : m->u.md.len != 0 || data_len != 0))
+        return -EBADMSG;
+    return 0;
+}
+static size_t kvx_md_enc(const kvx_msg_t *m, uint8_t *p, size_t fixed)
+{
+    kvx_put32(p + 16, (uint32_t)m->u.md.status);
+    kvx_put32(p + 20, m->u.md.len);
+    kvx_wire_put_bytes(p + 24, m->u.md.cnonce, KVX_WIRE_NONCE_LEN);
+    kvx_wire_put_bytes(p + 40, m->u.md.mac, KVX_PROOF_LEN);
+    return fixed;
+}
+
+/* ---- the table ------------------------------------------------------------------------------ */
+
+#define KVX_TYPE(t, len, fl, who, rv, pay, codec)                                                  \
+    [KVX_MSG_##t] = {.fixed = (len),                                                               \
+                     .flags = (fl),                                                                \
+                     .to = (who),                                                                  \
+                     .rndv = (rv),                                                                 \
+                     .payload = (pay),                                                             \
+                     .name = #t,                                                                   \
+                     .decode = kvx_##codec##_dec,                                                  \
+                     .encode = kvx_##codec##_enc}
+
+/* Every message type: its fixed length, the flags it may carry, who takes it, whether its payload
+ * may come by rendezvous, whether it may have one at all, its name, its decoder and encoder. The
+ * decoder, the encoder, the backend's dispatch and the fuzzer read this one table. */
+static const kvx_wire_type_t kvx_wire_types[] = {
+    KVX_TYPE(HELLO, KVX_WIRE_HELLO_LEN, KVX_MSGF_PROOF | KVX_MSGF_RNDV, KVX_TO_RECEIVER, false,
+             false, hello),
+    KVX_TYPE(HELLO_ACK, KVX_WIRE_HELLO_ACK_LEN, KVX_MSGF_RNDV, KVX_TO_INITIATOR, false, false,
+             hello_ack),
+    KVX_TYPE(WRITE, KVX_WIRE_WRITE_LEN, KVX_MSGF_CRC, KVX_TO_RECEIVER, true, true, write),
+    KVX_TYPE(ACK, KVX_WIRE_ACK_LEN, 0, KVX_TO_INITIATOR, false, false, ack),
+    KVX_TYPE(READ_REQ, KVX_WIRE_READ_REQ_LEN, KVX_MSGF_CRC, KVX_TO_RECEIVER, false, false,
+             read_req),
+    KVX_TYPE(READ_DATA, KVX_WIRE_READ_DATA_LEN, KVX_MSGF_CRC, KVX_TO_INITIATOR, true, true,
+             read_data),
+    KVX_TYPE(FENCE, KVX_WIRE_FENCE_LEN, 0, KVX_TO_INITIATOR, false, false, fence),
+    KVX_TYPE(NOTICE, KVX_WIRE_NOTICE_LEN, 0, KVX_TO_RECEIVER, false, false, notice),
+    KVX_TYPE(NOTICE_ACK, KVX_WIRE_NOTICE_ACK_LEN, 0, KVX_TO_INITIATOR, false, false, notice_ack),
+    KVX_TYPE(BYE, KVX_WIRE_HDR_LEN, 0, KVX_TO_RECEIVER, false, false, bye),
+    KVX_TYPE(CHALLENGE, KVX_WIRE_CHALLENGE_LEN, KVX_MSGF_SECRET, KVX_TO_PAIRING, false, false,
+             challenge),
+    KVX_TYPE(MD_REQ, KVX_WIRE_MD_REQ_LEN, KVX_MSGF_PROOF, KVX_TO_PAIRING, false, false, md_req),
+    KVX_TYPE(MD, KVX_WIRE_MD_LEN, KVX_MSGF_PROOF, KVX_TO_PAIRING, false, true, md),
+    KVX_TYPE(PROOF, KVX_WIRE_PROOF_LEN, 0, KVX_TO_RECEIVER, false, false, proof),
+};
+
+const kvx_wire_type_t *kvx_wire_type(unsigned type)
+{
+    static const kvx_wire_type_t none = {.to = KVX_TO_NOBODY, .name = "?"};
+
+    if (type >= sizeof(kvx_wire_types) / sizeof(kvx_wire_types[0]) ||
+        kvx_wire_types[type].fixed == 0)
+        return &none;
+    return &kvx_wire_types[type];
+}
+
 int kvx_wire_decode(const void *hdr, size_t hdr_len, size_t data_len, kvx_msg_t *m)
 {
     const uint8_t *p = hdr;
     const kvx_wire_type_t *ty;
-    size_t fixed;
-    uint64_t total;
 
     if (p == NULL || hdr_len < KVX_WIRE_HDR_LEN || p[0] != KVX_WIRE_VERSION)
         return -EBADMSG;
@@ -149,251 +493,24 @@ int kvx_wire_decode(const void *hdr, size_t hdr_len, size_t data_len, kvx_msg_t 
     m->conn_id = kvx_get32(p + 4);
     m->token = kvx_get64(p + 8);
     ty = kvx_wire_type(m->type);
-    fixed = ty->fixed;
-    /* a known type, its fixed part whole, and only the flags it may carry */
-    if (fixed == 0 || hdr_len < fixed || (m->flags & ~ty->flags))
-        return -EBADMSG;
-    /* only WRITE, READ_DATA and MD carry a payload */
-    if (data_len != 0 && m->type != KVX_MSG_WRITE && m->type != KVX_MSG_READ_DATA &&
-        m->type != KVX_MSG_MD)
+    /* a known type, its fixed part whole, only the flags it may carry, a payload only where one
+     * may come (WRITE, READ_DATA, MD) */
+    if (ty->fixed == 0 || hdr_len < ty->fixed || (m->flags & ~ty->flags) ||
+        (data_len != 0 && !ty->payload))
         return -EBADMSG;
     /* the pairing messages name no connection */
-    if (ty->to == KVX_TO_PAIRING && (m->conn_id != 0 || m->token != 0 || hdr_len != fixed))
+    if (ty->to == KVX_TO_PAIRING && (m->conn_id != 0 || m->token != 0 || hdr_len != ty->fixed))
         return -EBADMSG;
-
-    switch (m->type) {
-    case KVX_MSG_HELLO: {
-        size_t name_len = p[56], waddr_len = kvx_get32(p + 60);
-        size_t proof = (m->flags & KVX_MSGF_PROOF) ? KVX_PROOF_LEN : 0;
-        if (m->conn_id != 0 || m->token != 0 || memcmp(p + 57, kvx_zero, 3) != 0 || name_len == 0 ||
-            name_len > KVX_NAME_MAX || waddr_len == 0 || waddr_len > KVX_WIRE_MAX_WADDR ||
-            hdr_len != fixed + name_len + waddr_len + proof || !kvx_wire_text_ok(p + 64, name_len))
-            return -EBADMSG;
-        m->u.hello.capability = p + 16;
-        m->u.hello.conn_id = kvx_get32(p + 32);
-        m->u.hello.ep_sn = kvx_get32(p + 36);
-        m->u.hello.token = kvx_get64(p + 40);
-        m->u.hello.generation = kvx_get64(p + 48);
-        memcpy(m->u.hello.name, p + 64, name_len);
-        m->u.hello.name[name_len] = '\0';
-        m->u.hello.waddr = p + 64 + name_len;
-        m->u.hello.waddr_len = (uint32_t)waddr_len;
-        m->u.hello.proof = proof ? p + 64 + name_len + waddr_len : NULL;
-        m->u.hello.signed_len = fixed + name_len + waddr_len;
-        return 0;
-    }
-    case KVX_MSG_HELLO_ACK:
-        if (hdr_len != fixed)
-            return -EBADMSG;
-        m->u.hello_ack.rconn_id = kvx_get32(p + 16);
-        m->u.hello_ack.status = (int32_t)kvx_get32(p + 20);
-        m->u.hello_ack.token = kvx_get64(p + 24);
-        m->u.hello_ack.epoch = kvx_get64(p + 32);
-        m->u.hello_ack.seg_token = p + 40;
-        m->u.hello_ack.nonce = p + 56;
-        if (m->u.hello_ack.status > 0)
-            return -EBADMSG;
-        return 0;
-    case KVX_MSG_WRITE:
-        m->u.write.xfer_id = kvx_get64(p + 16);
-        m->u.write.tag = kvx_get64(p + 24);
-        m->u.write.epoch = kvx_get64(p + 32);
-        m->u.write.nruns = kvx_get32(p + 40);
-        m->u.write.runs = p + fixed;
-        if (kvx_get32(p + 44) != 0 ||
-            kvx_wire_runs(p + fixed, m->u.write.nruns, hdr_len - fixed, &total) < 0 ||
-            total != data_len)
-            return -EBADMSG;
-        return 0;
-    case KVX_MSG_ACK:
-        m->u.ack.n = kvx_get32(p + 16);
-        m->u.ack.entries = p + fixed;
-        if (kvx_get32(p + 20) != 0 || m->u.ack.n == 0 || m->u.ack.n > KVX_WIRE_MAX_ACKS ||
-            hdr_len != fixed + (size_t)m->u.ack.n * KVX_WIRE_ACK_ENTRY_LEN)
-            return -EBADMSG;
-        return 0;
-    case KVX_MSG_READ_REQ:
-        m->u.read_req.xfer_id = kvx_get64(p + 16);
-        m->u.read_req.stream_off = kvx_get64(p + 24);
-        m->u.read_req.nruns = kvx_get32(p + 32);
-        m->u.read_req.runs = p + fixed;
-        m->u.read_req.prio = (uint8_t)kvx_wire_prio_get(kvx_get32(p + 36));
-        if (kvx_get32(p + 36) > 2 ||
-            kvx_wire_runs(p + fixed, m->u.read_req.nruns, hdr_len - fixed, &total) < 0 ||
-            total > KVX_READ_REQ_MAX)
-            return -EBADMSG;
-        m->u.read_req.bytes = total;
-        return 0;
-    case KVX_MSG_READ_DATA:
-        if (hdr_len != fixed || kvx_get32(p + 44) != 0)
-            return -EBADMSG;
-        m->u.read_data.xfer_id = kvx_get64(p + 16);
-        m->u.read_data.stream_off = kvx_get64(p + 24);
-        m->u.read_data.len = kvx_get32(p + 32);
-        m->u.read_data.crc = kvx_get32(p + 36);
-        m->u.read_data.status = (int32_t)kvx_get32(p + 40);
-        if (m->u.read_data.status > 0 ||
-            (m->u.read_data.status == 0 ? m->u.read_data.len != data_len || data_len == 0
-                                        : m->u.read_data.len != 0 || data_len != 0))
-            return -EBADMSG;
-        return 0;
-    case KVX_MSG_FENCE:
-        if (hdr_len != fixed)
-            return -EBADMSG;
-        m->u.fence.epoch = kvx_get64(p + 16);
-        return 0;
-    case KVX_MSG_NOTICE:
-        if (hdr_len != fixed)
-            return -EBADMSG;
-        m->u.notice.xfer_id = kvx_get64(p + 16);
-        m->u.notice.tag = kvx_get64(p + 24);
-        m->u.notice.epoch = kvx_get64(p + 32);
-        m->u.notice.blocks = kvx_get64(p + 40);
-        m->u.notice.bytes = kvx_get64(p + 48);
-        return 0;
-    case KVX_MSG_NOTICE_ACK:
-        if (hdr_len != fixed || kvx_get32(p + 28) != 0)
-            return -EBADMSG;
-        m->u.notice_ack.xfer_id = kvx_get64(p + 16);
-        m->u.notice_ack.status = (int32_t)kvx_get32(p + 24);
-        if (m->u.notice_ack.status > 0)
-            return -EBADMSG;
-        return 0;
-    case KVX_MSG_BYE:
-        return hdr_len == fixed ? 0 : -EBADMSG;
-    case KVX_MSG_PROOF:
-        if (hdr_len != fixed)
-            return -EBADMSG;
-        m->u.proof.mac = p + 16;
-        return 0;
-    case KVX_MSG_CHALLENGE:
-        m->u.challenge.nonce = p + 16;
-        return 0;
-    case KVX_MSG_MD_REQ:
-        m->u.md_req.proof = (m->flags & KVX_MSGF_PROOF) ? p + 16 : NULL;
-        m->u.md_req.cnonce = p + 48;
-        for (size_t i = 0; m->u.md_req.proof == NULL && i < KVX_PROOF_LEN; i++)
-            if (p[16 + i] != 0)
-                return -EBADMSG;
-        return 0;
-    case KVX_MSG_MD:
-        m->u.md.status = (int32_t)kvx_get32(p + 16);
-        m->u.md.len = kvx_get32(p + 20);
-        m->u.md.cnonce = p + 24;
-        m->u.md.mac = (m->flags & KVX_MSGF_PROOF) ? p + 40 : NULL;
-        for (size_t i = 0; m->u.md.mac == NULL && i < KVX_PROOF_LEN; i++)
-            if (p[40 + i] != 0)
-                return -EBADMSG;
-        if (m->u.md.status > 0 || (m->u.md.status == 0 ? m->u.md.len != data_len || data_len == 0 ||
-                                                             data_len > KVX_WIRE_MAX_MD
-                                                       : m->u.md.len != 0 || data_len != 0))
-            return -EBADMSG;
-        return 0;
-    default:
-        return -EBADMSG;
-    }
-}
-
-/* The encoder: every field the decoder reads, at the same place; reserved fields zero. */
-static void kvx_wire_put_bytes(uint8_t *p, const uint8_t *src, size_t len)
-{
-    if (src != NULL)
-        memcpy(p, src, len);
-    else
-        memset(p, 0, len);
+    return ty->decode(p, hdr_len, ty->fixed, data_len, m);
 }
 
 size_t kvx_wire_encode(const kvx_msg_t *m, uint8_t *p)
 {
-    size_t fixed = kvx_wire_type(m->type)->fixed, n;
+    const kvx_wire_type_t *ty = kvx_wire_type(m->type);
 
-    memset(p, 0, fixed);
+    memset(p, 0, ty->fixed);
     kvx_wire_put_hdr(p, m->type, m->flags, m->conn_id, m->token);
-    switch (m->type) {
-    case KVX_MSG_HELLO:
-        n = strlen(m->u.hello.name);
-        kvx_wire_put_bytes(p + 16, m->u.hello.capability, 16);
-        kvx_put32(p + 32, m->u.hello.conn_id);
-        kvx_put32(p + 36, m->u.hello.ep_sn);
-        kvx_put64(p + 40, m->u.hello.token);
-        kvx_put64(p + 48, m->u.hello.generation);
-        p[56] = (uint8_t)n;
-        kvx_put32(p + 60, m->u.hello.waddr_len);
-        memcpy(p + fixed, m->u.hello.name, n);
-        memcpy(p + fixed + n, m->u.hello.waddr, m->u.hello.waddr_len);
-        return fixed + n + m->u.hello.waddr_len; /* the proof, if any, follows: signed_len */
-    case KVX_MSG_HELLO_ACK:
-        kvx_put32(p + 16, m->u.hello_ack.rconn_id);
-        kvx_put32(p + 20, (uint32_t)m->u.hello_ack.status);
-        kvx_put64(p + 24, m->u.hello_ack.token);
-        kvx_put64(p + 32, m->u.hello_ack.epoch);
-        kvx_wire_put_bytes(p + 40, m->u.hello_ack.seg_token, KVX_SEG_TOKEN_LEN);
-        kvx_wire_put_bytes(p + 56, m->u.hello_ack.nonce, KVX_WIRE_NONCE_LEN);
-        return fixed;
-    case KVX_MSG_PROOF:
-        kvx_wire_put_bytes(p + 16, m->u.proof.mac, KVX_PROOF_LEN);
-        return fixed;
-    case KVX_MSG_WRITE: /* the runs: in place after the header (kvx_wire_run_put), or copied */
-        kvx_put64(p + 16, m->u.write.xfer_id);
-        kvx_put64(p + 24, m->u.write.tag);
-        kvx_put64(p + 32, m->u.write.epoch);
-        kvx_put32(p + 40, m->u.write.nruns);
-        n = (size_t)m->u.write.nruns * KVX_WIRE_RUN_LEN;
-        if (m->u.write.runs != NULL && m->u.write.runs != p + fixed)
-            memcpy(p + fixed, m->u.write.runs, n);
-        return fixed + n;
-    case KVX_MSG_ACK: /* the entries: in place after the header (kvx_wire_ack_put), or copied */
-        kvx_put32(p + 16, m->u.ack.n);
-        n = (size_t)m->u.ack.n * KVX_WIRE_ACK_ENTRY_LEN;
-        if (m->u.ack.entries != NULL && m->u.ack.entries != p + fixed)
-            memcpy(p + fixed, m->u.ack.entries, n);
-        return fixed + n;
-    case KVX_MSG_READ_REQ: /* the runs as for WRITE */
-        kvx_put64(p + 16, m->u.read_req.xfer_id);
-        kvx_put64(p + 24, m->u.read_req.stream_off);
-        kvx_put32(p + 32, m->u.read_req.nruns);
-        kvx_put32(p + 36, kvx_wire_prio_put(m->u.read_req.prio));
-        n = (size_t)m->u.read_req.nruns * KVX_WIRE_RUN_LEN;
-        if (m->u.read_req.runs != NULL && m->u.read_req.runs != p + fixed)
-            memcpy(p + fixed, m->u.read_req.runs, n);
-        return fixed + n;
-    case KVX_MSG_READ_DATA:
-        kvx_put64(p + 16, m->u.read_data.xfer_id);
-        kvx_put64(p + 24, m->u.read_data.stream_off);
-        kvx_put32(p + 32, m->u.read_data.len);
-        kvx_put32(p + 36, m->u.read_data.crc);
-        kvx_put32(p + 40, (uint32_t)m->u.read_data.status);
-        return fixed;
-    case KVX_MSG_FENCE:
-        kvx_put64(p + 16, m->u.fence.epoch);
-        return fixed;
-    case KVX_MSG_NOTICE:
-        kvx_put64(p + 16, m->u.notice.xfer_id);
-        kvx_put64(p + 24, m->u.notice.tag);
-        kvx_put64(p + 32, m->u.notice.epoch);
-        kvx_put64(p + 40, m->u.notice.blocks);
-        kvx_put64(p + 48, m->u.notice.bytes);
-        return fixed;
-    case KVX_MSG_NOTICE_ACK:
-        kvx_put64(p + 16, m->u.notice_ack.xfer_id);
-        kvx_put32(p + 24, (uint32_t)m->u.notice_ack.status);
-        return fixed;
-    case KVX_MSG_CHALLENGE:
-        kvx_wire_put_bytes(p + 16, m->u.challenge.nonce, KVX_WIRE_NONCE_LEN);
-        return fixed;
-    case KVX_MSG_MD_REQ:
-        kvx_wire_put_bytes(p + 16, m->u.md_req.proof, KVX_PROOF_LEN);
-        kvx_wire_put_bytes(p + 48, m->u.md_req.cnonce, KVX_WIRE_NONCE_LEN);
-        return fixed;
-    case KVX_MSG_MD:
-        kvx_put32(p + 16, (uint32_t)m->u.md.status);
-        kvx_put32(p + 20, m->u.md.len);
-        kvx_wire_put_bytes(p + 24, m->u.md.cnonce, KVX_WIRE_NONCE_LEN);
-        kvx_wire_put_bytes(p + 40, m->u.md.mac, KVX_PROOF_LEN);
-        return fixed;
-    default: /* BYE */
-        return fixed;
-    }
+    return ty->encode != NULL ? ty->encode(m, p, ty->fixed) : ty->fixed;
 }
 
 void kvx_wire_ack_get(const uint8_t *entries, uint32_t i, uint64_t *xfer_id, uint32_t *bytes,
