@@ -105,11 +105,13 @@ KVX_API void kvx_log_set(kvx_log_fn fn, void *arg, int level);
  * Transport lifetime
  * ------------------------------------------------------------------------------------------- */
 
-/** Longest agent name, peer id and fingerprint, in bytes, without the terminating NUL. */
+/** Longest agent name (a writer's too, kvx_notice_t.writer), in bytes, without the NUL. */
 #define KVX_NAME_MAX 63
 /** Size of an address text, "host:port" (kvx_transport_attr_t.listen_addr). */
 #define KVX_ADDR_MAX 96
+/** Longest peer id (kvx_peer_add), in bytes, without the terminating NUL. */
 #define KVX_PEER_ID_MAX 255
+/** Longest fingerprint (kvx_params_t.fingerprint), in bytes, without the terminating NUL. */
 #define KVX_FINGERPRINT_MAX 64
 
 /** Bits of kvx_params_t.field_mask: a field whose bit is clear takes its documented default. */
