@@ -114,7 +114,7 @@ int main(int argc, char **argv)
     KT_EQ(u1.fds, u0.fds);
     KT_EQ(u1.tfds, u0.tfds);
     /* kvx's own objects: nothing accumulates (exact) */
-    KT_EQ(t->core.npeers, 0);
+    KT_EQ(t->core.peers.n, 0);
     KT_CHECK(kvx_list_empty(&t->conns.all));
     KT_CHECK(kvx_list_empty(&t->core.active));
     KT_EQ(t->core.nlive, 0);

@@ -270,11 +270,8 @@ static int kvx_peer_remove_impl(kvx_transport_t *t, const char *peer_id, unsigne
 
     if (t == NULL || !kvx_peer_id_ok(peer_id) || (flags & ~(unsigned)KVX_PEER_REMOVE_PURGE))
         return -EINVAL;
-    kvx_lock(&t->core);
-    if (t->core.closed) {
-        rc = -ESHUTDOWN;
-        goto out;
-    }
+    if (kvx_enter(&t->core) < 0)
+        return -ESHUTDOWN;
     p = kvx_peer_lookup(&t->core, peer_id);
     if (p == NULL || (p->conn == NULL && p->turn_now == p->turn_next))
         goto out;
@@ -351,11 +348,8 @@ int kvx_peer_query(kvx_transport_t *t, const char *peer_id, kvx_peer_attr_t *att
     if (t == NULL || !kvx_peer_id_ok(peer_id) || attr == NULL)
         return -EINVAL;
     m = attr->field_mask;
-    kvx_lock(&t->core);
-    if (t->core.closed) {
-        rc = -ESHUTDOWN;
-        goto out;
-    }
+    if (kvx_enter(&t->core) < 0)
+        return -ESHUTDOWN;
     p = kvx_peer_lookup(&t->core, peer_id);
     if (!kvx_peer_known(p)) {
         rc = -ENOENT;
@@ -507,7 +501,7 @@ int kvx_stats_query(kvx_transport_t *t, const char *peer_id, kvx_stats_t *stats)
 
 int kvx_peer_list(kvx_transport_t *t, char *buf, size_t *len_p)
 {
-    size_t need = 0, cap;
+    size_t need = 0, cap, slot = 0;
     int n = 0, rc;
 
     if (t == NULL || len_p == NULL || (buf == NULL && *len_p != 0))
@@ -515,16 +509,16 @@ int kvx_peer_list(kvx_transport_t *t, char *buf, size_t *len_p)
     cap = *len_p;
     if (kvx_enter(&t->core) < 0)
         return -ESHUTDOWN;
-    for (size_t i = 0; i < t->core.ptab_cap; i++)
-        for (const kvx_peer_t *p = t->core.ptab[i]; p != NULL; p = p->hnext) {
-            size_t len = strlen(p->id) + 1;
-            if (p->removed)
-                continue;
-            if (need + len <= cap)
-                memcpy(buf + need, p->id, len);
-            need += len;
-            n++;
-        }
+    for (const kvx_peer_t *p = kvx_peer_next(&t->core, &slot, NULL); p != NULL;
+         p = kvx_peer_next(&t->core, &slot, p)) {
+        size_t len = strlen(p->id) + 1;
+        if (p->removed)
+            continue;
+        if (need + len <= cap)
+            memcpy(buf + need, p->id, len);
+        need += len;
+        n++;
+    }
     kvx_unlock(&t->core);
     rc = need <= cap ? n : -ENOSPC;
     *len_p = need;

@@ -345,17 +345,17 @@ static void kvx_transport_close_calls(kvx_transport_t *t)
 static void kvx_transport_close_conns(kvx_transport_t *t)
 {
     uint64_t end;
+    size_t slot = 0;
 
-    for (size_t i = 0; i < t->core.ptab_cap; i++) {
-        for (kvx_peer_t *p = t->core.ptab[i]; p != NULL; p = p->hnext) {
-            kvx_conn_t *c = p->conn;
-            kvx_reconnect_forget(&t->peers, p);
-            kvx_xfer_unpark(p, NULL, -ECONNABORTED);
-            if (c == NULL)
-                continue;
-            p->conn = NULL;
-            kvx_conn_release(c, -ECONNABORTED);
-        }
+    for (kvx_peer_t *p = kvx_peer_next(&t->core, &slot, NULL); p != NULL;
+         p = kvx_peer_next(&t->core, &slot, p)) {
+        kvx_conn_t *c = p->conn;
+        kvx_reconnect_forget(&t->peers, p);
+        kvx_xfer_unpark(p, NULL, -ECONNABORTED);
+        if (c == NULL)
+            continue;
+        p->conn = NULL;
+        kvx_conn_release(c, -ECONNABORTED);
     }
     kvx_rconns_close_all(&t->recv.conns);
     kvx_pairings_close_all(&t->peers);

@@ -14,11 +14,8 @@ int kvx_transport_event_fd_ex(kvx_transport_t *t, unsigned kinds, int *fd_p)
 
     if (t == NULL || fd_p == NULL || kinds == 0 || (kinds & ~(unsigned)KVX_EVENT_ALL) != 0)
         return -EINVAL;
-    kvx_lock(&t->core);
-    if (t->core.closed) {
-        rc = -ESHUTDOWN;
-        goto out;
-    }
+    if (kvx_enter(&t->core) < 0)
+        return -ESHUTDOWN;
     if (t->engine.evfd[kinds].fd < 0) {
         rc = kvx_events_open(&t->engine, kinds);
         if (rc < 0) {

@@ -23,11 +23,8 @@ static int kvx_submit(kvx_transport_t *t, int op, const char *peer_id, const uin
         ((fm & KVX_XFER_PARAM_PRIORITY) && params->priority >= KVX_PRIO_LEVELS) ||
         (flags & ~(uint32_t)KVX_XFER_NOTIFY) || ((flags & KVX_XFER_NOTIFY) && op != KVX_OP_WRITE))
         return -EINVAL;
-    kvx_lock(&t->core);
-    if (t->core.closed) {
-        rc = -ESHUTDOWN;
-        goto out;
-    }
+    if (kvx_enter(&t->core) < 0)
+        return -ESHUTDOWN;
     p = kvx_peer_lookup(&t->core, peer_id);
     if (p == NULL || p->conn == NULL) {
         kvx_debug(&t->core, "submit: unknown peer '%s'", peer_id);

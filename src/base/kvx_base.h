@@ -1,7 +1,8 @@
 /*
- * kvx's leaves, the lowest layers (src/README.md): base (error.c, log.c) and services
- * (checksum.c, auth.c, host.c). What every file may use: lists, little-endian fields, the clock,
- * logging, checksums, SHA-256 and HMAC, same-host peers. No transport state.
+ * kvx's leaves, the lowest layer (src/README.md): what every file may use. Lists, tables by name
+ * (names.c), little-endian fields, the clock, errors and logging (error.c, log.c), checksums
+ * (checksum.c), SHA-256 and HMAC (auth.c), same-host peers (host.c), the rendezvous choice
+ * (rndv.c). No transport state.
  */
 #ifndef KVX_BASE_H
 #define KVX_BASE_H
@@ -68,6 +69,32 @@ static inline size_t kvx_hash_str(const char *s)
 
 #define kvx_container_of(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
 #define kvx_list_first(h, type, member) kvx_container_of((h)->next, type, member)
+
+/* ---- a table of entries by name (names.c) ---------------------------------------------------- */
+
+/* A node inside an entry, and the name it goes by (the entry's own, alive while it is listed). */
+typedef struct kvx_named {
+    struct kvx_named *next;
+    const char *name;
+} kvx_named_t;
+typedef struct kvx_names {
+    kvx_named_t **slots;
+    size_t cap, n; /* slots, entries */
+} kvx_names_t;
+
+int kvx_names_add(kvx_names_t *t, kvx_named_t *e); /* 0, or -ENOMEM (not added) */
+kvx_named_t *kvx_names_find(const kvx_names_t *t, const char *name);
+void kvx_names_del(kvx_names_t *t, kvx_named_t *e);
+/* Every entry in turn: the first with e NULL and *slot 0, then the one after e; NULL at the end.
+ * e may be deleted or freed once the one after it is taken. */
+kvx_named_t *kvx_names_next(const kvx_names_t *t, size_t *slot, const kvx_named_t *e);
+/* The entry whose node is e (member of type), or NULL. */
+static inline void *kvx_named_at(const kvx_named_t *e, size_t off)
+{
+    return e != NULL ? (char *)e - off : NULL;
+}
+#define kvx_named_entry(e, type, member) ((type *)kvx_named_at((e), offsetof(type, member)))
+void kvx_names_fini(kvx_names_t *t); /* the slots; the entries stay their owners' */
 
 /* ---- little-endian fields of what crosses the wire --------------------------------------- */
 

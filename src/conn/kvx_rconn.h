@@ -16,8 +16,7 @@ typedef struct kvx_writer kvx_writer_t;
 /* The receiving side's connections of a transport, and their writers. */
 typedef struct kvx_rconns {
     kvx_core_t *core;
-    kvx_writer_t **wtab; /* writers by name: a chained hash */
-    size_t wtab_cap, nwriters;
+    kvx_names_t writers;      /* by name */
     size_t nftags;            /* tag fence records of every writer (kvx_fence_rec_t) */
     kvx_idtab_t ids;          /* open connections by the id their messages carry */
     size_t nopen;             /* open connections */
@@ -69,7 +68,7 @@ typedef struct kvx_fence_rec {
 /* One remote transport (an agent name) that connected to this one to write or read. */
 struct kvx_writer {
     char name[KVX_NAME_MAX + 1];
-    kvx_writer_t *hnext;
+    kvx_named_t by_name;    /* in rconns->writers */
     uint64_t epoch;         /* bumped by each kvx_fence of this writer */
     uint64_t fence_all;     /* epoch of its latest fence of every tag (0: none) */
     kvx_fence_rec_t *ftags; /* its latest fence of each tag fenced alone, sorted by tag */
@@ -187,6 +186,9 @@ static inline void kvx_count(kvx_core_t *core, kvx_writer_t *w, size_t field)
 
 /* The writer of that agent name, or NULL. */
 kvx_writer_t *kvx_writer_lookup(const kvx_rconns_t *rs, const char *name);
+/* Every writer in turn: the first with w NULL and *slot 0, then the one after w; NULL at the
+ * end. */
+kvx_writer_t *kvx_writer_next(const kvx_rconns_t *rs, size_t *slot, const kvx_writer_t *w);
 /* The writer of that name, made on its first connection (NULL: none can be given up, or out of
  * memory); its fence records dropped; the writer freed. */
 kvx_writer_t *kvx_writer_get(kvx_rconns_t *rs, const char *name);

@@ -17,22 +17,13 @@
 
 kvx_writer_t *kvx_writer_lookup(const kvx_rconns_t *rs, const char *name)
 {
-    if (rs->wtab_cap == 0)
-        return NULL;
-    for (kvx_writer_t *w = rs->wtab[kvx_hash_str(name) & (rs->wtab_cap - 1)]; w != NULL;
-         w = w->hnext)
-        if (strcmp(w->name, name) == 0)
-            return w;
-    return NULL;
+    return kvx_named_entry(kvx_names_find(&rs->writers, name), kvx_writer_t, by_name);
 }
 
-static void kvx_writer_unlink(kvx_rconns_t *rs, kvx_writer_t *w)
+kvx_writer_t *kvx_writer_next(const kvx_rconns_t *rs, size_t *slot, const kvx_writer_t *w)
 {
-    kvx_writer_t **pp = &rs->wtab[kvx_hash_str(w->name) & (rs->wtab_cap - 1)];
-    while (*pp != w)
-        pp = &(*pp)->hnext;
-    *pp = w->hnext;
-    rs->nwriters--;
+    return kvx_named_entry(kvx_names_next(&rs->writers, slot, w != NULL ? &w->by_name : NULL),
+                           kvx_writer_t, by_name);
 }
 
 void kvx_writer_drop_fences(kvx_rconns_t *rs, kvx_writer_t *w)
@@ -55,46 +46,28 @@ void kvx_writer_free(kvx_rconns_t *rs, kvx_writer_t *w)
 kvx_writer_t *kvx_writer_get(kvx_rconns_t *rs, const char *name)
 {
     kvx_writer_t *w = kvx_writer_lookup(rs, name);
-    size_t b;
+    size_t slot = 0;
 
     if (w != NULL)
         return w;
-    if (rs->nwriters >= KVX_WRITERS_MAX) {
-        for (size_t i = 0; i < rs->wtab_cap && w == NULL; i++)
-            for (kvx_writer_t *x = rs->wtab[i]; x != NULL && w == NULL; x = x->hnext)
-                if (x->live == 0)
-                    w = x;
+    if (rs->writers.n >= KVX_WRITERS_MAX) {
+        while ((w = kvx_writer_next(rs, &slot, w)) != NULL && w->live != 0)
+            ;
         if (w == NULL)
             return NULL;
-        kvx_writer_unlink(rs, w);
+        kvx_names_del(&rs->writers, &w->by_name);
         kvx_writer_free(rs, w);
-    }
-    if (rs->nwriters + 1 > rs->wtab_cap / 2) {
-        size_t cap = rs->wtab_cap ? rs->wtab_cap * 2 : 16;
-        kvx_writer_t **tab = calloc(cap, sizeof(*tab));
-        if (tab == NULL)
-            return NULL;
-        for (size_t i = 0; i < rs->wtab_cap; i++) {
-            kvx_writer_t *x, *next;
-            for (x = rs->wtab[i]; x != NULL; x = next) {
-                next = x->hnext;
-                x->hnext = tab[kvx_hash_str(x->name) & (cap - 1)];
-                tab[kvx_hash_str(x->name) & (cap - 1)] = x;
-            }
-        }
-        free(rs->wtab);
-        rs->wtab = tab;
-        rs->wtab_cap = cap;
     }
     w = calloc(1, sizeof(*w));
     if (w == NULL)
         return NULL;
     snprintf(w->name, sizeof(w->name), "%s", name);
+    w->by_name.name = w->name;
     kvx_list_init(&w->rconns);
-    b = kvx_hash_str(name) & (rs->wtab_cap - 1);
-    w->hnext = rs->wtab[b];
-    rs->wtab[b] = w;
-    rs->nwriters++;
+    if (kvx_names_add(&rs->writers, &w->by_name) < 0) {
+        free(w);
+        return NULL;
+    }
     return w;
 }
 
@@ -580,16 +553,13 @@ void kvx_rconns_free_all(kvx_rconns_t *rs)
         rc->state = KVX_CONN_CLOSED;
         kvx_rconn_maybe_free(rc);
     }
-    for (size_t i = 0; i < rs->wtab_cap; i++) {
-        kvx_writer_t *w, *next;
-        for (w = rs->wtab[i]; w != NULL; w = next) {
-            next = w->hnext;
-            kvx_writer_free(rs, w);
-        }
+    size_t slot = 0;
+    kvx_writer_t *next;
+    for (kvx_writer_t *w = kvx_writer_next(rs, &slot, NULL); w != NULL; w = next) {
+        next = kvx_writer_next(rs, &slot, w);
+        kvx_writer_free(rs, w);
     }
-    free(rs->wtab);
-    rs->wtab = NULL;
-    rs->wtab_cap = rs->nwriters = 0;
+    kvx_names_fini(&rs->writers);
     free(rs->ids.slots);
     memset(&rs->ids, 0, sizeof(rs->ids));
 }

@@ -95,7 +95,7 @@ struct kvx_xfer {
 
 struct kvx_peer {
     char *id;
-    kvx_peer_t *hnext; /* hash chain */
+    kvx_named_t by_id; /* in the core's peers (its name: id) */
     kvx_conn_t *conn;  /* NULL when removed */
     bool removed;
     /* of nxfers, those purged (kvx_xfer_purge: KVX_PEER_REMOVE_PURGE, KVX_PEER_ADD_PURGE),
@@ -197,9 +197,7 @@ struct kvx_core {
     uint8_t capability[16];
 
     /* peers by id (peers.c) */
-    kvx_peer_t **ptab;
-    size_t ptab_cap;
-    size_t npeers;     /* entries in ptab, removed ones included */
+    kvx_names_t peers; /* removed ones included */
     size_t nconnected; /* peers with a connection */
     kvx_list_t ready;  /* peers with completions */
 
@@ -306,6 +304,9 @@ static inline bool kvx_stalled(uint64_t since_ns, uint64_t done_ns, uint64_t now
 /* ---- peers by id (peers.c) ------------------------------------------------------------------ */
 
 kvx_peer_t *kvx_peer_lookup(const kvx_core_t *c, const char *id);
+/* Every peer in turn, removed ones included: the first with p NULL and *slot 0, then the one
+ * after p; NULL at the end. */
+kvx_peer_t *kvx_peer_next(const kvx_core_t *c, size_t *slot, const kvx_peer_t *p);
 /* Whether the application still knows p by its id (kvx_peer_query, kvx_stats_query): it has a
  * connection, or it was removed and still holds transfers whose completions will come out of
  * poll (not when it was purged: those are forgotten). An add still under way has neither. */

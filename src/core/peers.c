@@ -10,74 +10,41 @@
 
 kvx_peer_t *kvx_peer_lookup(const kvx_core_t *c, const char *id)
 {
-    if (c->ptab_cap == 0)
-        return NULL;
-    for (kvx_peer_t *p = c->ptab[kvx_hash_str(id) & (c->ptab_cap - 1)]; p != NULL; p = p->hnext)
-        if (strcmp(p->id, id) == 0)
-            return p;
-    return NULL;
+    return kvx_named_entry(kvx_names_find(&c->peers, id), kvx_peer_t, by_id);
 }
 
-static int kvx_peer_insert(kvx_core_t *c, kvx_peer_t *p)
+kvx_peer_t *kvx_peer_next(const kvx_core_t *c, size_t *slot, const kvx_peer_t *p)
 {
-    if (c->npeers + 1 > c->ptab_cap) {
-        size_t cap = c->ptab_cap ? c->ptab_cap * 2 : 16;
-        kvx_peer_t **tab = calloc(cap, sizeof(*tab));
-        if (tab == NULL)
-            return -ENOMEM;
-        for (size_t i = 0; i < c->ptab_cap; i++) {
-            kvx_peer_t *q, *next;
-            for (q = c->ptab[i]; q != NULL; q = next) {
-                next = q->hnext;
-                q->hnext = tab[kvx_hash_str(q->id) & (cap - 1)];
-                tab[kvx_hash_str(q->id) & (cap - 1)] = q;
-            }
-        }
-        free(c->ptab);
-        c->ptab = tab;
-        c->ptab_cap = cap;
-    }
-    size_t b = kvx_hash_str(p->id) & (c->ptab_cap - 1);
-    p->hnext = c->ptab[b];
-    c->ptab[b] = p;
-    c->npeers++;
-    return 0;
+    return kvx_named_entry(kvx_names_next(&c->peers, slot, p != NULL ? &p->by_id : NULL),
+                           kvx_peer_t, by_id);
 }
 
-static void kvx_peer_unlink(kvx_core_t *c, kvx_peer_t *p)
+static void kvx_peer_free(kvx_peer_t *p)
 {
-    kvx_peer_t **pp = &c->ptab[kvx_hash_str(p->id) & (c->ptab_cap - 1)];
-
-    while (*pp != p)
-        pp = &(*pp)->hnext;
-    *pp = p->hnext;
-    c->npeers--;
+    free(p->addr);
+    free(p->id);
+    free(p);
 }
 
 void kvx_peer_maybe_free(kvx_core_t *c, kvx_peer_t *p)
 {
     if (!p->removed || p->conn != NULL || p->nxfers != 0 || p->turn_now != p->turn_next)
         return;
-    kvx_peer_unlink(c, p);
-    free(p->addr);
-    free(p->id);
-    free(p);
+    kvx_names_del(&c->peers, &p->by_id);
+    kvx_peer_free(p);
 }
 
 void kvx_peer_free_all(kvx_core_t *c)
 {
-    for (size_t i = 0; i < c->ptab_cap; i++) {
-        kvx_peer_t *p, *next;
-        for (p = c->ptab[i]; p != NULL; p = next) {
-            next = p->hnext;
-            free(p->addr);
-            free(p->id);
-            free(p);
-        }
+    size_t slot = 0;
+    kvx_peer_t *next;
+
+    for (kvx_peer_t *p = kvx_peer_next(c, &slot, NULL); p != NULL; p = next) {
+        next = kvx_peer_next(c, &slot, p);
+        kvx_peer_free(p);
     }
-    free(c->ptab);
-    c->ptab = NULL;
-    c->ptab_cap = c->npeers = c->nconnected = 0;
+    kvx_names_fini(&c->peers);
+    c->nconnected = 0;
 }
 
 bool kvx_peer_id_ok(const char *id)
@@ -94,7 +61,9 @@ kvx_peer_t *kvx_peer_new(kvx_core_t *c, const char *peer_id)
 {
     kvx_peer_t *p = calloc(1, sizeof(*p));
 
-    if (p == NULL || (p->id = strdup(peer_id)) == NULL || kvx_peer_insert(c, p) < 0) {
+    if (p != NULL && (p->id = strdup(peer_id)) != NULL)
+        p->by_id.name = p->id;
+    if (p == NULL || p->id == NULL || kvx_names_add(&c->peers, &p->by_id) < 0) {
         if (p != NULL)
             free(p->id);
         free(p);

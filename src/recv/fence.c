@@ -48,14 +48,7 @@ static kvx_writer_t *kvx_fence_next(const kvx_recv_t *r, const char *writer, siz
 {
     if (writer != NULL)
         return w == NULL ? kvx_writer_lookup(&r->conns, writer) : NULL;
-    if (w != NULL && w->hnext != NULL)
-        return w->hnext;
-    while (*bucket < r->conns.wtab_cap) {
-        kvx_writer_t *x = r->conns.wtab[(*bucket)++];
-        if (x != NULL)
-            return x;
-    }
-    return NULL;
+    return kvx_writer_next(&r->conns, bucket, w);
 }
 
 /* Tag records a fence of tags (sorted, distinct; ntags > 0) adds to w: none for a writer

@@ -226,11 +226,13 @@ typedef struct kvx_wire_type {
     uint8_t to;     /* enum kvx_wire_to */
     bool rndv;      /* its payload may come by rendezvous (WRITE, READ_DATA) */
     bool payload;   /* it may carry a payload at all (WRITE, READ_DATA, MD) */
+    bool tail;      /* its header goes on past the fixed part (HELLO, WRITE, ACK, READ_REQ) */
     const char *name;
-    /* its decoder (the common header and the fixed part's length checked already) and its
-     * encoder (the common header written): wire.c's, side by side */
-    int (*decode)(const uint8_t *p, size_t hdr_len, size_t fixed, size_t data_len, kvx_msg_t *m);
-    size_t (*encode)(const kvx_msg_t *m, uint8_t *p, size_t fixed);
+    /* its decoder (the common header checked already, the fixed part whole, tail bytes after
+     * it) and its encoder (the common header written; returns the tail's length): wire.c's,
+     * side by side */
+    int (*decode)(const uint8_t *p, size_t tail, size_t data_len, kvx_msg_t *m);
+    size_t (*encode)(const kvx_msg_t *m, uint8_t *p);
 } kvx_wire_type_t;
 /* The one table of message types (wire.c); an unknown type gives a zero entry, named "?". */
 const kvx_wire_type_t *kvx_wire_type(unsigned type);

@@ -110,36 +110,37 @@ static void kvx_wire_put_bytes(uint8_t *p, const uint8_t *src, size_t len)
         memset(p, 0, len);
 }
 
-/* ---- each type: its decoder (p: hdr_len bytes, fixed of them its fixed part, checked whole;
- * data_len: its payload's) and its encoder (p zeroed over fixed bytes, the common header
- * written; returns the bytes written), every field at the same place in both -------------- */
+/* ---- each type: its decoder (p: the header, its fixed part whole and, for a type with a tail,
+ * tail bytes after it; data_len: the payload's) and its encoder (p zeroed over the fixed part,
+ * the common header written; returns the tail's bytes), every field at the same place in both */
 
-static int kvx_hello_dec(const uint8_t *p, size_t hdr_len, size_t fixed, size_t data_len,
-                         kvx_msg_t *m)
+static int kvx_hello_dec(const uint8_t *p, size_t tail, size_t data_len, kvx_msg_t *m)
 {
+    const uint8_t *name = p + KVX_WIRE_HELLO_LEN;
     size_t name_len = p[56], waddr_len = kvx_get32(p + 60);
     size_t proof = (m->flags & KVX_MSGF_PROOF) ? KVX_PROOF_LEN : 0;
 
     (void)data_len;
     if (m->conn_id != 0 || m->token != 0 || memcmp(p + 57, kvx_zero, 3) != 0 || name_len == 0 ||
         name_len > KVX_NAME_MAX || waddr_len == 0 || waddr_len > KVX_WIRE_MAX_WADDR ||
-        hdr_len != fixed + name_len + waddr_len + proof || !kvx_wire_text_ok(p + 64, name_len))
+        tail != name_len + waddr_len + proof || !kvx_wire_text_ok(name, name_len))
         return -EBADMSG;
     m->u.hello.capability = p + 16;
     m->u.hello.conn_id = kvx_get32(p + 32);
     m->u.hello.ep_sn = kvx_get32(p + 36);
     m->u.hello.token = kvx_get64(p + 40);
     m->u.hello.generation = kvx_get64(p + 48);
-    memcpy(m->u.hello.name, p + 64, name_len);
+    memcpy(m->u.hello.name, name, name_len);
     m->u.hello.name[name_len] = '\0';
-    m->u.hello.waddr = p + 64 + name_len;
+    m->u.hello.waddr = name + name_len;
     m->u.hello.waddr_len = (uint32_t)waddr_len;
-    m->u.hello.proof = proof ? p + 64 + name_len + waddr_len : NULL;
-    m->u.hello.signed_len = fixed + name_len + waddr_len;
+    m->u.hello.proof = proof ? name + name_len + waddr_len : NULL;
+    m->u.hello.signed_len = KVX_WIRE_HELLO_LEN + name_len + waddr_len;
     return 0;
 }
-static size_t kvx_hello_enc(const kvx_msg_t *m, uint8_t *p, size_t fixed)
+static size_t kvx_hello_enc(const kvx_msg_t *m, uint8_t *p)
 {
+    uint8_t *name = p + KVX_WIRE_HELLO_LEN;
     size_t n = strlen(m->u.hello.name);
 
     kvx_wire_put_bytes(p + 16, m->u.hello.capability, 16);
@@ -149,17 +150,14 @@ static size_t kvx_hello_enc(const kvx_msg_t *m, uint8_t *p, size_t fixed)
     kvx_put64(p + 48, m->u.hello.generation);
     p[56] = (uint8_t)n;
     kvx_put32(p + 60, m->u.hello.waddr_len);
-    memcpy(p + fixed, m->u.hello.name, n);
-    memcpy(p + fixed + n, m->u.hello.waddr, m->u.hello.waddr_len);
-    return fixed + n + m->u.hello.waddr_len; /* the proof, if any, follows: signed_len */
+    memcpy(name, m->u.hello.name, n);
+    memcpy(name + n, m->u.hello.waddr, m->u.hello.waddr_len);
+    return n + m->u.hello.waddr_len; /* the proof, if any, follows: signed_len */
 }
 
-static int kvx_hello_ack_dec(const uint8_t *p, size_t hdr_len, size_t fixed, size_t data_len,
-                             kvx_msg_t *m)
+static int kvx_hello_ack_dec(const uint8_t *p, size_t tail, size_t data_len, kvx_msg_t *m)
 {
-    (void)data_len;
-    if (hdr_len != fixed)
-        return -EBADMSG;
+    (void)tail, (void)data_len;
     m->u.hello_ack.rconn_id = kvx_get32(p + 16);
     m->u.hello_ack.status = (int32_t)kvx_get32(p + 20);
     m->u.hello_ack.token = kvx_get64(p + 24);
@@ -168,7 +166,7 @@ static int kvx_hello_ack_dec(const uint8_t *p, size_t hdr_len, size_t fixed, siz
     m->u.hello_ack.nonce = p + 56;
     return m->u.hello_ack.status > 0 ? -EBADMSG : 0;
 }
-static size_t kvx_hello_ack_enc(const kvx_msg_t *m, uint8_t *p, size_t fixed)
+static size_t kvx_hello_ack_enc(const kvx_msg_t *m, uint8_t *p)
 {
     kvx_put32(p + 16, m->u.hello_ack.rconn_id);
     kvx_put32(p + 20, (uint32_t)m->u.hello_ack.status);
@@ -176,37 +174,33 @@ static size_t kvx_hello_ack_enc(const kvx_msg_t *m, uint8_t *p, size_t fixed)
     kvx_put64(p + 32, m->u.hello_ack.epoch);
     kvx_wire_put_bytes(p + 40, m->u.hello_ack.seg_token, KVX_SEG_TOKEN_LEN);
     kvx_wire_put_bytes(p + 56, m->u.hello_ack.nonce, KVX_WIRE_NONCE_LEN);
-    return fixed;
+    return 0;
 }
 
-static int kvx_proof_dec(const uint8_t *p, size_t hdr_len, size_t fixed, size_t data_len,
-                         kvx_msg_t *m)
+static int kvx_proof_dec(const uint8_t *p, size_t tail, size_t data_len, kvx_msg_t *m)
 {
-    (void)data_len;
-    if (hdr_len != fixed)
-        return -EBADMSG;
+    (void)tail, (void)data_len;
     m->u.proof.mac = p + 16;
     return 0;
 }
-static size_t kvx_proof_enc(const kvx_msg_t *m, uint8_t *p, size_t fixed)
+static size_t kvx_proof_enc(const kvx_msg_t *m, uint8_t *p)
 {
     kvx_wire_put_bytes(p + 16, m->u.proof.mac, KVX_PROOF_LEN);
-    return fixed;
+    return 0;
 }
 
-/* Runs after the header: in place already (written by kvx_wire_run_put: the pointer is NULL or
- * p's own tail), or copied. */
-static size_t kvx_wire_put_runs(uint8_t *p, size_t fixed, const uint8_t *runs, uint32_t nruns)
+/* Runs after a header's fixed part (at): in place already (written by kvx_wire_run_put: the
+ * pointer is NULL or at), or copied; their bytes. */
+static size_t kvx_wire_put_runs(uint8_t *at, const uint8_t *runs, uint32_t nruns)
 {
     size_t n = (size_t)nruns * KVX_WIRE_RUN_LEN;
 
-    if (runs != NULL && runs != p + fixed)
-        memcpy(p + fixed, runs, n);
-    return fixed + n;
+    if (runs != NULL && runs != at)
+        memcpy(at, runs, n);
+    return n;
 }
 
-static int kvx_write_dec(const uint8_t *p, size_t hdr_len, size_t fixed, size_t data_len,
-                         kvx_msg_t *m)
+static int kvx_write_dec(const uint8_t *p, size_t tail, size_t data_len, kvx_msg_t *m)
 {
     uint64_t total;
 
@@ -214,46 +208,44 @@ static int kvx_write_dec(const uint8_t *p, size_t hdr_len, size_t fixed, size_t 
     m->u.write.tag = kvx_get64(p + 24);
     m->u.write.epoch = kvx_get64(p + 32);
     m->u.write.nruns = kvx_get32(p + 40);
-    m->u.write.runs = p + fixed;
+    m->u.write.runs = p + KVX_WIRE_WRITE_LEN;
     if (kvx_get32(p + 44) != 0 ||
-        kvx_wire_runs(p + fixed, m->u.write.nruns, hdr_len - fixed, &total) < 0 ||
-        total != data_len)
+        kvx_wire_runs(m->u.write.runs, m->u.write.nruns, tail, &total) < 0 || total != data_len)
         return -EBADMSG;
     return 0;
 }
-static size_t kvx_write_enc(const kvx_msg_t *m, uint8_t *p, size_t fixed)
+static size_t kvx_write_enc(const kvx_msg_t *m, uint8_t *p)
 {
     kvx_put64(p + 16, m->u.write.xfer_id);
     kvx_put64(p + 24, m->u.write.tag);
     kvx_put64(p + 32, m->u.write.epoch);
     kvx_put32(p + 40, m->u.write.nruns);
-    return kvx_wire_put_runs(p, fixed, m->u.write.runs, m->u.write.nruns);
+    return kvx_wire_put_runs(p + KVX_WIRE_WRITE_LEN, m->u.write.runs, m->u.write.nruns);
 }
 
-static int kvx_ack_dec(const uint8_t *p, size_t hdr_len, size_t fixed, size_t data_len,
-                       kvx_msg_t *m)
+static int kvx_ack_dec(const uint8_t *p, size_t tail, size_t data_len, kvx_msg_t *m)
 {
     (void)data_len;
     m->u.ack.n = kvx_get32(p + 16);
-    m->u.ack.entries = p + fixed;
+    m->u.ack.entries = p + KVX_WIRE_ACK_LEN;
     if (kvx_get32(p + 20) != 0 || m->u.ack.n == 0 || m->u.ack.n > KVX_WIRE_MAX_ACKS ||
-        hdr_len != fixed + (size_t)m->u.ack.n * KVX_WIRE_ACK_ENTRY_LEN)
+        tail != (size_t)m->u.ack.n * KVX_WIRE_ACK_ENTRY_LEN)
         return -EBADMSG;
     return 0;
 }
 /* The entries: in place after the header (kvx_wire_ack_put), or copied. */
-static size_t kvx_ack_enc(const kvx_msg_t *m, uint8_t *p, size_t fixed)
+static size_t kvx_ack_enc(const kvx_msg_t *m, uint8_t *p)
 {
+    uint8_t *at = p + KVX_WIRE_ACK_LEN;
     size_t n = (size_t)m->u.ack.n * KVX_WIRE_ACK_ENTRY_LEN;
 
     kvx_put32(p + 16, m->u.ack.n);
-    if (m->u.ack.entries != NULL && m->u.ack.entries != p + fixed)
-        memcpy(p + fixed, m->u.ack.entries, n);
-    return fixed + n;
+    if (m->u.ack.entries != NULL && m->u.ack.entries != at)
+        memcpy(at, m->u.ack.entries, n);
+    return n;
 }
 
-static int kvx_read_req_dec(const uint8_t *p, size_t hdr_len, size_t fixed, size_t data_len,
-                            kvx_msg_t *m)
+static int kvx_read_req_dec(const uint8_t *p, size_t tail, size_t data_len, kvx_msg_t *m)
 {
     uint64_t total;
 
@@ -261,71 +253,72 @@ static int kvx_read_req_dec(const uint8_t *p, size_t hdr_len, size_t fixed, size
     m->u.read_req.xfer_id = kvx_get64(p + 16);
     m->u.read_req.stream_off = kvx_get64(p + 24);
     m->u.read_req.nruns = kvx_get32(p + 32);
-    m->u.read_req.runs = p + fixed;
+    m->u.read_req.runs = p + KVX_WIRE_READ_REQ_LEN;
     m->u.read_req.prio = (uint8_t)kvx_wire_prio_get(kvx_get32(p + 36));
     if (kvx_get32(p + 36) > 2 ||
-        kvx_wire_runs(p + fixed, m->u.read_req.nruns, hdr_len - fixed, &total) < 0 ||
+        kvx_wire_runs(m->u.read_req.runs, m->u.read_req.nruns, tail, &total) < 0 ||
         total > KVX_READ_REQ_MAX)
         return -EBADMSG;
     m->u.read_req.bytes = total;
     return 0;
 }
-static size_t kvx_read_req_enc(const kvx_msg_t *m, uint8_t *p, size_t fixed)
+static size_t kvx_read_req_enc(const kvx_msg_t *m, uint8_t *p)
 {
     kvx_put64(p + 16, m->u.read_req.xfer_id);
     kvx_put64(p + 24, m->u.read_req.stream_off);
     kvx_put32(p + 32, m->u.read_req.nruns);
     kvx_put32(p + 36, kvx_wire_prio_put(m->u.read_req.prio));
-    return kvx_wire_put_runs(p, fixed, m->u.read_req.runs, m->u.read_req.nruns);
+    return kvx_wire_put_runs(p + KVX_WIRE_READ_REQ_LEN, m->u.read_req.runs, m->u.read_req.nruns);
 }
 
-static int kvx_read_data_dec(const uint8_t *p, size_t hdr_len, size_t fixed, size_t data_len,
-                             kvx_msg_t *m)
+/* A payload of len bytes (READ_DATA, MD) with status 0, or none with an error (status < 0). */
+static bool kvx_wire_payload_ok(int32_t status, uint32_t len, size_t data_len, size_t max)
 {
-    if (hdr_len != fixed || kvx_get32(p + 44) != 0)
-        return -EBADMSG;
+    if (status > 0)
+        return false;
+    if (status < 0)
+        return len == 0 && data_len == 0;
+    return len == data_len && data_len != 0 && data_len <= max;
+}
+
+static int kvx_read_data_dec(const uint8_t *p, size_t tail, size_t data_len, kvx_msg_t *m)
+{
+    (void)tail;
     m->u.read_data.xfer_id = kvx_get64(p + 16);
     m->u.read_data.stream_off = kvx_get64(p + 24);
     m->u.read_data.len = kvx_get32(p + 32);
     m->u.read_data.crc = kvx_get32(p + 36);
     m->u.read_data.status = (int32_t)kvx_get32(p + 40);
-    if (m->u.read_data.status > 0 ||
-        (m->u.read_data.status == 0 ? m->u.read_data.len != data_len || data_len == 0
-                                    : m->u.read_data.len != 0 || data_len != 0))
+    if (kvx_get32(p + 44) != 0 ||
+        !kvx_wire_payload_ok(m->u.read_data.status, m->u.read_data.len, data_len, SIZE_MAX))
         return -EBADMSG;
     return 0;
 }
-static size_t kvx_read_data_enc(const kvx_msg_t *m, uint8_t *p, size_t fixed)
+static size_t kvx_read_data_enc(const kvx_msg_t *m, uint8_t *p)
 {
     kvx_put64(p + 16, m->u.read_data.xfer_id);
     kvx_put64(p + 24, m->u.read_data.stream_off);
     kvx_put32(p + 32, m->u.read_data.len);
     kvx_put32(p + 36, m->u.read_data.crc);
     kvx_put32(p + 40, (uint32_t)m->u.read_data.status);
-    return fixed;
+    return 0;
 }
 
-static int kvx_fence_dec(const uint8_t *p, size_t hdr_len, size_t fixed, size_t data_len,
-                         kvx_msg_t *m)
+static int kvx_fence_dec(const uint8_t *p, size_t tail, size_t data_len, kvx_msg_t *m)
 {
-    (void)data_len;
-    if (hdr_len != fixed)
-        return -EBADMSG;
+    (void)tail, (void)data_len;
     m->u.fence.epoch = kvx_get64(p + 16);
     return 0;
 }
-static size_t kvx_fence_enc(const kvx_msg_t *m, uint8_t *p, size_t fixed)
+static size_t kvx_fence_enc(const kvx_msg_t *m, uint8_t *p)
 {
     kvx_put64(p + 16, m->u.fence.epoch);
-    return fixed;
+    return 0;
 }
 
-static int kvx_notice_dec(const uint8_t *p, size_t hdr_len, size_t fixed, size_t data_len,
-                          kvx_msg_t *m)
+static int kvx_notice_dec(const uint8_t *p, size_t tail, size_t data_len, kvx_msg_t *m)
 {
-    (void)data_len;
-    if (hdr_len != fixed)
-        return -EBADMSG;
+    (void)tail, (void)data_len;
     m->u.notice.xfer_id = kvx_get64(p + 16);
     m->u.notice.tag = kvx_get64(p + 24);
     m->u.notice.epoch = kvx_get64(p + 32);
@@ -333,57 +326,51 @@ static int kvx_notice_dec(const uint8_t *p, size_t hdr_len, size_t fixed, size_t
     m->u.notice.bytes = kvx_get64(p + 48);
     return 0;
 }
-static size_t kvx_notice_enc(const kvx_msg_t *m, uint8_t *p, size_t fixed)
+static size_t kvx_notice_enc(const kvx_msg_t *m, uint8_t *p)
 {
     kvx_put64(p + 16, m->u.notice.xfer_id);
     kvx_put64(p + 24, m->u.notice.tag);
     kvx_put64(p + 32, m->u.notice.epoch);
     kvx_put64(p + 40, m->u.notice.blocks);
     kvx_put64(p + 48, m->u.notice.bytes);
-    return fixed;
+    return 0;
 }
 
-static int kvx_notice_ack_dec(const uint8_t *p, size_t hdr_len, size_t fixed, size_t data_len,
-                              kvx_msg_t *m)
+static int kvx_notice_ack_dec(const uint8_t *p, size_t tail, size_t data_len, kvx_msg_t *m)
 {
-    (void)data_len;
-    if (hdr_len != fixed || kvx_get32(p + 28) != 0)
-        return -EBADMSG;
+    (void)tail, (void)data_len;
     m->u.notice_ack.xfer_id = kvx_get64(p + 16);
     m->u.notice_ack.status = (int32_t)kvx_get32(p + 24);
-    return m->u.notice_ack.status > 0 ? -EBADMSG : 0;
+    return kvx_get32(p + 28) != 0 || m->u.notice_ack.status > 0 ? -EBADMSG : 0;
 }
-static size_t kvx_notice_ack_enc(const kvx_msg_t *m, uint8_t *p, size_t fixed)
+static size_t kvx_notice_ack_enc(const kvx_msg_t *m, uint8_t *p)
 {
     kvx_put64(p + 16, m->u.notice_ack.xfer_id);
     kvx_put32(p + 24, (uint32_t)m->u.notice_ack.status);
-    return fixed;
+    return 0;
 }
 
-static int kvx_bye_dec(const uint8_t *p, size_t hdr_len, size_t fixed, size_t data_len,
-                       kvx_msg_t *m)
+static int kvx_bye_dec(const uint8_t *p, size_t tail, size_t data_len, kvx_msg_t *m)
 {
-    (void)p, (void)data_len, (void)m;
-    return hdr_len == fixed ? 0 : -EBADMSG;
+    (void)p, (void)tail, (void)data_len, (void)m;
+    return 0;
 }
-static size_t kvx_bye_enc(const kvx_msg_t *m, uint8_t *p, size_t fixed)
+static size_t kvx_bye_enc(const kvx_msg_t *m, uint8_t *p)
 {
     (void)m, (void)p;
-    return fixed;
+    return 0;
 }
 
-/* the pairing messages: their length is checked whole by kvx_wire_decode */
-static int kvx_challenge_dec(const uint8_t *p, size_t hdr_len, size_t fixed, size_t data_len,
-                             kvx_msg_t *m)
+static int kvx_challenge_dec(const uint8_t *p, size_t tail, size_t data_len, kvx_msg_t *m)
 {
-    (void)hdr_len, (void)fixed, (void)data_len;
+    (void)tail, (void)data_len;
     m->u.challenge.nonce = p + 16;
     return 0;
 }
-static size_t kvx_challenge_enc(const kvx_msg_t *m, uint8_t *p, size_t fixed)
+static size_t kvx_challenge_enc(const kvx_msg_t *m, uint8_t *p)
 {
     kvx_wire_put_bytes(p + 16, m->u.challenge.nonce, KVX_WIRE_NONCE_LEN);
-    return fixed;
+    return 0;
 }
 
 /* A proof or MAC that is there only with KVX_MSGF_PROOF, else all zero: NULL then. */
@@ -396,78 +383,78 @@ static int kvx_wire_proof_field(const uint8_t *at, bool present, const uint8_t *
     return 0;
 }
 
-static int kvx_md_req_dec(const uint8_t *p, size_t hdr_len, size_t fixed, size_t data_len,
-                          kvx_msg_t *m)
+static int kvx_md_req_dec(const uint8_t *p, size_t tail, size_t data_len, kvx_msg_t *m)
 {
-    (void)hdr_len, (void)fixed, (void)data_len;
+    (void)tail, (void)data_len;
     m->u.md_req.cnonce = p + 48;
     return kvx_wire_proof_field(p + 16, (m->flags & KVX_MSGF_PROOF) != 0, &m->u.md_req.proof);
 }
-static size_t kvx_md_req_enc(const kvx_msg_t *m, uint8_t *p, size_t fixed)
+static size_t kvx_md_req_enc(const kvx_msg_t *m, uint8_t *p)
 {
     kvx_wire_put_bytes(p + 16, m->u.md_req.proof, KVX_PROOF_LEN);
     kvx_wire_put_bytes(p + 48, m->u.md_req.cnonce, KVX_WIRE_NONCE_LEN);
-    return fixed;
+    return 0;
 }
 
-static int kvx_md_dec(const uint8_t *p, size_t hdr_len, size_t fixed, size_t data_len, kvx_msg_t *m)
+static int kvx_md_dec(const uint8_t *p, size_t tail, size_t data_len, kvx_msg_t *m)
 {
-    (void)hdr_len, (void)fixed;
+    (void)tail;
     m->u.md.status = (int32_t)kvx_get32(p + 16);
     m->u.md.len = kvx_get32(p + 20);
     m->u.md.cnonce = p + 24;
     if (kvx_wire_proof_field(p + 40, (m->flags & KVX_MSGF_PROOF) != 0, &m->u.md.mac) < 0 ||
-        m->u.md.status > 0 ||
-        (m->u.md.status == 0
-             ? m->u.md.len != data_len || data_len == 0 || data_len > KVX_WIRE_MAX_MD
-             : m->u.md.len != 0 || data_len != 0))
+        !kvx_wire_payload_ok(m->u.md.status, m->u.md.len, data_len, KVX_WIRE_MAX_MD))
         return -EBADMSG;
     return 0;
 }
-static size_t kvx_md_enc(const kvx_msg_t *m, uint8_t *p, size_t fixed)
+static size_t kvx_md_enc(const kvx_msg_t *m, uint8_t *p)
 {
     kvx_put32(p + 16, (uint32_t)m->u.md.status);
     kvx_put32(p + 20, m->u.md.len);
     kvx_wire_put_bytes(p + 24, m->u.md.cnonce, KVX_WIRE_NONCE_LEN);
     kvx_wire_put_bytes(p + 40, m->u.md.mac, KVX_PROOF_LEN);
-    return fixed;
+    return 0;
 }
 
 /* ---- the table ------------------------------------------------------------------------------ */
 
-#define KVX_TYPE(t, len, fl, who, rv, pay, codec)                                                  \
+#define KVX_TYPE(t, len, fl, who, rv, pay, tl, codec)                                              \
     [KVX_MSG_##t] = {.fixed = (len),                                                               \
                      .flags = (fl),                                                                \
                      .to = (who),                                                                  \
                      .rndv = (rv),                                                                 \
                      .payload = (pay),                                                             \
+                     .tail = (tl),                                                                 \
                      .name = #t,                                                                   \
                      .decode = kvx_##codec##_dec,                                                  \
                      .encode = kvx_##codec##_enc}
 
 /* Every message type: its fixed length, the flags it may carry, who takes it, whether its payload
- * may come by rendezvous, whether it may have one at all, its name, its decoder and encoder. The
- * decoder, the encoder, the backend's dispatch and the fuzzer read this one table. */
+ * may come by rendezvous, whether it may have one at all, whether its header goes on past the
+ * fixed part, its name, its decoder and encoder. The decoder, the encoder, the backend's dispatch
+ * and the fuzzer read this one table. */
 static const kvx_wire_type_t kvx_wire_types[] = {
     KVX_TYPE(HELLO, KVX_WIRE_HELLO_LEN, KVX_MSGF_PROOF | KVX_MSGF_RNDV, KVX_TO_RECEIVER, false,
-             false, hello),
+             false, true, hello),
     KVX_TYPE(HELLO_ACK, KVX_WIRE_HELLO_ACK_LEN, KVX_MSGF_RNDV, KVX_TO_INITIATOR, false, false,
-             hello_ack),
-    KVX_TYPE(WRITE, KVX_WIRE_WRITE_LEN, KVX_MSGF_CRC, KVX_TO_RECEIVER, true, true, write),
-    KVX_TYPE(ACK, KVX_WIRE_ACK_LEN, 0, KVX_TO_INITIATOR, false, false, ack),
-    KVX_TYPE(READ_REQ, KVX_WIRE_READ_REQ_LEN, KVX_MSGF_CRC, KVX_TO_RECEIVER, false, false,
+             false, hello_ack),
+    KVX_TYPE(WRITE, KVX_WIRE_WRITE_LEN, KVX_MSGF_CRC, KVX_TO_RECEIVER, true, true, true, write),
+    KVX_TYPE(ACK, KVX_WIRE_ACK_LEN, 0, KVX_TO_INITIATOR, false, false, true, ack),
+    KVX_TYPE(READ_REQ, KVX_WIRE_READ_REQ_LEN, KVX_MSGF_CRC, KVX_TO_RECEIVER, false, false, true,
              read_req),
-    KVX_TYPE(READ_DATA, KVX_WIRE_READ_DATA_LEN, KVX_MSGF_CRC, KVX_TO_INITIATOR, true, true,
+    KVX_TYPE(READ_DATA, KVX_WIRE_READ_DATA_LEN, KVX_MSGF_CRC, KVX_TO_INITIATOR, true, true, false,
              read_data),
-    KVX_TYPE(FENCE, KVX_WIRE_FENCE_LEN, 0, KVX_TO_INITIATOR, false, false, fence),
-    KVX_TYPE(NOTICE, KVX_WIRE_NOTICE_LEN, 0, KVX_TO_RECEIVER, false, false, notice),
-    KVX_TYPE(NOTICE_ACK, KVX_WIRE_NOTICE_ACK_LEN, 0, KVX_TO_INITIATOR, false, false, notice_ack),
-    KVX_TYPE(BYE, KVX_WIRE_HDR_LEN, 0, KVX_TO_RECEIVER, false, false, bye),
+    KVX_TYPE(FENCE, KVX_WIRE_FENCE_LEN, 0, KVX_TO_INITIATOR, false, false, false, fence),
+    KVX_TYPE(NOTICE, KVX_WIRE_NOTICE_LEN, 0, KVX_TO_RECEIVER, false, false, false, notice),
+    KVX_TYPE(NOTICE_ACK, KVX_WIRE_NOTICE_ACK_LEN, 0, KVX_TO_INITIATOR, false, false, false,
+             notice_ack),
+    KVX_TYPE(BYE, KVX_WIRE_HDR_LEN, 0, KVX_TO_RECEIVER, false, false, false, bye),
     KVX_TYPE(CHALLENGE, KVX_WIRE_CHALLENGE_LEN, KVX_MSGF_SECRET, KVX_TO_PAIRING, false, false,
-             challenge),
-    KVX_TYPE(MD_REQ, KVX_WIRE_MD_REQ_LEN, KVX_MSGF_PROOF, KVX_TO_PAIRING, false, false, md_req),
-    KVX_TYPE(MD, KVX_WIRE_MD_LEN, KVX_MSGF_PROOF, KVX_TO_PAIRING, false, true, md),
-    KVX_TYPE(PROOF, KVX_WIRE_PROOF_LEN, 0, KVX_TO_RECEIVER, false, false, proof),
+             false, challenge),
+    KVX_TYPE(MD_REQ, KVX_WIRE_MD_REQ_LEN, KVX_MSGF_PROOF, KVX_TO_PAIRING, false, false, false,
+             md_req),
+    KVX_TYPE(MD, KVX_WIRE_MD_LEN, KVX_MSGF_PROOF, KVX_TO_PAIRING, false, true, false, md),
+    KVX_TYPE(PROOF, KVX_WIRE_PROOF_LEN, 0, KVX_TO_RECEIVER, false, false, false, proof),
 };
 
 const kvx_wire_type_t *kvx_wire_type(unsigned type)
@@ -493,15 +480,15 @@ int kvx_wire_decode(const void *hdr, size_t hdr_len, size_t data_len, kvx_msg_t 
     m->conn_id = kvx_get32(p + 4);
     m->token = kvx_get64(p + 8);
     ty = kvx_wire_type(m->type);
-    /* a known type, its fixed part whole, only the flags it may carry, a payload only where one
-     * may come (WRITE, READ_DATA, MD) */
-    if (ty->fixed == 0 || hdr_len < ty->fixed || (m->flags & ~ty->flags) ||
-        (data_len != 0 && !ty->payload))
+    /* a known type, its fixed part whole and nothing after it but a tail where one may come,
+     * only the flags it may carry, a payload only where one may come (WRITE, READ_DATA, MD) */
+    if (ty->fixed == 0 || hdr_len < ty->fixed || (!ty->tail && hdr_len != ty->fixed) ||
+        (m->flags & ~ty->flags) || (data_len != 0 && !ty->payload))
         return -EBADMSG;
     /* the pairing messages name no connection */
-    if (ty->to == KVX_TO_PAIRING && (m->conn_id != 0 || m->token != 0 || hdr_len != ty->fixed))
+    if (ty->to == KVX_TO_PAIRING && (m->conn_id != 0 || m->token != 0))
         return -EBADMSG;
-    return ty->decode(p, hdr_len, ty->fixed, data_len, m);
+    return ty->decode(p, hdr_len - ty->fixed, data_len, m);
 }
 
 size_t kvx_wire_encode(const kvx_msg_t *m, uint8_t *p)
@@ -510,7 +497,7 @@ size_t kvx_wire_encode(const kvx_msg_t *m, uint8_t *p)
 
     memset(p, 0, ty->fixed);
     kvx_wire_put_hdr(p, m->type, m->flags, m->conn_id, m->token);
-    return ty->encode != NULL ? ty->encode(m, p, ty->fixed) : ty->fixed;
+    return ty->fixed + (ty->encode != NULL ? ty->encode(m, p) : 0);
 }
 
 void kvx_wire_ack_get(const uint8_t *entries, uint32_t i, uint64_t *xfer_id, uint32_t *bytes,

@@ -35,6 +35,7 @@ static kvx_transport_t *setup(bool unproven)
     memset(t->recv.retired[0], 0x43, sizeof(t->recv.retired[0])); /* a HELLO with it is kept */
     t->recv.nretired = 1;
     snprintf(w->name, sizeof(w->name), "writer");
+    w->by_name.name = w->name;
     kvx_list_init(&w->rconns);
     w->epoch = 2;
     w->ftags = calloc(1, sizeof(*w->ftags));
@@ -58,10 +59,7 @@ static kvx_transport_t *setup(bool unproven)
     kvx_list_add_tail(&t->recv.conns.all, &rc->all_link);
     kvx_idtab_alloc(&t->recv.conns.ids, rc, &rc->id); /* id 1 */
     t->recv.conns.nopen = 1;
-    t->recv.conns.wtab_cap = 1;
-    t->recv.conns.wtab = calloc(1, sizeof(*t->recv.conns.wtab));
-    t->recv.conns.wtab[0] = w;
-    t->recv.conns.nwriters = 1;
+    kvx_names_add(&t->recv.conns.writers, &w->by_name);
     return t;
 }
 
