@@ -262,7 +262,8 @@ static void stalled_peer(void)
     KT_EQ(pa.xfers_failed, 20);
     KT_CHECK(kt_now_ns() - t0 >= 1500000000ull);
     /* a deadline fails its transfer, not the connection; but by rendezvous UCX holds the sends
-     * to the stopped receiver, and then the deadline fails the connection (README, "deadline D") */
+     * to the stopped receiver, and then the deadline fails the connection (docs/guide.md, "deadline
+     * D") */
     KT_EQ(pa.state, kt_rndv_forced() ? KVX_PEER_FAILED : KVX_PEER_CONNECTED);
     KT_EQ(kt_poll_n(t, "S", c, 40, 500), 20);
     for (int i = 0; i < 20; i++) { /* each once (kt_poll_n); in order, except by rendezvous */

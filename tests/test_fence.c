@@ -319,7 +319,7 @@ static void no_notice_for_failures(void)
     KT_EQ(kt_target_notices(&tg, nt, 8), 0);
     if (kt_rndv_forced()) {
         /* UCX held its rendezvous send to the stopped receiver: the deadline failed the
-         * connection (README, "deadline D"), whose close ended the receive; add it again */
+         * connection (docs/guide.md, "deadline D"), whose close ended the receive; add it again */
         kvx_peer_attr_t pa = {.field_mask = KVX_PEER_ATTR_STATE};
         KT_OK(kvx_peer_query(t, "s", &pa));
         KT_EQ(pa.state, KVX_PEER_FAILED);

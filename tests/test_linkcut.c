@@ -161,7 +161,8 @@ static void late_writes(kvx_transport_t *t, kt_region_t *r)
 }
 
 /*
- * By rendezvous (KT_RNDV=always, by hand: not in ctest, README "Rendezvous"), after the late
+ * By rendezvous (KT_RNDV=always: ctest's linkcut_rndv on UCX 1.14 and later, by hand on
+ * 1.13; docs/design.md "Rendezvous"), after the late
  * writes above (which then go by rendezvous too): 50 late writes again, each one's receive in
  * flight at the cut. This writer has no progress thread: its writes' headers leave at submission,
  * the receiver checks them and starts their receives, and the payloads wait for the writer's UCX,
@@ -305,7 +306,7 @@ static int host_b(void)
     /* Into the upper half, which no failed write touched: the bytes of the failed writes that the
      * kernel had already accepted are retransmitted when the link returns and land late, so the
      * lower half is undefined for a while (the contract: remote blocks of a failed write are
-     * undefined; see README, "When things break"). */
+     * undefined; see docs/guide.md, "When things break"). */
     kt_indices(li, 16, NB / 2, true, 3);
     kt_indices(ri, 16, NB / 2, true, 5);
     for (int i = 0; i < 16; i++)
@@ -341,7 +342,7 @@ int main(void)
 
     /* by rendezvous over tcp, UCX 1.13.1 itself aborts now and then (tcp_ep.c:1404, a frame
      * of 32 MiB on a connection still waiting for its handshake, or an assertion while a failed
-     * endpoint's queue is purged: README, "Rendezvous"), in this run of the suite as in
+     * endpoint's queue is purged: docs/design.md, "Rendezvous"), in this run of the suite as in
      * linkcut_rndv, which ctest has on UCX 1.14 and later only */
     ucp_get_version(&major, &minor, &release);
     if (kt_rndv_forced() && major == 1 && minor < 14) {

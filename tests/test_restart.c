@@ -2,7 +2,7 @@
  * A peer paired by address comes back on its own after its process restarts, 20 times in a row:
  *  - writes and reads in flight when the target is SIGKILLed all come out of poll, failed,
  *    within the dead-peer bound: with no deadline, kvx's watch of the peer's process fails them
- *    (under 1.5 s is asserted, README says 0.1-0.2 s; the time taken is logged);
+ *    (under 1.5 s is asserted, docs/guide.md says 0.1-0.2 s; the time taken is logged);
  *  - the peer goes to KVX_PEER_RECONNECTING; a write submitted then waits (with a deadline of
  *    10 s) instead of failing;
  *  - a new target process starts listening at the same address: kvx pairs with it again by itself,
@@ -259,8 +259,8 @@ int main(void)
         out_ms = (double)(kt_now_ns() - t_kill) / 1e6;
         KT_EQ(failed, 16);
         /* kvx checks a watched peer's process every 100 ms while transfers are in flight, and the
-         * stall limit (2 s) did not get to act: README's "within 0.1-0.2 s", with a margin for
-         * a loaded machine */
+         * stall limit (2 s) did not get to act: docs/guide.md's "within 0.1-0.2 s", with a margin
+         * for a loaded machine */
         KT_CHECK(out_ms < 1500);
         worst_fail = out_ms > worst_fail ? out_ms : worst_fail;
         /* the peer is pairing again; a write submitted now waits for it */

@@ -13,7 +13,7 @@
  * Each runs with a deadline D and no stall limit, with no deadline and a stall limit S, and with
  * D and the default stall limit (2 s). Every transfer must fail with -ETIMEDOUT, with a deadline
  * by D + 200 ms (the longest a write whose messages UCX holds waits past its deadline: kvx.h,
- * README), with the stall limit alone by S + 100 ms (the housekeeping period), each with a
+ * docs/guide.md), with the stall limit alone by S + 100 ms (the housekeeping period), each with a
  * margin for this machine's scheduling. Then
  * KVX_PEER_REMOVE_PURGE on a peer with an ENDING write: its id never comes out of poll.
  * Every transfer that succeeds is verified byte for byte.
@@ -81,7 +81,7 @@ static bool over_tcp;
 
 /* A target stopped for a row goes on and quits. Over tcp it is killed instead: resumed, it may
  * crash in UCX's tcp transport (the writer closed its endpoint while the target's socket held
- * unread bytes; see README on UCX's tcp use-after-free). */
+ * unread bytes; see docs/design.md on UCX's tcp use-after-free). */
 static void kill_target(kt_target_t *tg)
 {
     kt_kill(&tg->proc, SIGKILL);

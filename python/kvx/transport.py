@@ -315,7 +315,7 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
     net_devices: the network devices UCX may use ("lo", "eth0"). integrity: CRC-32C of every
     piece of data this transport sends as an initiator, checked by the side that receives it.
     notice_queue: how many arrival notices may wait (1024).
-    rndv: how data travels (README, "Rendezvous"): "auto" (the default: by rendezvous only on
+    rndv: how data travels (docs/guide.md, "Rendezvous modes"): "auto" (the default: by rendezvous only on
     lanes where UCX moves it by zero-copy RMA, RDMA's rc, dc and gga, for runs of at least
     rndv_thresh or UCX's own threshold; eager on tcp and shared memory), "eager" (never, and
     this transport takes no rendezvous payload from peers) or "always" (every run of at least
@@ -640,7 +640,7 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
         (kvx_transport_metadata): UCX's address of this transport's worker, the region's
         geometry, the config fingerprint, a generation and the capability that lets a peer
         write into and read from the region, signed with the secret when one is set. About 360
-        bytes (README, "Python"), whatever num_blocks. Hand them only to peers that may use the
+        bytes (docs/guide.md, "Python"), whatever num_blocks. Hand them only to peers that may use the
         region. After fence(retire=True) it returns the new metadata. RuntimeError when the
         transport is closed or unavailable."""
         h = self._h()

@@ -1,8 +1,8 @@
 /*
- * How a connection's runs travel (README, "Rendezvous"): in eager messages, which the receiving
- * side copies out of UCX's buffers, or by rendezvous, where the receiving side checks the header
- * and UCX then moves the run into the place it names. A pure function of the mode, the lanes and
- * what the peer takes: the tests drive it with lane names, as no RDMA device is here.
+ * How a connection's runs travel (docs/design.md, "Rendezvous"): in eager messages, which the
+ * receiving side copies out of UCX's buffers, or by rendezvous, where the receiving side checks the
+ * header and UCX then moves the run into the place it names. A pure function of the mode, the lanes
+ * and what the peer takes: the tests drive it with lane names, as no RDMA device is here.
  */
 #include "base/kvx_base.h"
 

@@ -65,7 +65,7 @@ static void kvx_conn_closed(kvx_conn_t *c)
  * yet: UCX's tcp transport (1.13 to 1.22) uses an endpoint after freeing it when one closed with
  * bytes queued later meets its peer's close. It lingers, unused, until UCX has sent what it holds
  * or reports the endpoint failed, or the transport closes. Its transfers are reported failed at
- * once all the same, so UCX may still read a failed write's blocks meanwhile (README).
+ * once all the same, so UCX may still read a failed write's blocks meanwhile (docs/design.md).
  */
 void kvx_conn_fail(kvx_conn_t *c, int err)
 {

@@ -157,8 +157,8 @@ void kvx_rconn_end_linger(kvx_rconn_t *rc)
  * with bytes still queued as a receive-only one waiting to write them, and when its peer's close
  * comes in the same epoll round as the socket's writability, uct_tcp_iface_handle_events reads it
  * after its read handler freed it. A writer that floods and never drains its replies (closed for
- * its queue) crashed the receiver so as it went (README, "When things break"; kvx_conn_fail
- * does the same for the writing side).
+ * its queue) crashed the receiver so as it went (docs/design.md, "UCX defects kvx works around";
+ * kvx_conn_fail does the same for the writing side).
  */
 void kvx_rconn_close(kvx_rconn_t *rc)
 {

@@ -240,7 +240,7 @@ void kvx_recv_hello_in(kvx_recv_t *r, const kvx_msg_t *m, const void *hdr, size_
 /* Make the connection of a HELLO that arrived: 0 when done with it (connected, refused or
  * dropped), 1 when the rates of new connections hold it back (it waits; force: fence, which
  * takes every HELLO that arrived before it, is not held back). */
-/* The new connection rc of HELLO m is answered: how its read data travel (README,
+/* The new connection rc of HELLO m is answered: how its read data travel (docs/design.md,
  * "Rendezvous": by rendezvous only if the reader said it takes it, on lanes and from a size this
  * transport's mode chooses), its slot, and the HELLO_ACK. */
 static void kvx_recv_hello_answer(kvx_recv_t *r, kvx_rconn_t *rc, const kvx_msg_t *m, uint64_t now)

@@ -156,7 +156,7 @@ class TestPairing(unittest.TestCase):
             a.quit()
 
     def test_connect_to_a_silent_listener_gives_up_after_5_s(self):
-        """connect() waits 5 s for the listener's answer (kvx.h, kvx_peer_connect; README,
+        """connect() waits 5 s for the listener's answer (kvx.h, kvx_peer_connect; docs/guide.md,
         "Python"), then raises PeerUnreachableError (ETIMEDOUT) with nothing added. The
         listener here is a TCP socket that takes connections and never answers."""
         import socket
@@ -494,7 +494,7 @@ class TestOffline(unittest.TestCase):
         loc.region.close()  # the transport released its hold on the region
 
     def assert_closed_behaviour(self, t, md):
-        """After close(), as the NIXL-based transport after its close() (the README's table):
+        """After close(), as the NIXL-based transport after its close() (docs/guide.md, "Python", close()):
         the calls it answers give their empty answers; the calls that need a working transport
         raise RuntimeError("KvxTransport is closed")."""
         self.assertIsNone(t.write_blocks("p", [0], [0]))
