@@ -144,8 +144,7 @@ enum kvx_rndv_mode {
      *  runs of at least rndv_thresh bytes if set, else of UCX's own threshold for that endpoint
      *  (or 8 KiB when UCX says none); eager on every other lane (tcp, shared memory, cma, ud,
      *  the GPU copy engines: there UCX's rendezvous of host memory is a copy all the same).
-     *  Before, auto with rndv_thresh sent runs over it by rendezvous on every lane: that is
-     *  KVX_RNDV_ALWAYS now. Takes rendezvous payloads. README, "Rendezvous". */
+     *  Takes rendezvous payloads. docs/guide.md, "Rendezvous modes". */
     KVX_RNDV_AUTO = 0,
     /** Every byte in eager messages, both ways: this transport sends no rendezvous payload, and
      *  its handshake tells peers it takes none (one sent anyway is refused: -EPROTO). */
@@ -186,7 +185,7 @@ typedef struct kvx_params {
      *  else goes in messages (kvx_transport_attr_t.maps_refused). Every peer that connects
      *  receives the token, so a holder of this metadata can steer another writer's copies into
      *  this region, never past it (docs/security.md). Such a peer's bytes are not seen by this
-     *  side: kvx_fence and integrity do not apply to them (README, "Owned regions"). The region
+     *  side: kvx_fence and integrity do not apply to them (docs/guide.md). The region
      *  stays mapped after kvx_transport_close (what landed can still be read) and is freed by
      *  kvx_transport_destroy: the application must not touch it after that. */
     void *base;
@@ -456,7 +455,7 @@ typedef struct kvx_peer_params {
 /**
  * Connect to a peer described by its metadata and call it peer_id (1..KVX_PEER_ID_MAX bytes).
  * The connection is wired up at once, so that the first transfer does not pay for it: the call
- * waits up to 200 ms for the peer to answer (a healthy one takes about a millisecond), without
+ * waits up to 200 ms for the peer to answer, without
  * holding up other calls or other peers' transfers meanwhile; a peer that does not answer in
  * time (stopped, overloaded) finishes the wire-up in the background (its state is
  * KVX_PEER_WIRING until then), and transfers to it wait behind it, within their deadlines and
@@ -524,9 +523,8 @@ KVX_API int kvx_peer_remove_ex(kvx_transport_t *transport, const char *peer_id, 
  * secret if this transport has one, receives the listener's metadata, closes that connection,
  * and adds the peer with that metadata exactly as kvx_peer_add does (the same checks, errors,
  * replacement rules, and the same data path: shared memory between processes on one host).
- * Waits up to 5 s for the listener's answer, without holding up other calls: UCX's connection
- * manager wires up in about 10 ms on an idle machine, but on a loaded one, behind a flood of
- * connections the listener drops first, it took up to 2.1 s (test_pair). addr and params
+ * Waits up to 5 s for the listener's answer, without holding up other calls (what pairing takes:
+ * docs/guide.md, "Pairing by address"). addr and params
  * need only stay valid during the call; a name is resolved once (its first address), and the
  * peer pairs again at that address. Returns what
  * kvx_peer_add returns, or -EINVAL (bad address), -ECONNREFUSED / -EHOSTUNREACH (nothing
@@ -671,7 +669,7 @@ enum kvx_xfer_params_field {
  * kvx_xfer_params_t.priority. Transfers to one peer are posted highest level first; within a
  * level, in submission order (as without priorities: every transfer is KVX_PRIO_NORMAL unless
  * set). What a new transfer waits behind is bounded, whatever is queued at lower levels:
- *  - The sender cuts every transfer into messages (a lane's segment, 32-60 KiB here; a read
+ *  - The sender cuts every transfer into messages (a lane's segment; a read
  *    request asks for 256 KiB; a rendezvous piece is up to 4 MiB) and chooses again at each
  *    message. While several levels have transfers queued, each gets a share of the bytes in
  *    proportion to its weight, KVX_PRIO_LOW 1, NORMAL 4, HIGH 16 (deficit round robin, a round
@@ -683,7 +681,7 @@ enum kvx_xfer_params_field {
  *    was queued on the connection (never, for a user who does not use HIGH). While nothing
  *    higher is queued, LOW transfers also leave 4 of the 16 messages or read requests a
  *    connection hands to UCX free: a higher transfer that comes finds room, and little of the
- *    bulk ahead of it in the lane (a shared-memory FIFO here holds 8 MiB).
+ *    bulk ahead of it in the lane.
  *  - No progress step posts more than 1 MiB per connection plus one message (API calls and the
  *    progress thread take turns on the transport's lock between steps), and a submit posts at
  *    most 256 KiB itself.
@@ -734,7 +732,7 @@ typedef struct kvx_xfer_params {
  * are dropped) and nothing reads them: a write that fails while UCX still holds messages of it
  * (they read its blocks when they go) is reported once they left. One exception: over tcp, a
  * connection that fails while UCX holds messages keeps its endpoint open until UCX sent them
- * (closing it then can crash UCX: README) and reports its transfers at once, so UCX may still
+ * (a UCX defect: docs/design.md) and reports its transfers at once, so UCX may still
  * read a failed write's blocks after the report. After a failure
  * the contents of the destination blocks are undefined; for a failed write that includes later
  * changes, as bytes that had already left (to the kernel, to the peer's shared-memory FIFO) may
