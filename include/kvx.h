@@ -629,11 +629,14 @@ typedef struct kvx_peer_attr {
     uint64_t remote_base;
     uint64_t remote_num_blocks;
     uint64_t block_len;
-    /* Counters, cumulative over the peer's life (they survive re-adding the same peer id). */
+    /* Counters, cumulative over the peer's life (they survive re-adding the same peer id),
+     * derived from the peer's kvx_stats_t: they count every transfer that ended, whether poll
+     * reported it or it was purged or forgotten (kvx_xfer_cancel KVX_CANCEL_IMMEDIATE: failed,
+     * as canceled). */
     uint64_t bytes_written; /**< bytes of successful writes */
     uint64_t bytes_read;    /**< bytes of successful reads */
-    uint64_t xfers_done;
-    uint64_t xfers_failed;
+    uint64_t xfers_done;    /**< ended with status 0 */
+    uint64_t xfers_failed;  /**< ended with any other status */
     uint64_t xfers_inflight;
     uint64_t latency_sum_ns; /**< submit-to-completion, summed over done + failed */
     uint64_t latency_max_ns;

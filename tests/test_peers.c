@@ -199,11 +199,18 @@ static void cancel(kt_target_t *ta)
      * no longer knows it, and it never comes out of poll (checked at the end) */
     {
         kvx_peer_attr_t pa = {.field_mask = KVX_PEER_ATTR_COUNTERS};
+        kvx_stats_t st = {.field_mask = KVX_STATS_XFERS};
+        uint64_t failed0;
         KT_OK(kvx_peer_query(t, "A", &pa));
         KT_EQ(pa.xfers_inflight, 6);
+        failed0 = pa.xfers_failed;
         KT_EQ(kvx_xfer_cancel(t, ids + 5, 1, KVX_CANCEL_IMMEDIATE, pending), 0);
         KT_OK(kvx_peer_query(t, "A", &pa));
         KT_EQ(pa.xfers_inflight, 5);
+        /* counted as it ended, as kvx_stats_t counts it (kvx.h): failed, canceled */
+        KT_EQ(pa.xfers_failed, failed0 + 1);
+        KT_OK(kvx_stats_query(t, "A", &st));
+        KT_CHECK(st.xfers[0][KVX_STATUS_CANCELED] >= 1);
         KT_EQ(kvx_xfer_cancel(t, ids + 5, 1, KVX_CANCEL_WAIT, pending), 0);
     }
     /* Wait reports what UCX still holds messages of: with A stopped, its FIFO (4 MiB) fills and

@@ -2,7 +2,7 @@
  * Where a peer's bytes land: the receiving side's messages. Every message after a HELLO
  * (hello.c) must carry its connection's id and token (rconn.c). A write is checked against the
  * region and the writer's fences (fence.c), then copied in and acknowledged; a read is served
- * from the region; an arrival notice is queued for kvx_notice_poll (query.c). Nothing a peer
+ * from the region; an arrival notice is queued for kvx_notice_poll (api/recv_api.c). Nothing a peer
  * sends is used before it is checked. Messages arrive inside UCX progress (kvx_recv_on_message);
  * what must be sent in return waits for kvx_recv_work, after it.
  */

@@ -272,7 +272,7 @@ static inline int kvx_remote_status(int32_t status)
         return -EPROTO;
     }
 }
-/* What a writer with the secret answers a HELLO_ACK's nonce with (PROOF, src/wire.c). */
+/* What a writer with the secret answers a HELLO_ACK's nonce with (PROOF, wire/wire.c). */
 void kvx_wire_proof_mac(const uint8_t *secret, size_t secret_len, const uint8_t *nonce,
                         uint32_t rconn_id, uint64_t token, uint8_t out[32]);
 

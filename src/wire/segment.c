@@ -1,6 +1,6 @@
 /*
  * Owned regions: what a System V segment must be, and hold, before a peer's region is mapped and
- * copied into. No UCX here (ucx_mem.c unpacks the key and gives the pointer), so that the decision
+ * copied into. No UCX here (ucx/mem.c unpacks the key and gives the pointer), so that the decision
  * is fuzzed on its own (tests/fuzz/fuzz_owned.c).
  *
  * The owner's segment holds the region from its first byte, and its last KVX_SEG_TRAILER_LEN
