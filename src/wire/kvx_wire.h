@@ -1,7 +1,7 @@
 /*
  * The codecs (src/README.md): what crosses the wire (wire.c), the metadata blob (metadata.c),
- * and what an owned region's segment must be and hold (segment.c). Pure functions of their
- * input: no transport state, no UCX (the fuzz targets drive them alone).
+ * a region's blob (region.c), and what an owned region's segment must be and hold (segment.c).
+ * Pure functions of their input: no transport state, no UCX (the fuzz targets drive them alone).
  */
 #ifndef KVX_WIRE_H
 #define KVX_WIRE_H
@@ -73,6 +73,32 @@ int kvx_md_decode(const void *buf, size_t len, kvx_md_t *md);
  * secret and the other none. */
 int kvx_md_verify(const void *buf, size_t len, const kvx_md_t *md, const uint8_t *secret,
                   size_t secret_len);
+
+/* ---- a region's blob (region.c: kvx_region_blob, kvx_region_load; fuzzed) ------------------ */
+
+#define KVX_RB_MAGIC 0x5258564bu /* "KVXR" read little-endian */
+#define KVX_RB_VERSION 1u
+typedef struct kvx_region_blob {
+    char agent_name[KVX_NAME_MAX + 1]; /* the owner's */
+    uint64_t generation;               /* the owner's process (a restarted owner's differs) */
+    uint32_t id;                       /* >= 1 */
+    uint32_t access;                   /* KVX_REGION_WRITE | KVX_REGION_READ, not 0 */
+    uint64_t base, len;                /* len > 0, base + len does not wrap */
+    uint8_t capability[16];
+    uint32_t flags;     /* KVX_MDF_MAC: signed with the secret */
+    const uint8_t *mac; /* with KVX_MDF_MAC: points into the decoded buffer */
+} kvx_region_blob_t;
+/* With a secret, the blob is signed (KVX_MDF_MAC). Returns its length (at most
+ * KVX_REGION_BLOB_MAX), -ENOSPC, or -EINVAL (an agent name empty or too long). */
+int kvx_region_blob_encode(const kvx_region_blob_t *rb, const uint8_t *secret, size_t secret_len,
+                           uint8_t *buf, size_t cap);
+/* 0, -EBADMSG (malformed, or no region blob), or -EPROTONOSUPPORT (a format this kvx does not
+ * know). Checks structure only; whose it is and its signature are the caller's to check. */
+int kvx_region_blob_decode(const void *buf, size_t len, kvx_region_blob_t *rb);
+/* 0 when the blob's signature matches the secret; -EACCES otherwise, or when one side has a
+ * secret and the other none. */
+int kvx_region_blob_verify(const void *buf, size_t len, const kvx_region_blob_t *rb,
+                           const uint8_t *secret, size_t secret_len);
 
 /* ---- wire format (wire.c) -------------------------------------------------------------------- */
 
