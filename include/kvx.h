@@ -926,10 +926,14 @@ KVX_API int kvx_region_register(kvx_transport_t *transport, void *base, uint64_t
  *     connections with a transfer of step 2. Their other transfers fail as a closed connection's
  *     do: -ECONNABORTED here, -ECONNRESET or -ETIMEDOUT on the peer's side. Closing makes UCX
  *     let go; it waits up to 200 ms more for that.
- * So it returns within min(1 s, stall_ms) + 200 ms (at once when nothing is in flight: a few
- * microseconds, docs/regions.md). Should UCX still hold the region then (not seen), it returns
- * -ETIMEDOUT, logged: the region stays dead but registered, the memory must not be freed, and a
- * later call for the same id waits again. Calls for the same id from two threads both wait.
+ * So it returns within min(1 s, stall_ms) + 200 ms (at once when nothing is in flight: about
+ * a microsecond, docs/regions.md). If UCX still holds the region then, it returns -ETIMEDOUT,
+ * logged: the region stays dead but registered, the memory must not be freed yet, and a later
+ * call for the same id waits again (and succeeds once UCX let go). One case does that: a tcp
+ * connection of ours whose writes out of the region UCX still holds (a peer stopped, whose
+ * kernel still takes bytes): a failed tcp connection's endpoint is not force-closed while UCX
+ * holds its sends (a UCX defect, README), so UCX may go on reading them; the deregistration
+ * waits for that too, and times out. Calls for the same id from two threads both wait.
  *
  * Returns 0, -EINVAL (transport NULL, region 0), -ENOENT (unknown or already deregistered),
  * -EBUSY (the main region of a KVX_PARAM_OWN_REGION transport: peers on this host copy into it

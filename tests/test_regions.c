@@ -11,6 +11,8 @@
  *   many     4,096 regions in the owner, one write and one read of a range in each of them
  *   cycles N N register/deregister cycles of the writer's regions beside live transfers, the
  *            cost of each call in us, and the process's memory flat
+ *   local    a region of ours deregistered while our writes out of it wait in UCX (the owner
+ *            stopped): they are reported before it returns, and it is unmapped at once
  *   fence N  the deregistration fence: a writer process stopped (SIGSTOP) with writes in flight
  *            into a region of this process, the region deregistered and overwritten, the writer
  *            resumed: no byte lands after deregister returned, N runs (every other writer
@@ -25,6 +27,7 @@
 #include <malloc.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -935,6 +938,87 @@ static void run_fence(long n)
     kvx_transport_destroy(t);
 }
 
+/* ---- local: deregistering a region our own transfers use ------------------------------------ */
+
+#define LOCAL_LEN ((uint64_t)16 << 20)
+#define LOCAL_WRITES 64
+
+/* The owner stopped, 64 writes of ours out of region L in flight towards it (UCX holds what the
+ * FIFO or socket did not take): deregistering L ends them (-ECANCELED), each reported before it
+ * returns, and L is unmapped at once: should UCX still read it, this process dies (SIGSEGV).
+ * Over tcp a failed connection's endpoint lingers while UCX holds its sends (README: a UCX
+ * defect forbids closing it), so the deregistration may end -ETIMEDOUT instead, the memory
+ * kept; once the owner resumes it goes. */
+static void run_local(void)
+{
+    static uint8_t region[NB * BL];
+    uint8_t blob[KVX_REGION_BLOB_MAX];
+    size_t blen;
+    uint32_t lid, rid, h, l0 = 3;
+    uint64_t ids[LOCAL_WRITES], other, t0, ms;
+    kvx_completion_t c[LOCAL_WRITES + 1];
+    owner_t o;
+    kvx_transport_t *t;
+    uint8_t *mem;
+    int rc, n, cancelled = 0;
+
+    owner_start(&o);
+    t = transport("local", region, NB, 0);
+    KT_OK(kvx_peer_add(t, "o", o.md, o.md_len, NULL));
+    rid = owner_region(&o, LOCAL_LEN, KVX_REGION_WRITE | KVX_REGION_READ, 91, blob, &blen);
+    (void)rid;
+    KT_OK(kvx_region_load(t, "o", blob, blen, &h));
+    mem = mmap(NULL, LOCAL_LEN, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    KT_CHECK(mem != MAP_FAILED);
+    KT_OK(kvx_region_register(t, mem, LOCAL_LEN, NULL, &lid));
+    fill(mem, LOCAL_LEN, 92, lid, 0);
+    kt_stop(&o.proc);
+    for (int i = 0; i < LOCAL_WRITES; i++) {
+        uint64_t off = (uint64_t)i * (LOCAL_LEN / LOCAL_WRITES);
+        KT_OK(kvx_xfer_write_ranges(
+            t, "o", &(kvx_range_t){lid, h, off, off, LOCAL_LEN / LOCAL_WRITES}, 1, NULL, &ids[i]));
+    }
+    KT_OK(kvx_xfer_write(t, "o", &l0, &l0, 1, NULL, &other)); /* from the main region */
+    usleep(50000);
+    t0 = kt_now_ns();
+    rc = kvx_region_deregister(t, lid);
+    ms = (kt_now_ns() - t0) / 1000000;
+    n = kvx_transport_poll(t, NULL, c, LOCAL_WRITES + 1);
+    KT_OK(n);
+    for (int i = 0; i < n; i++)
+        if (c[i].id != other) {
+            KT_CHECK(c[i].status == -ECANCELED || c[i].status == -ECONNABORTED);
+            cancelled++;
+        }
+    kt_log("local: deregister returned %d (%s) after %llu ms, %d of %d writes out of it "
+           "reported by then",
+           rc, kvx_strerror(rc), (unsigned long long)ms, cancelled, LOCAL_WRITES);
+    KT_CHECK(ms < 1500);
+    if (rc == 0) {
+        KT_EQ(cancelled, LOCAL_WRITES);
+        munmap(mem, LOCAL_LEN); /* at once: UCX touching it now would kill this process */
+        mem = NULL;
+        usleep(300000);
+    } else {
+        KT_ERR(rc, -ETIMEDOUT);
+        KT_CHECK(strcmp(getenv("UCX_TLS"), "tcp") == 0); /* the lingering endpoint's case only */
+    }
+    kt_cont(&o.proc);
+    if (mem != NULL) { /* the owner drains what UCX held; a second call then finishes */
+        uint64_t end = kt_now_ns() + 20000000000ull;
+        while ((rc = kvx_region_deregister(t, lid)) == -ETIMEDOUT && kt_now_ns() < end)
+            ;
+        KT_OK(rc);
+        munmap(mem, LOCAL_LEN);
+    }
+    while (cancelled < LOCAL_WRITES) {
+        KT_EQ(kt_poll_n(t, NULL, c, 1, 20000), 1);
+        cancelled += c[0].id != other;
+    }
+    kvx_transport_destroy(t);
+    owner_stop(&o);
+}
+
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "api";
@@ -963,6 +1047,8 @@ int main(int argc, char **argv)
         run_many();
     else if (strcmp(mode, "cycles") == 0)
         run_cycles(n > 0 ? n : 100000);
+    else if (strcmp(mode, "local") == 0)
+        run_local();
     else if (strcmp(mode, "fence") == 0)
         run_fence(n > 0 ? n : 3);
     else

@@ -44,10 +44,38 @@ int kvx_region_register(kvx_transport_t *t, void *base, uint64_t len,
 
 /* ---- deregistration: a fence --------------------------------------------------------------- */
 
+/* A deregistration under way. held: our connections whose messages in UCX's hands read or
+ * write the region (its transfers' sends and rendezvous receives when it began, and those it
+ * closed): a tcp one that fails lingers while UCX still sends what it holds (README, a UCX
+ * defect), its transfers reported at once, so the fence waits for its linger to end too. */
+#define KVX_DEREG_HELD 16
 typedef struct kvx_dereg {
     kvx_transport_t *t;
     uint32_t id;
+    kvx_conn_t *held[KVX_DEREG_HELD];
+    unsigned nheld;
 } kvx_dereg_t;
+
+static void kvx_dereg_hold(kvx_dereg_t *d, kvx_conn_t *c)
+{
+    for (unsigned i = 0; i < d->nheld; i++)
+        if (d->held[i] == c)
+            return;
+    if (d->nheld < KVX_DEREG_HELD) /* beyond: the wait's bound is all there is */
+        d->held[d->nheld++] = c;
+}
+
+/* Whether connection c (a pointer only: it may be freed meanwhile) still lingers with messages
+ * UCX holds. */
+static bool kvx_dereg_lingers(kvx_transport_t *t, const kvx_conn_t *c)
+{
+    for (kvx_list_t *n = t->conns.all.next; n != &t->conns.all; n = n->next) {
+        const kvx_conn_t *o = kvx_container_of(n, kvx_conn_t, all_link);
+        if (o == c)
+            return o->lingering && o->reqs > 0;
+    }
+    return false;
+}
 
 /* Nothing touches region id's memory any more: no hold on the receiving side, no transfer of
  * ours not yet done naming it (or the region is gone: another deregistration finished it). */
@@ -64,22 +92,29 @@ static bool kvx_dereg_done(void *arg)
     for (kvx_list_t *n = core->active.next; n != &core->active; n = n->next)
         if (kvx_xfer_names_region(kvx_container_of(n, kvx_xfer_t, active_link), d->id))
             return false;
+    for (unsigned i = 0; i < d->nheld; i++)
+        if (kvx_dereg_lingers(d->t, d->held[i]))
+            return false;
     return true;
 }
 
 /* Our transfers naming region id end (-ECANCELED): at once, or once UCX lets go of them. */
-static void kvx_dereg_end_xfers(kvx_core_t *core, uint32_t id)
+static void kvx_dereg_end_xfers(kvx_core_t *core, kvx_dereg_t *d)
 {
     for (kvx_list_t *n = core->active.next, *next; n != &core->active; n = next) {
         kvx_xfer_t *x = kvx_container_of(n, kvx_xfer_t, active_link);
         next = n->next;
-        if (x->state != KVX_XS_ENDING && kvx_xfer_names_region(x, id))
+        if (!kvx_xfer_names_region(x, d->id))
+            continue;
+        if (x->sending > 0 && x->conn != NULL)
+            kvx_dereg_hold(d, x->conn);
+        if (x->state != KVX_XS_ENDING)
             kvx_xfer_end(x, -ECANCELED);
     }
 }
 
 /* What still holds region g when the wait ended: its connections close (counted). */
-static void kvx_dereg_close(kvx_transport_t *t, kvx_region_t *g)
+static void kvx_dereg_close(kvx_transport_t *t, kvx_region_t *g, kvx_dereg_t *d)
 {
     kvx_core_t *core = &t->core;
     uint64_t n = kvx_recv_region_close(&t->recv, g);
@@ -88,6 +123,7 @@ static void kvx_dereg_close(kvx_transport_t *t, kvx_region_t *g)
         kvx_xfer_t *x = kvx_container_of(l, kvx_xfer_t, active_link);
         next = l->next;
         if (x->conn != NULL && x->conn->state == KVX_CONN_OPEN && kvx_xfer_names_region(x, g->id)) {
+            kvx_dereg_hold(d, x->conn);
             kvx_conn_fail(x->conn, -ECONNABORTED);
             n++;
             next = core->active.next; /* the failure may have ended others: from the start */
@@ -102,7 +138,7 @@ static void kvx_dereg_close(kvx_transport_t *t, kvx_region_t *g)
 int kvx_region_deregister(kvx_transport_t *t, uint32_t id)
 {
     kvx_core_t *core;
-    kvx_dereg_t d = {t, id};
+    kvx_dereg_t d = {.t = t, .id = id};
     kvx_wait_t w = {.done = kvx_dereg_done, .arg = &d, .slice_ns = 1000000, .step = true};
     kvx_region_t *g;
     int rc;
@@ -119,13 +155,13 @@ int kvx_region_deregister(kvx_transport_t *t, uint32_t id)
     if (!g->dead) { /* from now on nothing of a peer is applied to it or served from it */
         g->dead = true;
         kvx_recv_region_dead(&t->recv, g);
-        kvx_dereg_end_xfers(core, id);
+        kvx_dereg_end_xfers(core, &d);
     }
     w.until_ns =
         kvx_now_ns() + (core->stall_ns < KVX_DEREG_WAIT_NS ? core->stall_ns : KVX_DEREG_WAIT_NS);
     rc = kvx_core_wait(core, &w);
     if (rc == -ETIMEDOUT && (g = kvx_region_find(core, id)) != NULL) {
-        kvx_dereg_close(t, g);
+        kvx_dereg_close(t, g, &d);
         w.until_ns = kvx_now_ns() + KVX_DEREG_CLOSE_NS;
         rc = kvx_core_wait(core, &w);
     }
