@@ -217,11 +217,16 @@ void kvx_recv_refuse(kvx_rconn_t *rc, uint64_t xfer_id, uint64_t stream_off, int
     kvx_rconn_ctl(rc, hdr, sizeof(hdr)); /* no room: the connection closes (kvx_rconn_doom) */
 }
 
+/* The read requests of region g queued on a connection are taken off its queue first, and only
+ * then refused: a refusal that finds the control queue full dooms the connection, which drops
+ * whatever is still queued (and must not be walking it). */
 void kvx_recv_region_dead(kvx_recv_t *r, kvx_region_t *g)
 {
     for (kvx_list_t *c = r->conns.all.next; c != &r->conns.all; c = c->next) {
         kvx_rconn_t *rc = kvx_container_of(c, kvx_rconn_t, all_link);
+        kvx_list_t dead;
 
+        kvx_list_init(&dead);
         for (kvx_list_t *n = rc->serve.next, *next; n != &rc->serve; n = next) {
             kvx_serve_t *s = kvx_container_of(n, kvx_serve_t, link);
             next = n->next;
@@ -231,6 +236,11 @@ void kvx_recv_region_dead(kvx_recv_t *r, kvx_region_t *g)
             rc->nserve--;
             kvx_rq_sub(rc, sizeof(*s) + s->nruns * sizeof(s->runs[0]));
             kvx_region_put(g);
+            kvx_list_add_tail(&dead, &s->link);
+        }
+        while (!kvx_list_empty(&dead)) {
+            kvx_serve_t *s = kvx_list_first(&dead, kvx_serve_t, link);
+            kvx_list_del(&s->link);
             if (rc->state == KVX_CONN_OPEN && !rc->doomed)
                 kvx_recv_refuse(rc, s->xfer_id, s->stream_off, -ENOENT);
             free(s);
