@@ -918,7 +918,7 @@ KVX_API int kvx_region_register(kvx_transport_t *transport, void *base, uint64_t
  *  3. it waits, with the lock released (other threads' calls and the progress thread go on),
  *     until nothing holds the region any more: no rendezvous receive into it, no READ_DATA send
  *     reading it, no transfer of step 2 not yet done; at most 1 s, or the transport's stall_ms
- *     when that is shorter;
+ *     when that is shorter (and not 0);
  *  4. if something still holds it then, the connections holding it close (counted in
  *     dereg_closed): a writer's or reader's connection to this transport with a rendezvous
  *     receive into it (or, for READ_DATA sends, every connection with read data in UCX's hands:
@@ -929,11 +929,15 @@ KVX_API int kvx_region_register(kvx_transport_t *transport, void *base, uint64_t
  * So it returns within min(1 s, stall_ms) + 200 ms (at once when nothing is in flight: about
  * a microsecond, docs/regions.md). If UCX still holds the region then, it returns -ETIMEDOUT,
  * logged: the region stays dead but registered, the memory must not be freed yet, and a later
- * call for the same id waits again (and succeeds once UCX let go). One case does that: a tcp
- * connection of ours whose writes out of the region UCX still holds (a peer stopped, whose
- * kernel still takes bytes): a failed tcp connection's endpoint is not force-closed while UCX
- * holds its sends (a UCX defect, README), so UCX may go on reading them; the deregistration
- * waits for that too, and times out. Calls for the same id from two threads both wait.
+ * call for the same id waits again (and succeeds once UCX let go). Over tcp a peer that stops
+ * taking what it is sent does that: UCX cannot take back a send it holds, and a tcp endpoint
+ * with sends still queued is not force-closed (a UCX defect, docs/design.md) but lingers, so
+ * UCX may go on reading them. Two cases: our writes out of the region to such a peer, and
+ * READ_DATA of the region to a reader that does not take it (a stopped or hostile one). On
+ * shared memory the close ends both. Calls for the same id from two threads both wait.
+ * Transfers this transport forgot are not waited for (kvx_xfer_cancel KVX_CANCEL_IMMEDIATE, a
+ * purge): their bytes may still be moving, as kvx_cancel_mode_t says; cancel with
+ * KVX_CANCEL_WAIT and poll what it reports before deregistering their region.
  *
  * Returns 0, -EINVAL (transport NULL, region 0), -ENOENT (unknown or already deregistered),
  * -EBUSY (the main region of a KVX_PARAM_OWN_REGION transport: peers on this host copy into it

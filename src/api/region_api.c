@@ -54,6 +54,9 @@ typedef struct kvx_dereg {
     uint32_t id;
     kvx_conn_t *held[KVX_DEREG_HELD];
     unsigned nheld;
+    /* which connections hold it is not known (more than KVX_DEREG_HELD, or a call again for a
+     * region an earlier call left dead): every lingering connection with sends UCX holds counts */
+    bool any;
 } kvx_dereg_t;
 
 static void kvx_dereg_hold(kvx_dereg_t *d, kvx_conn_t *c)
@@ -61,8 +64,10 @@ static void kvx_dereg_hold(kvx_dereg_t *d, kvx_conn_t *c)
     for (unsigned i = 0; i < d->nheld; i++)
         if (d->held[i] == c)
             return;
-    if (d->nheld < KVX_DEREG_HELD) /* beyond: the wait's bound is all there is */
+    if (d->nheld < KVX_DEREG_HELD)
         d->held[d->nheld++] = c;
+    else
+        d->any = true;
 }
 
 /* Whether connection c (a pointer only: it may be freed meanwhile) still lingers with messages
@@ -71,10 +76,22 @@ static bool kvx_dereg_lingers(kvx_transport_t *t, const kvx_conn_t *c)
 {
     for (kvx_list_t *n = t->conns.all.next; n != &t->conns.all; n = n->next) {
         const kvx_conn_t *o = kvx_container_of(n, kvx_conn_t, all_link);
-        if (o == c)
-            return o->lingering && o->reqs > 0;
+        if (o == c || c == NULL) {
+            if (o->lingering && o->reqs > 0)
+                return true;
+            if (o == c)
+                return false;
+        }
     }
     return false;
+}
+
+/* How long a deregistration waits before it closes what holds the region: 1 s, or the stall
+ * limit when that is shorter (0: no stall limit, 1 s). */
+static uint64_t kvx_dereg_wait_ns(const kvx_core_t *core)
+{
+    return core->stall_ns != 0 && core->stall_ns < KVX_DEREG_WAIT_NS ? core->stall_ns
+                                                                     : KVX_DEREG_WAIT_NS;
 }
 
 /* Nothing touches region id's memory any more: no hold on the receiving side, no transfer of
@@ -95,7 +112,7 @@ static bool kvx_dereg_done(void *arg)
     for (unsigned i = 0; i < d->nheld; i++)
         if (kvx_dereg_lingers(d->t, d->held[i]))
             return false;
-    return true;
+    return !(d->any && kvx_dereg_lingers(d->t, NULL));
 }
 
 /* Our transfers naming region id end (-ECANCELED): at once, or once UCX lets go of them. */
@@ -152,13 +169,13 @@ int kvx_region_deregister(kvx_transport_t *t, uint32_t id)
     rc = g == NULL ? -ENOENT : id == KVX_REGION_MAIN && t->owned ? -EBUSY : 0;
     if (rc < 0)
         goto out;
-    if (!g->dead) { /* from now on nothing of a peer is applied to it or served from it */
+    d.any = g->dead; /* an earlier call's connections are not known to this one */
+    if (!g->dead) {  /* from now on nothing of a peer is applied to it or served from it */
         g->dead = true;
         kvx_recv_region_dead(&t->recv, g);
         kvx_dereg_end_xfers(core, &d);
     }
-    w.until_ns =
-        kvx_now_ns() + (core->stall_ns < KVX_DEREG_WAIT_NS ? core->stall_ns : KVX_DEREG_WAIT_NS);
+    w.until_ns = kvx_now_ns() + kvx_dereg_wait_ns(core);
     rc = kvx_core_wait(core, &w);
     if (rc == -ETIMEDOUT && (g = kvx_region_find(core, id)) != NULL) {
         kvx_dereg_close(t, g, &d);
@@ -169,10 +186,7 @@ int kvx_region_deregister(kvx_transport_t *t, uint32_t id)
         kvx_region_remove(core, g); /* no user: nothing refers to it */
     else if (rc == -ETIMEDOUT)
         kvx_error(core, "region %u: UCX still holds it %llu ms after its deregistration began", id,
-                  (unsigned long long)((core->stall_ns < KVX_DEREG_WAIT_NS ? core->stall_ns
-                                                                           : KVX_DEREG_WAIT_NS) +
-                                       KVX_DEREG_CLOSE_NS) /
-                      1000000ull);
+                  (unsigned long long)(kvx_dereg_wait_ns(core) + KVX_DEREG_CLOSE_NS) / 1000000ull);
 out:
     kvx_unlock(core);
     return rc;
