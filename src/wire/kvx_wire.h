@@ -1,7 +1,7 @@
 /*
  * The codecs (src/README.md): what crosses the wire (wire.c), the metadata blob (metadata.c),
- * and what an owned region's segment must be and hold (segment.c). Pure functions of their
- * input: no transport state, no UCX (the fuzz targets drive them alone).
+ * a region's blob (region.c), and what an owned region's segment must be and hold (segment.c).
+ * Pure functions of their input: no transport state, no UCX (the fuzz targets drive them alone).
  */
 #ifndef KVX_WIRE_H
 #define KVX_WIRE_H
@@ -43,7 +43,9 @@ bool kvx_seg_token_ok(const uint8_t *want, const uint8_t *got);
 #define KVX_MD_MAGIC 0x4d58564bu /* "KVXM" read little-endian */
 /* 3: its transport's handshake says which payload paths it takes (KVX_MSGF_RNDV), which a
  * format-2 peer's decoder refuses: the format says so at kvx_peer_add (-EPROTONOSUPPORT) */
-#define KVX_MD_VERSION 3u
+/* 4: wire version 3 (regions: WRITE and READ_REQ name a region), which a format-3 peer's wire
+ * decoder refuses: the format says so at kvx_peer_add (-EPROTONOSUPPORT), as 3 did for 2 */
+#define KVX_MD_VERSION 4u
 #define KVX_MDF_MAC 1u /* a 32-byte HMAC-SHA256 of the blob ends it */
 #define KVX_MAC_LEN 32
 
@@ -74,9 +76,36 @@ int kvx_md_decode(const void *buf, size_t len, kvx_md_t *md);
 int kvx_md_verify(const void *buf, size_t len, const kvx_md_t *md, const uint8_t *secret,
                   size_t secret_len);
 
+/* ---- a region's blob (region.c: kvx_region_blob, kvx_region_load; fuzzed) ------------------ */
+
+#define KVX_RB_MAGIC 0x5258564bu /* "KVXR" read little-endian */
+#define KVX_RB_VERSION 1u
+typedef struct kvx_region_blob {
+    char agent_name[KVX_NAME_MAX + 1]; /* the owner's */
+    uint64_t generation;               /* the owner's process (a restarted owner's differs) */
+    uint32_t id;                       /* >= 1 */
+    uint32_t access;                   /* KVX_REGION_WRITE | KVX_REGION_READ, not 0 */
+    uint64_t base, len;                /* len > 0, base + len does not wrap */
+    uint8_t capability[16];
+    uint32_t flags;     /* KVX_MDF_MAC: signed with the secret */
+    const uint8_t *mac; /* with KVX_MDF_MAC: points into the decoded buffer */
+} kvx_region_blob_t;
+/* With a secret, the blob is signed (KVX_MDF_MAC). Returns its length (at most
+ * KVX_REGION_BLOB_MAX), -ENOSPC, or -EINVAL (an agent name empty or too long). */
+int kvx_region_blob_encode(const kvx_region_blob_t *rb, const uint8_t *secret, size_t secret_len,
+                           uint8_t *buf, size_t cap);
+/* 0, -EBADMSG (malformed, or no region blob), or -EPROTONOSUPPORT (a format this kvx does not
+ * know). Checks structure only; whose it is and its signature are the caller's to check. */
+int kvx_region_blob_decode(const void *buf, size_t len, kvx_region_blob_t *rb);
+/* 0 when the blob's signature matches the secret; -EACCES otherwise, or when one side has a
+ * secret and the other none. */
+int kvx_region_blob_verify(const void *buf, size_t len, const kvx_region_blob_t *rb,
+                           const uint8_t *secret, size_t secret_len);
+
 /* ---- wire format (wire.c) -------------------------------------------------------------------- */
 
-#define KVX_WIRE_VERSION 2
+/* 3: WRITE and READ_REQ name a region of the receiver and carry its capability (regions) */
+#define KVX_WIRE_VERSION 3
 enum kvx_msg_type {
     KVX_MSG_HELLO = 1,
     KVX_MSG_HELLO_ACK,
@@ -106,9 +135,9 @@ enum kvx_msg_type {
 #define KVX_WIRE_HELLO_ACK_LEN 72
 #define KVX_WIRE_PROOF_LEN 48
 #define KVX_SEG_TOKEN_LEN 16
-#define KVX_WIRE_WRITE_LEN 48
+#define KVX_WIRE_WRITE_LEN 64
 #define KVX_WIRE_ACK_LEN 24
-#define KVX_WIRE_READ_REQ_LEN 40
+#define KVX_WIRE_READ_REQ_LEN 64
 #define KVX_WIRE_READ_DATA_LEN 48
 #define KVX_WIRE_FENCE_LEN 24
 #define KVX_WIRE_NOTICE_LEN 56
@@ -173,6 +202,8 @@ typedef struct kvx_msg {
         struct {
             uint64_t xfer_id, tag, epoch;
             uint32_t nruns;
+            uint32_t region;           /* the receiver's region the runs are offsets into */
+            const uint8_t *region_cap; /* its capability, 16 bytes (NULL to encode: zero) */
             const uint8_t *runs;
         } write;
         struct {
@@ -182,7 +213,9 @@ typedef struct kvx_msg {
         struct {
             uint64_t xfer_id, stream_off, bytes;
             uint32_t nruns;
-            uint8_t prio; /* enum kvx_priority */
+            uint8_t prio;              /* enum kvx_priority */
+            uint32_t region;           /* as WRITE's */
+            const uint8_t *region_cap; /* as WRITE's */
             const uint8_t *runs;
         } read_req;
         struct {
@@ -267,6 +300,8 @@ static inline int kvx_remote_status(int32_t status)
     case -ENOSPC:
     case -EBUSY:
     case -EKEYREVOKED:
+    case -ENOENT: /* a region unknown or deregistered */
+    case -EACCES: /* a region's capability or access */
         return status;
     default:
         return -EPROTO;
