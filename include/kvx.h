@@ -116,20 +116,16 @@ KVX_API void kvx_log_set(kvx_log_fn fn, void *arg, int level);
 
 /** Bits of kvx_params_t.field_mask: a field whose bit is clear takes its documented default. */
 enum kvx_params_field {
-    /** base, num_blocks, block_len: the main region (KVX_REGION_MAIN). Without it the transport
-     *  has no main region: block calls (kvx_xfer_write, kvx_xfer_read) return -ENOENT, its
-     *  metadata says 0 blocks of 0 bytes, and data moves through kvx_region_register'ed
-     *  regions and ranges only. */
-    KVX_PARAM_REGION = 1u << 0,
-    KVX_PARAM_AGENT_NAME = 1u << 1,   /**< default: "kvx-<host>-<pid>-<random>" */
-    KVX_PARAM_FINGERPRINT = 1u << 2,  /**< default: "" (compatible with every peer) */
-    KVX_PARAM_BACKENDS = 1u << 3,     /**< default: {"ucx"} */
-    KVX_PARAM_NUM_THREADS = 1u << 4,  /**< default: 1 */
-    KVX_PARAM_DEADLINE = 1u << 5,     /**< default: 5000 ms */
-    KVX_PARAM_KEEPALIVE = 1u << 6,    /**< default: 1000 ms */
-    KVX_PARAM_LOG = 1u << 7,          /**< default: the process-wide sink of kvx_log_set */
-    KVX_PARAM_STALL = 1u << 8,        /**< default: 2000 ms */
-    KVX_PARAM_SECRET = 1u << 9,       /**< default: none */
+    KVX_PARAM_REGION = 1u << 0,      /**< base, num_blocks, block_len: required (KVX_REGION_MAIN) */
+    KVX_PARAM_AGENT_NAME = 1u << 1,  /**< default: "kvx-<host>-<pid>-<random>" */
+    KVX_PARAM_FINGERPRINT = 1u << 2, /**< default: "" (compatible with every peer) */
+    KVX_PARAM_BACKENDS = 1u << 3,    /**< default: {"ucx"} */
+    KVX_PARAM_NUM_THREADS = 1u << 4, /**< default: 1 */
+    KVX_PARAM_DEADLINE = 1u << 5,    /**< default: 5000 ms */
+    KVX_PARAM_KEEPALIVE = 1u << 6,   /**< default: 1000 ms */
+    KVX_PARAM_LOG = 1u << 7,         /**< default: the process-wide sink of kvx_log_set */
+    KVX_PARAM_STALL = 1u << 8,       /**< default: 2000 ms */
+    KVX_PARAM_SECRET = 1u << 9,      /**< default: none */
     KVX_PARAM_NET_DEVICES = 1u << 10, /**< default: UCX's (every device) */
     KVX_PARAM_INTEGRITY = 1u << 11,   /**< default: off */
     KVX_PARAM_NOTICES = 1u << 12,     /**< default: 1024 */

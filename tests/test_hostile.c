@@ -274,7 +274,8 @@ static size_t write_hdr(uint8_t *h, uint32_t conn, uint64_t token, unsigned flag
     kvx_put64(h + 24, 0);
     kvx_put64(h + 32, seen.epoch);
     kvx_put32(h + 40, 1);
-    kvx_put32(h + 44, 0);
+    kvx_put32(h + 44, KVX_REGION_MAIN); /* wire 3: the main region, capability field zero */
+    memset(h + 48, 0, 16);
     kvx_wire_run_put(h + KVX_WIRE_WRITE_LEN, 0, &run);
     return KVX_WIRE_WRITE_LEN + KVX_WIRE_RUN_LEN;
 }
@@ -287,6 +288,8 @@ static size_t read_hdr(uint8_t *h, uint64_t off, uint32_t len)
     kvx_put64(h + 24, 0);
     kvx_put32(h + 32, 1);
     kvx_put32(h + 36, 0);
+    kvx_put32(h + 40, KVX_REGION_MAIN); /* wire 3: the main region, capability field zero */
+    memset(h + 44, 0, 20);
     kvx_wire_run_put(h + KVX_WIRE_READ_REQ_LEN, 0, &run);
     return KVX_WIRE_READ_REQ_LEN + KVX_WIRE_RUN_LEN;
 }

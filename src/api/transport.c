@@ -246,6 +246,7 @@ static int kvx_transport_identity(kvx_core_t *core)
  * or a negative errno (all of it undone). */
 static int kvx_transport_start(kvx_transport_t *t, const kvx_params_t *params)
 {
+    kvx_region_t *main;
     int rc = kvx_ucx_init(&(kvx_ucx_config_t){.log = t->core.log,
                                               .keepalive_ms = t->core.keepalive_ms,
                                               .net_devices = t->net_devices},
@@ -262,6 +263,11 @@ static int kvx_transport_start(kvx_transport_t *t, const kvx_params_t *params)
         t->core.base = base;
         t->owned = true;
     }
+    /* the main region, KVX_REGION_MAIN, among the others (its capability is the connection's) */
+    rc = kvx_region_add(&t->core, t->core.base, t->core.region_len,
+                        KVX_REGION_WRITE | KVX_REGION_READ, (const uint8_t[16]){0}, true, &main);
+    if (rc < 0)
+        goto err_ucx;
     rc = kvx_metadata_build(t);
     if (rc < 0)
         goto err_ucx;
@@ -277,6 +283,7 @@ err_md:
     free(t->metadata);
     t->metadata = NULL;
 err_ucx:
+    kvx_region_free_all(&t->core);
     kvx_ucx_free(t->core.ucx);
     t->core.ucx = NULL;
     return rc;
@@ -390,6 +397,7 @@ static void kvx_transport_close_free(kvx_transport_t *t)
     kvx_pairings_free_all(&t->peers);
     kvx_xfer_free_all(&t->core);
     kvx_peer_free_all(&t->core);
+    kvx_region_free_all(&t->core);
     kvx_peers_metadata(&t->peers, NULL, 0);
     free(t->metadata);
     t->metadata = NULL;
@@ -465,6 +473,8 @@ int kvx_transport_query(kvx_transport_t *t, kvx_transport_attr_t *attr)
         attr->recv = t->core.rcounters;
     if (attr->field_mask & KVX_TRANSPORT_ATTR_MAPS_REFUSED)
         attr->maps_refused = t->core.maps_refused;
+    if (attr->field_mask & KVX_TRANSPORT_ATTR_REGIONS)
+        attr->regions = t->core.regions.counters;
     kvx_unlock(&t->core);
     return 0;
 }

@@ -8,17 +8,21 @@
 
 /* ---- write and read ----------------------------------------------------------------------- */
 
-static int kvx_submit(kvx_transport_t *t, int op, const char *peer_id, const uint32_t *local,
-                      const uint32_t *remote, size_t count, const kvx_xfer_params_t *params,
-                      uint64_t *id_p)
+/* Block calls and ranges alike (src: block indices or ranges): checked here, born in
+ * xfer/submit.c, one path for both. */
+static int kvx_submit(kvx_transport_t *t, int op, const char *peer_id, const kvx_xfer_src_t *src,
+                      const kvx_xfer_params_t *params, uint64_t *id_p)
 {
     uint64_t fm = params != NULL ? params->field_mask : 0;
     uint32_t flags = (fm & KVX_XFER_PARAM_FLAGS) ? params->flags : 0;
+    size_t count = src->count;
     kvx_peer_t *p;
     int rc;
 
-    if (t == NULL || peer_id == NULL || id_p == NULL || (count != 0 && (!local || !remote)) ||
-        count > UINT32_MAX || count > UINT64_MAX / t->core.block_len ||
+    if (t == NULL || peer_id == NULL || id_p == NULL ||
+        (count != 0 && src->ranges == NULL && (!src->local || !src->remote)) ||
+        count > UINT32_MAX ||
+        (src->ranges == NULL && t->core.block_len != 0 && count > UINT64_MAX / t->core.block_len) ||
         ((fm & KVX_XFER_PARAM_DEADLINE) && params->deadline_ms > KVX_MS_MAX) ||
         ((fm & KVX_XFER_PARAM_PRIORITY) && params->priority >= KVX_PRIO_LEVELS) ||
         (flags & ~(uint32_t)KVX_XFER_NOTIFY) || ((flags & KVX_XFER_NOTIFY) && op != KVX_OP_WRITE))
@@ -31,7 +35,7 @@ static int kvx_submit(kvx_transport_t *t, int op, const char *peer_id, const uin
         rc = -ENOENT;
         goto out;
     }
-    rc = kvx_xfer_submit(&t->core, p, op, local, remote, count, params, id_p);
+    rc = kvx_xfer_submit(&t->core, p, op, src, params, id_p);
 out:
     kvx_unlock(&t->core);
     return rc;
@@ -41,14 +45,42 @@ int kvx_xfer_write(kvx_transport_t *t, const char *peer_id, const uint32_t *loca
                    const uint32_t *remote_idxs, size_t count, const kvx_xfer_params_t *params,
                    uint64_t *id_p)
 {
-    return kvx_submit(t, KVX_OP_WRITE, peer_id, local_idxs, remote_idxs, count, params, id_p);
+    kvx_xfer_src_t src = {.local = local_idxs, .remote = remote_idxs, .count = count};
+
+    return kvx_submit(t, KVX_OP_WRITE, peer_id, &src, params, id_p);
 }
 
 int kvx_xfer_read(kvx_transport_t *t, const char *peer_id, const uint32_t *local_idxs,
                   const uint32_t *remote_idxs, size_t count, const kvx_xfer_params_t *params,
                   uint64_t *id_p)
 {
-    return kvx_submit(t, KVX_OP_READ, peer_id, local_idxs, remote_idxs, count, params, id_p);
+    kvx_xfer_src_t src = {.local = local_idxs, .remote = remote_idxs, .count = count};
+
+    return kvx_submit(t, KVX_OP_READ, peer_id, &src, params, id_p);
+}
+
+/* Ranges: at least one, each non-empty (checked against the regions in xfer/submit.c). */
+static int kvx_submit_ranges(kvx_transport_t *t, int op, const char *peer_id,
+                             const kvx_range_t *ranges, size_t count,
+                             const kvx_xfer_params_t *params, uint64_t *id_p)
+{
+    kvx_xfer_src_t src = {.ranges = ranges, .count = count};
+
+    if (ranges == NULL || count == 0)
+        return -EINVAL;
+    return kvx_submit(t, op, peer_id, &src, params, id_p);
+}
+
+int kvx_xfer_write_ranges(kvx_transport_t *t, const char *peer_id, const kvx_range_t *ranges,
+                          size_t count, const kvx_xfer_params_t *params, uint64_t *id_p)
+{
+    return kvx_submit_ranges(t, KVX_OP_WRITE, peer_id, ranges, count, params, id_p);
+}
+
+int kvx_xfer_read_ranges(kvx_transport_t *t, const char *peer_id, const kvx_range_t *ranges,
+                         size_t count, const kvx_xfer_params_t *params, uint64_t *id_p)
+{
+    return kvx_submit_ranges(t, KVX_OP_READ, peer_id, ranges, count, params, id_p);
 }
 
 /* ---- cancel --------------------------------------------------------------------------------- */

@@ -94,7 +94,8 @@ struct kvx_write_rndv {
     uint64_t since_ns;
     uint64_t epoch, tag; /* the write's, as its header said (a fence may cover it) */
     uint64_t xfer_id;
-    uint64_t off; /* where in the region: a run of the region checked by the header's checks */
+    kvx_region_t *region; /* where: a run of this region checked by the header's checks */
+    uint64_t off;
     uint32_t len;
     uint32_t crc;
     bool check_crc;
@@ -113,6 +114,7 @@ struct kvx_rconn {
     int pending_err; /* UCX reported it failed: closed by the next step, outside UCX's call */
     unsigned ucx_refs;
     unsigned sending;         /* messages of ours UCX holds (acks, read data) */
+    unsigned data_sending;    /* ... of them, READ_DATA reading a region (held by it) */
     bool crc_reads;           /* the reader asked for checksums */
     uint32_t nacks, acks_cap; /* acknowledgements to send: {transfer id, bytes, status} */
     uint8_t *acks;
@@ -171,6 +173,7 @@ typedef struct kvx_serve {
     uint8_t passed;      /* requests answered ahead of it though they came later */
     uint32_t nruns, run; /* the next byte to send: runs[run], at run_off */
     uint64_t run_off;
+    kvx_region_t *region; /* the runs are offsets into it (held: kvx_region_get) */
     kvx_wire_run_t runs[];
 } kvx_serve_t;
 

@@ -108,6 +108,7 @@ static void kvx_rconn_drop_queued(kvx_rconn_t *rc)
         kvx_serve_t *s = kvx_list_first(&rc->serve, kvx_serve_t, link);
         kvx_list_del(&s->link);
         kvx_rq_sub(rc, sizeof(*s) + s->nruns * sizeof(s->runs[0]));
+        kvx_region_put(s->region);
         free(s);
     }
     while (!kvx_list_empty(&rc->ctl)) {
@@ -265,6 +266,7 @@ static void kvx_rconn_ep_received(void *arg, void *cookie, int status)
     rc->nwrite_rndvs--;
     rc->write_rndv_done_ns = kvx_now_ns();
     kvx_rq_sub(rc, KVX_WRITE_RNDV_COST);
+    kvx_region_put(wr->region); /* UCX writes no more of it */
     wr->done(rc, wr, status);
     kvx_rconn_maybe_free(rc);
 }
@@ -281,18 +283,28 @@ int kvx_rconn_recv(kvx_rconn_t *rc, kvx_write_rndv_t *wr, void *desc)
     kvx_list_add_tail(&rc->write_rndvs, &wr->link);
     rc->nwrite_rndvs++;
     kvx_rq_add(rc, KVX_WRITE_RNDV_COST); /* in the bound over all connections' queues */
-    r = kvx_ucx_recv(rc->ucx, desc, rc->core->base + wr->off, wr->len, wr, &rc->ucx_refs);
+    kvx_region_get(wr->region);          /* first: the receive's end may come before it returns */
+    r = kvx_ucx_recv(rc->ucx, desc, wr->region->base + wr->off, wr->len, wr, &rc->ucx_refs);
     if (r != 1) { /* landed at once, or not at all: the caller finishes */
         kvx_list_del(&wr->link);
         rc->nwrite_rndvs--;
         kvx_rq_sub(rc, KVX_WRITE_RNDV_COST);
+        kvx_region_put(wr->region);
     }
     return r;
 }
 
-static void kvx_rconn_ep_sent(void *rc, uint64_t xfer_id, int status)
+/* A READ_DATA names the region it read as its xfer_id (the receiving side's messages have no
+ * transfer of their own): UCX reads no more of it. */
+static void kvx_rconn_ep_sent(void *arg, uint64_t region, int status)
 {
-    (void)xfer_id;
+    kvx_rconn_t *rc = arg;
+    kvx_region_t *g = region != 0 ? kvx_region_find(rc->core, (uint32_t)region) : NULL;
+
+    if (g != NULL) {
+        kvx_region_put(g);
+        rc->data_sending--;
+    }
     kvx_rconn_on_sent(rc, status);
 }
 static void kvx_rconn_ep_error(void *rc, int status) { kvx_rconn_on_error(rc, status); }

@@ -24,12 +24,61 @@ enum kvx_op { KVX_OP_WRITE = 0, KVX_OP_READ = 1 };
 /* A connection's state, on either side (conn/). */
 enum kvx_conn_state { KVX_CONN_OPEN = 0, KVX_CONN_CLOSING, KVX_CONN_CLOSED };
 
-/* A run of blocks consecutive on both sides. */
+/* A run of bytes consecutive on both sides: at local (in local region lregion), to or from
+ * offset remote of the transfer's remote region rreg (an index into x->rregs). Block calls are
+ * runs over the two main regions (submit.c). */
 typedef struct kvx_run {
-    uint32_t local;
-    uint32_t remote;
-    uint32_t count;
+    uint8_t *local;
+    uint64_t remote;
+    uint64_t len;
+    uint32_t lregion;
+    uint32_t rreg;
 } kvx_run_t;
+
+/* A remote region a transfer names: its id in the peer and the capability its messages carry
+ * (zero for the main region, which the connection's own capability opened). */
+typedef struct kvx_rreg {
+    uint32_t id;
+    uint8_t capability[16];
+} kvx_rreg_t;
+
+/*
+ * A region of this transport (regions.c): what peers may address, by id. The main region
+ * (KVX_PARAM_REGION) is KVX_REGION_MAIN; ids are never reused. Dead: deregistration began, and
+ * nothing of a peer is applied to it or served from it any more. users: what may still touch
+ * its memory on the receiving side (rendezvous receives into it, read requests queued from it,
+ * READ_DATA sends UCX holds that read it); kvx_region_deregister waits for 0.
+ */
+typedef struct kvx_region {
+    uint32_t id;
+    bool dead;
+    unsigned access; /* enum kvx_region_access */
+    uint8_t *base;
+    uint64_t len;
+    uint8_t capability[16];
+    uint64_t users;
+} kvx_region_t;
+
+/* The regions by id: open addressing, linear probing, deletion by backward shift (no tombstones,
+ * so 100,000 register/deregister cycles leave the table as it was). */
+typedef struct kvx_regions {
+    kvx_region_t **slots;
+    size_t cap; /* a power of two, or 0 */
+    size_t count;
+    uint32_t next_id; /* the next registered region's */
+    kvx_region_counters_t counters;
+} kvx_regions_t;
+
+/* A peer's region this transport loaded (kvx_region_load), by handle (increasing: the array
+ * stays sorted). */
+typedef struct kvx_rhandle {
+    uint32_t handle;
+    uint32_t id;
+    unsigned access;
+    uint64_t len;
+    uint64_t generation; /* the peer process's whose region it is */
+    uint8_t capability[16];
+} kvx_rhandle_t;
 
 /*
  * A transfer (the initiator's side), and the three verbs that end it, each written once:
@@ -76,6 +125,9 @@ struct kvx_xfer {
     kvx_list_t active_link; /* core->active: every transfer not yet DONE, for deadlines */
     kvx_run_t *runs;
     uint32_t nruns, next_run, runs_cap;
+    kvx_rreg_t *rregs; /* the remote regions its runs name (runs[i].rreg) */
+    uint32_t nrregs, rregs_cap;
+    uint64_t rgen;    /* the peer's generation its remote regions are of (0: the main one only) */
     uint64_t run_off; /* bytes of runs[next_run] already posted */
     uint64_t posted;  /* bytes of the stream posted */
     uint64_t done;    /* bytes acknowledged (write) or arrived (read) */
@@ -87,6 +139,7 @@ struct kvx_xfer {
     int status;
     int end_status; /* ENDING: the status it will be reported with */
     uint64_t bytes;
+    uint64_t pieces; /* the blocks (block calls) or ranges it was submitted with */
     uint64_t t_submit_ns;
     uint64_t t_done_ns;
     uint64_t deadline_ns; /* absolute; 0 = none */
@@ -128,6 +181,10 @@ struct kvx_peer {
      * kvx_peer_attr_t's counters derived from them (with the latency's maximum) */
     kvx_stats_t stats;
     uint64_t latency_max_ns;
+    /* its regions this transport loaded (kvx_region_load), sorted by handle */
+    kvx_rhandle_t *rh;
+    uint32_t nrh, rh_cap;
+    uint32_t next_handle;
 };
 
 /* Transfer ids in flight or waiting for poll, for cancel: an open-addressing table. */
@@ -175,7 +232,9 @@ struct kvx_core {
     kvx_core_hooks_t hooks;
     kvx_ucx_t *ucx;
 
-    /* the region */
+    /* the regions peers may address (regions.c), the main one among them */
+    kvx_regions_t regions;
+    /* the main region (KVX_PARAM_REGION; base NULL and num_blocks 0: none) */
     uint8_t *base;
     uint64_t num_blocks;
     uint64_t block_len;
@@ -320,6 +379,35 @@ bool kvx_peer_id_ok(const char *id);
 /* A removed peer lives on while the application still has transfers of it to poll. */
 void kvx_peer_maybe_free(kvx_core_t *c, kvx_peer_t *p);
 void kvx_peer_free_all(kvx_core_t *c);
+
+/* ---- regions (regions.c) -------------------------------------------------------------------- */
+
+kvx_region_t *kvx_region_find(const kvx_core_t *c, uint32_t id);
+/* A new region (its id the next one, or KVX_REGION_MAIN for the first with main): 0 and *r_p,
+ * -ENOSPC (KVX_REGIONS_MAX) or -ENOMEM; nothing changed on failure. */
+int kvx_region_add(kvx_core_t *c, uint8_t *base, uint64_t len, unsigned access,
+                   const uint8_t cap[16], bool main, kvx_region_t **r_p);
+/* Out of the table and freed (no user left). */
+void kvx_region_remove(kvx_core_t *c, kvx_region_t *r);
+void kvx_region_free_all(kvx_core_t *c);
+/* A peer's message names region id with capability cap, to do access (KVX_REGION_WRITE or
+ * READ): the region (live), or NULL with *err: -ENOENT (unknown or dead), -EACCES (capability
+ * or access); counted. The main region's capability is its connection's (the field is zero). */
+kvx_region_t *kvx_region_check(kvx_core_t *c, uint32_t id, const uint8_t *cap, unsigned access,
+                               int *err);
+/* The receiving side's hold on r's memory begins (get) or ends (put); a deregistration waits
+ * for the last to end (it looks again every millisecond). */
+static inline void kvx_region_get(kvx_region_t *r) { r->users++; }
+static inline void kvx_region_put(kvx_region_t *r) { r->users--; }
+/* A run of len bytes at off fits in r. */
+static inline bool kvx_region_fits(const kvx_region_t *r, uint64_t off, uint64_t len)
+{
+    return off <= r->len && len <= r->len - off;
+}
+/* Whether transfer x names local region id (a deregistration ends it). */
+bool kvx_xfer_names_region(const kvx_xfer_t *x, uint32_t id);
+/* A peer's loaded handle, or NULL. */
+kvx_rhandle_t *kvx_rhandle_find(const kvx_peer_t *p, uint32_t handle);
 
 /* ---- ids of connections (ids.c) ------------------------------------------------------------- */
 

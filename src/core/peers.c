@@ -23,6 +23,7 @@ static void kvx_peer_free(kvx_peer_t *p)
 {
     free(p->addr);
     free(p->id);
+    free(p->rh);
     free(p);
 }
 

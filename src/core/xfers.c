@@ -14,7 +14,8 @@
  * last two housekeeping periods had in use: bursts reuse objects, idle transports give them
  * back. */
 #define KVX_POOL_MIN 64
-/* An idle transfer object keeps its run array up to this many runs (12 bytes each). */
+/* An idle transfer object keeps its run array up to this many runs (32 bytes each), and as
+ * many remote regions. */
 #define KVX_POOL_RUNS_KEEP 1024
 
 /* ---- transfer ids and the object pool -------------------------------------------------------- */
@@ -128,6 +129,8 @@ int kvx_xfer_alloc(kvx_core_t *c, kvx_xfer_t **x_p)
     x->noticed = false;
     x->status = 0;
     x->nruns = x->next_run = 0;
+    x->nrregs = 0;
+    x->rgen = 0;
     x->run_off = 0;
     x->posted = x->done = 0;
     x->sending = 0;
@@ -143,6 +146,7 @@ int kvx_xfer_alloc(kvx_core_t *c, kvx_xfer_t **x_p)
 static void kvx_xfer_dispose(kvx_xfer_t *x)
 {
     free(x->runs);
+    free(x->rregs);
     free(x);
 }
 
@@ -172,6 +176,11 @@ void kvx_xfer_free(kvx_xfer_t *x)
         free(x->runs);
         x->runs = NULL;
         x->runs_cap = 0;
+    }
+    if (x->rregs_cap > KVX_POOL_RUNS_KEEP) {
+        free(x->rregs);
+        x->rregs = NULL;
+        x->rregs_cap = 0;
     }
     x->next_free = c->free_xfers;
     c->free_xfers = x;

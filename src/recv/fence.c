@@ -201,3 +201,73 @@ unsigned kvx_recv_fence_rndvs(kvx_recv_t *r, const char *writer, bool abort)
     }
     return n;
 }
+
+/* ---- a region's deregistration (kvx_region_deregister): a fence of a region --------------- */
+
+void kvx_recv_refuse(kvx_rconn_t *rc, uint64_t xfer_id, uint64_t stream_off, int err)
+{
+    uint8_t hdr[KVX_WIRE_READ_DATA_LEN];
+
+    kvx_wire_encode(
+        &(kvx_msg_t){.type = KVX_MSG_READ_DATA,
+                     .conn_id = rc->peer_conn_id,
+                     .token = rc->peer_token,
+                     .u.read_data = {.xfer_id = xfer_id, .stream_off = stream_off, .status = err}},
+        hdr);
+    kvx_rconn_ctl(rc, hdr, sizeof(hdr)); /* no room: the connection closes (kvx_rconn_doom) */
+}
+
+void kvx_recv_region_dead(kvx_recv_t *r, kvx_region_t *g)
+{
+    for (kvx_list_t *c = r->conns.all.next; c != &r->conns.all; c = c->next) {
+        kvx_rconn_t *rc = kvx_container_of(c, kvx_rconn_t, all_link);
+
+        for (kvx_list_t *n = rc->serve.next, *next; n != &rc->serve; n = next) {
+            kvx_serve_t *s = kvx_container_of(n, kvx_serve_t, link);
+            next = n->next;
+            if (s->region != g)
+                continue;
+            kvx_list_del(&s->link);
+            rc->nserve--;
+            kvx_rq_sub(rc, sizeof(*s) + s->nruns * sizeof(s->runs[0]));
+            kvx_region_put(g);
+            if (rc->state == KVX_CONN_OPEN && !rc->doomed)
+                kvx_recv_refuse(rc, s->xfer_id, s->stream_off, -ENOENT);
+            free(s);
+        }
+    }
+}
+
+unsigned kvx_recv_region_close(kvx_recv_t *r, kvx_region_t *g)
+{
+    uint64_t rndvs = 0;
+    unsigned n = 0;
+
+    /* its rendezvous receives: each is known by its connection */
+    for (kvx_list_t *c = r->conns.all.next; c != &r->conns.all; c = c->next) {
+        kvx_rconn_t *rc = kvx_container_of(c, kvx_rconn_t, all_link);
+        bool holds = false;
+
+        for (kvx_list_t *x = rc->write_rndvs.next; x != &rc->write_rndvs; x = x->next)
+            if (kvx_container_of(x, kvx_write_rndv_t, link)->region == g) {
+                holds = true;
+                rndvs++;
+            }
+        if (holds && rc->state == KVX_CONN_OPEN) {
+            kvx_rconn_abort(rc, "a deregistered region's rendezvous receives still in flight");
+            n++;
+        }
+    }
+    if (g->users <= rndvs)
+        return n;
+    /* READ_DATA sends UCX holds, reading it: which connection's is not kept, so every one with
+     * read data in UCX's hands closes (a stopped reader; rare) */
+    for (kvx_list_t *c = r->conns.all.next; c != &r->conns.all; c = c->next) {
+        kvx_rconn_t *rc = kvx_container_of(c, kvx_rconn_t, all_link);
+        if (rc->data_sending > 0 && rc->state == KVX_CONN_OPEN) {
+            kvx_rconn_abort(rc, "read data of a deregistered region still in UCX's hands");
+            n++;
+        }
+    }
+    return n;
+}

@@ -57,6 +57,12 @@ int kvx_recv_fence(kvx_recv_t *r, const char *writer, const uint64_t *tags, size
 unsigned kvx_recv_fence_rndvs(kvx_recv_t *r, const char *writer, bool abort);
 /* The capability cap was retired (kvx_fence_ex): a HELLO that presents it is refused. */
 void kvx_recv_retire(kvx_recv_t *r, const uint8_t cap[16]);
+/* A region deregistered (dead already): the read requests queued from it are refused (-ENOENT)
+ * and let go of it (fence.c). */
+void kvx_recv_region_dead(kvx_recv_t *r, kvx_region_t *g);
+/* The connections still holding g (rendezvous receives into it, READ_DATA sends reading it)
+ * close, which makes UCX let go: how many. */
+unsigned kvx_recv_region_close(kvx_recv_t *r, kvx_region_t *g);
 
 /* Take up to max arrival notices into out, oldest first (kvx_notice_poll): how many. */
 size_t kvx_notice_take(kvx_recv_t *r, kvx_notice_t *out, size_t max);

@@ -66,7 +66,7 @@ static void kvx_recv_landed(kvx_rconn_t *rc, kvx_write_rndv_t *wr, int status)
         free(wr);
         return;
     }
-    if (wr->check_crc && kvx_crc32c(core->base + wr->off, wr->len) != wr->crc) {
+    if (wr->check_crc && kvx_crc32c(wr->region->base + wr->off, wr->len) != wr->crc) {
         kvx_count(core, w, KVX_CNT(drop_crc));
         st = -EBADMSG;
     } else {
@@ -84,8 +84,8 @@ static void kvx_recv_landed(kvx_rconn_t *rc, kvx_write_rndv_t *wr, int status)
 /* After the header's checks (status): the payload goes straight into the region, or is refused
  * (UCX tells the sender it is done; the acknowledgement says why). Nothing of it reaches memory
  * before the checks. */
-static void kvx_recv_write_rndv(kvx_rconn_t *rc, const kvx_msg_t *m, const uint8_t *desc,
-                                size_t data_len, int32_t status)
+static void kvx_recv_write_rndv(kvx_rconn_t *rc, const kvx_msg_t *m, kvx_region_t *g,
+                                const uint8_t *desc, size_t data_len, int32_t status)
 {
     kvx_write_rndv_t *wr = NULL;
     kvx_wire_run_t run;
@@ -103,6 +103,7 @@ static void kvx_recv_write_rndv(kvx_rconn_t *rc, const kvx_msg_t *m, const uint8
     wr->epoch = m->u.write.epoch;
     wr->tag = m->u.write.tag;
     wr->xfer_id = m->u.write.xfer_id;
+    wr->region = g;
     wr->off = run.offset;
     wr->len = run.len;
     wr->crc = run.crc;
@@ -129,14 +130,20 @@ static void kvx_recv_write(kvx_recv_t *r, const kvx_msg_t *m, const uint8_t *dat
 {
     kvx_rconn_t *rc = kvx_rconn_of(&r->conns, m);
     kvx_writer_t *w;
+    kvx_region_t *g = NULL;
     int32_t status = 0;
     const uint8_t *d;
+    int err;
 
     if (rc == NULL)
         return;
     w = rc->w;
-    /* every check before any byte lands: a message lands whole or not at all */
-    if (kvx_writer_fenced(w, m->u.write.epoch, m->u.write.tag)) {
+    /* every check before any byte lands: a message lands whole or not at all; first the region
+     * it names (known, live, its capability, writable), then the writer's fences */
+    g = kvx_region_check(r->core, m->u.write.region, m->u.write.region_cap, KVX_REGION_WRITE, &err);
+    if (g == NULL) {
+        status = err;
+    } else if (kvx_writer_fenced(w, m->u.write.epoch, m->u.write.tag)) {
         kvx_count(r->core, w, KVX_CNT(drop_fenced));
         status = -KVX_EFENCED;
     }
@@ -154,7 +161,7 @@ static void kvx_recv_write(kvx_recv_t *r, const kvx_msg_t *m, const uint8_t *dat
     for (uint32_t i = 0; i < m->u.write.nruns && status == 0; i++) {
         kvx_wire_run_t run;
         kvx_wire_run_get(m->u.write.runs, i, &run);
-        if (run.offset > r->core->region_len || run.len > r->core->region_len - run.offset) {
+        if (!kvx_region_fits(g, run.offset, run.len)) {
             kvx_count(r->core, w, KVX_CNT(drop_range));
             status = -EINVAL;
         } else if (m->rndv) {
@@ -169,7 +176,7 @@ static void kvx_recv_write(kvx_recv_t *r, const kvx_msg_t *m, const uint8_t *dat
         kvx_debug(r->core, "writer %s: write %llu refused: %s", w->name,
                   (unsigned long long)m->u.write.xfer_id, kvx_strerror(status));
     if (m->rndv) { /* the checks passed or not: the payload is received now, or refused */
-        kvx_recv_write_rndv(rc, m, data, data_len, status);
+        kvx_recv_write_rndv(rc, m, g, data, data_len, status);
         return;
     }
     if (status == 0) {
@@ -177,7 +184,7 @@ static void kvx_recv_write(kvx_recv_t *r, const kvx_msg_t *m, const uint8_t *dat
         for (uint32_t i = 0; i < m->u.write.nruns; i++) {
             kvx_wire_run_t run;
             kvx_wire_run_get(m->u.write.runs, i, &run);
-            memcpy(r->core->base + run.offset, d, run.len);
+            memcpy(g->base + run.offset, d, run.len);
             d += run.len;
         }
         r->core->rcounters.bytes_landed += data_len;
@@ -194,16 +201,7 @@ static void kvx_recv_write(kvx_recv_t *r, const kvx_msg_t *m, const uint8_t *dat
 /* Answer a read request with a refusal: the reader's transfer fails with err at once. */
 static void kvx_recv_refuse_read(kvx_rconn_t *rc, const kvx_msg_t *m, int err)
 {
-    uint8_t hdr[KVX_WIRE_READ_DATA_LEN];
-
-    kvx_wire_encode(&(kvx_msg_t){.type = KVX_MSG_READ_DATA,
-                                 .conn_id = rc->peer_conn_id,
-                                 .token = rc->peer_token,
-                                 .u.read_data = {.xfer_id = m->u.read_req.xfer_id,
-                                                 .stream_off = m->u.read_req.stream_off,
-                                                 .status = err}},
-                    hdr);
-    kvx_rconn_ctl(rc, hdr, sizeof(hdr)); /* no room: the connection closes (kvx_rconn_doom) */
+    kvx_recv_refuse(rc, m->u.read_req.xfer_id, m->u.read_req.stream_off, err);
 }
 
 /* Queue a read request to be answered: behind every request of its priority or higher, and
@@ -229,10 +227,18 @@ static void kvx_recv_read_req(kvx_recv_t *r, const kvx_msg_t *m)
 {
     kvx_rconn_t *rc = kvx_rconn_of(&r->conns, m);
     kvx_serve_t *s;
+    kvx_region_t *g;
     uint32_t n = m->u.read_req.nruns;
+    int err;
 
     if (rc == NULL)
         return;
+    g = kvx_region_check(r->core, m->u.read_req.region, m->u.read_req.region_cap, KVX_REGION_READ,
+                         &err);
+    if (g == NULL) { /* refused whole: the reader's transfer fails */
+        kvx_recv_refuse_read(rc, m, err);
+        return;
+    }
     s = rc->nserve < KVX_SERVE_MAX ? malloc(sizeof(*s) + n * sizeof(s->runs[0])) : NULL;
     if (s == NULL) { /* too many waiting (a kvx reader asks 16 at a time), or out of memory */
         kvx_count(r->core, rc->w, KVX_CNT(drop_other));
@@ -247,8 +253,7 @@ static void kvx_recv_read_req(kvx_recv_t *r, const kvx_msg_t *m)
     s->run_off = 0;
     for (uint32_t i = 0; i < n; i++) {
         kvx_wire_run_get(m->u.read_req.runs, i, &s->runs[i]);
-        if (s->runs[i].offset > r->core->region_len ||
-            s->runs[i].len > r->core->region_len - s->runs[i].offset) {
+        if (!kvx_region_fits(g, s->runs[i].offset, s->runs[i].len)) {
             /* refused whole: the reader's transfer fails */
             kvx_count(r->core, rc->w, KVX_CNT(drop_range));
             free(s);
@@ -258,6 +263,8 @@ static void kvx_recv_read_req(kvx_recv_t *r, const kvx_msg_t *m)
     }
     s->prio = m->u.read_req.prio;
     s->passed = 0;
+    s->region = g;
+    kvx_region_get(g);
     kvx_recv_serve_queue(rc, s);
     rc->nserve++;
     kvx_rconn_want_work(rc);
@@ -366,7 +373,7 @@ static unsigned kvx_recv_serve(kvx_recv_t *r, kvx_rconn_t *rc, size_t seg)
                 piece = run->len - s->run_off;
                 m->rndv = true;
             }
-            m->iov[niov].base = r->core->base + run->offset + s->run_off;
+            m->iov[niov].base = s->region->base + run->offset + s->run_off;
             m->iov[niov].len = piece;
             niov++;
             len += piece;
@@ -390,10 +397,14 @@ static unsigned kvx_recv_serve(kvx_recv_t *r, kvx_rconn_t *rc, size_t seg)
                                                      .len = (uint32_t)len,
                                                      .crc = crc}},
                         m->hdr);
-        rndv = m->rndv; /* m is UCX's or free again once sent */
+        rndv = m->rndv;             /* m is UCX's or free again once sent */
+        m->xfer_id = s->region->id; /* UCX reads the region until sent (kvx_rconn_ep_sent) */
         rc2 = kvx_ucx_send(m, KVX_WIRE_READ_DATA_LEN, niov, &rc->ucx_refs);
-        if (rc2 == 1)
+        if (rc2 == 1) {
             rc->sending++;
+            rc->data_sending++;
+            kvx_region_get(s->region);
+        }
         r->core->rcounters.bytes_served += len;
         rc->w->counters.bytes_served += len;
         if (rndv && rc2 >= 0)
@@ -403,6 +414,7 @@ static unsigned kvx_recv_serve(kvx_recv_t *r, kvx_rconn_t *rc, size_t seg)
             kvx_list_del(&s->link);
             rc->nserve--;
             kvx_rq_sub(rc, sizeof(*s) + s->nruns * sizeof(s->runs[0]));
+            kvx_region_put(s->region);
             free(s);
         }
         if (rc2 == 1) /* last: over the transport's bound, rc may lose its queues here */

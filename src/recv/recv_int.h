@@ -30,5 +30,8 @@ void kvx_recv_proof(kvx_recv_t *r, const kvx_msg_t *m); /* a PROOF arrived */
 
 /* Did a fence after the writer's epoch e cover tag? */
 bool kvx_writer_fenced(const kvx_writer_t *w, uint64_t e, uint64_t tag);
+/* Refuse a read request (its transfer and stream offset) with err: a READ_DATA that fails the
+ * reader's transfer (fence.c). */
+void kvx_recv_refuse(kvx_rconn_t *rc, uint64_t xfer_id, uint64_t stream_off, int err);
 
 #endif

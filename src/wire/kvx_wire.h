@@ -43,7 +43,9 @@ bool kvx_seg_token_ok(const uint8_t *want, const uint8_t *got);
 #define KVX_MD_MAGIC 0x4d58564bu /* "KVXM" read little-endian */
 /* 3: its transport's handshake says which payload paths it takes (KVX_MSGF_RNDV), which a
  * format-2 peer's decoder refuses: the format says so at kvx_peer_add (-EPROTONOSUPPORT) */
-#define KVX_MD_VERSION 3u
+/* 4: wire version 3 (regions: WRITE and READ_REQ name a region), which a format-3 peer's wire
+ * decoder refuses: the format says so at kvx_peer_add (-EPROTONOSUPPORT), as 3 did for 2 */
+#define KVX_MD_VERSION 4u
 #define KVX_MDF_MAC 1u /* a 32-byte HMAC-SHA256 of the blob ends it */
 #define KVX_MAC_LEN 32
 
@@ -102,7 +104,8 @@ int kvx_region_blob_verify(const void *buf, size_t len, const kvx_region_blob_t 
 
 /* ---- wire format (wire.c) -------------------------------------------------------------------- */
 
-#define KVX_WIRE_VERSION 2
+/* 3: WRITE and READ_REQ name a region of the receiver and carry its capability (regions) */
+#define KVX_WIRE_VERSION 3
 enum kvx_msg_type {
     KVX_MSG_HELLO = 1,
     KVX_MSG_HELLO_ACK,
@@ -132,9 +135,9 @@ enum kvx_msg_type {
 #define KVX_WIRE_HELLO_ACK_LEN 72
 #define KVX_WIRE_PROOF_LEN 48
 #define KVX_SEG_TOKEN_LEN 16
-#define KVX_WIRE_WRITE_LEN 48
+#define KVX_WIRE_WRITE_LEN 64
 #define KVX_WIRE_ACK_LEN 24
-#define KVX_WIRE_READ_REQ_LEN 40
+#define KVX_WIRE_READ_REQ_LEN 64
 #define KVX_WIRE_READ_DATA_LEN 48
 #define KVX_WIRE_FENCE_LEN 24
 #define KVX_WIRE_NOTICE_LEN 56
@@ -199,6 +202,8 @@ typedef struct kvx_msg {
         struct {
             uint64_t xfer_id, tag, epoch;
             uint32_t nruns;
+            uint32_t region;           /* the receiver's region the runs are offsets into */
+            const uint8_t *region_cap; /* its capability, 16 bytes (NULL to encode: zero) */
             const uint8_t *runs;
         } write;
         struct {
@@ -208,7 +213,9 @@ typedef struct kvx_msg {
         struct {
             uint64_t xfer_id, stream_off, bytes;
             uint32_t nruns;
-            uint8_t prio; /* enum kvx_priority */
+            uint8_t prio;              /* enum kvx_priority */
+            uint32_t region;           /* as WRITE's */
+            const uint8_t *region_cap; /* as WRITE's */
             const uint8_t *runs;
         } read_req;
         struct {
@@ -293,6 +300,8 @@ static inline int kvx_remote_status(int32_t status)
     case -ENOSPC:
     case -EBUSY:
     case -EKEYREVOKED:
+    case -ENOENT: /* a region unknown or deregistered */
+    case -EACCES: /* a region's capability or access */
         return status;
     default:
         return -EPROTO;

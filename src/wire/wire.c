@@ -7,7 +7,7 @@
  * bounds). Each type's decoder and encoder sit side by side, and the table names both.
  *
  * Every message starts with a common header, little-endian:
- *    0 u8 version (2)   1 u8 type   2 u16 flags   4 u32 connection id   8 u64 token
+ *    0 u8 version (3)   1 u8 type   2 u16 flags   4 u32 connection id   8 u64 token
  * (the id and token the receiving side gave that connection; zero in HELLO). Flags: CRC (1)
  * on WRITE, READ_REQ and READ_DATA: checksums are set; PROOF (2) on HELLO and MD_REQ, MD: a proof
  * of the secret ends it; SECRET (4) on CHALLENGE; RNDV (8) on HELLO: the writer takes READ_DATA
@@ -23,11 +23,13 @@
  *   PROOF      16 u8[32] HMAC-SHA256(secret, "kvx-proof" nonce connection id token) over the
  *              HELLO_ACK's nonce and the receiver's connection id and token, the first message
  *              a writer sends on a connection to a receiver with a secret
- *   WRITE      16 u64 transfer id 24 u64 tag 32 u64 epoch 40 u32 runs 44 u32 0 48 runs;
+ *   WRITE      16 u64 transfer id 24 u64 tag 32 u64 epoch 40 u32 runs 44 u32 region (not 0)
+ *              48 u8[16] the region's capability (zero for the main region) 64 runs;
  *              the payload is the runs' bytes, in order
  *   ACK        16 u32 entries 20 u32 0 24 entries {u64 transfer id, u32 bytes, i32 status}
  *   READ_REQ   16 u64 transfer id 24 u64 stream offset 32 u32 runs 36 u32 priority (0 normal,
- *              1 low, 2 high) 40 runs
+ *              1 low, 2 high) 40 u32 region (not 0) 44 u32 0 48 u8[16] the region's capability
+ *              64 runs
  *   READ_DATA  16 u64 transfer id 24 u64 stream offset 32 u32 length 36 u32 crc32c
  *              40 i32 status 44 u32 0; the payload is length bytes (none when status < 0)
  *   FENCE      16 u64 epoch
@@ -41,7 +43,9 @@
  *   MD         16 i32 status 20 u32 metadata length 24 u8[16] the connecting side's nonce
  *              40 u8[32] MAC over both nonces and the metadata (flag KVX_MSGF_PROOF; else
  *              zero); the payload is the metadata (none when status < 0)
- * A run is {u64 offset into the receiver's region, u32 length, u32 crc32c (KVX_MSGF_CRC)}.
+ * A run is {u64 offset into the message's region of the receiver, u32 length, u32 crc32c
+ * (KVX_MSGF_CRC)}: one message, one region (version 3; version 2 had no region field and one
+ * region, which a version-3 decoder refuses by the version byte).
  */
 #include "wire/kvx_wire.h"
 
@@ -208,8 +212,10 @@ static int kvx_write_dec(const uint8_t *p, size_t tail, size_t data_len, kvx_msg
     m->u.write.tag = kvx_get64(p + 24);
     m->u.write.epoch = kvx_get64(p + 32);
     m->u.write.nruns = kvx_get32(p + 40);
+    m->u.write.region = kvx_get32(p + 44);
+    m->u.write.region_cap = p + 48;
     m->u.write.runs = p + KVX_WIRE_WRITE_LEN;
-    if (kvx_get32(p + 44) != 0 ||
+    if (m->u.write.region == 0 ||
         kvx_wire_runs(m->u.write.runs, m->u.write.nruns, tail, &total) < 0 || total != data_len)
         return -EBADMSG;
     return 0;
@@ -220,6 +226,8 @@ static size_t kvx_write_enc(const kvx_msg_t *m, uint8_t *p)
     kvx_put64(p + 24, m->u.write.tag);
     kvx_put64(p + 32, m->u.write.epoch);
     kvx_put32(p + 40, m->u.write.nruns);
+    kvx_put32(p + 44, m->u.write.region);
+    kvx_wire_put_bytes(p + 48, m->u.write.region_cap, 16);
     return kvx_wire_put_runs(p + KVX_WIRE_WRITE_LEN, m->u.write.runs, m->u.write.nruns);
 }
 
@@ -255,7 +263,9 @@ static int kvx_read_req_dec(const uint8_t *p, size_t tail, size_t data_len, kvx_
     m->u.read_req.nruns = kvx_get32(p + 32);
     m->u.read_req.runs = p + KVX_WIRE_READ_REQ_LEN;
     m->u.read_req.prio = (uint8_t)kvx_wire_prio_get(kvx_get32(p + 36));
-    if (kvx_get32(p + 36) > 2 ||
+    m->u.read_req.region = kvx_get32(p + 40);
+    m->u.read_req.region_cap = p + 48;
+    if (kvx_get32(p + 36) > 2 || m->u.read_req.region == 0 || kvx_get32(p + 44) != 0 ||
         kvx_wire_runs(m->u.read_req.runs, m->u.read_req.nruns, tail, &total) < 0 ||
         total > KVX_READ_REQ_MAX)
         return -EBADMSG;
@@ -268,6 +278,8 @@ static size_t kvx_read_req_enc(const kvx_msg_t *m, uint8_t *p)
     kvx_put64(p + 24, m->u.read_req.stream_off);
     kvx_put32(p + 32, m->u.read_req.nruns);
     kvx_put32(p + 36, kvx_wire_prio_put(m->u.read_req.prio));
+    kvx_put32(p + 40, m->u.read_req.region);
+    kvx_wire_put_bytes(p + 48, m->u.read_req.region_cap, 16);
     return kvx_wire_put_runs(p + KVX_WIRE_READ_REQ_LEN, m->u.read_req.runs, m->u.read_req.nruns);
 }
 

@@ -18,16 +18,14 @@
 /* ---- where a stream's bytes are ------------------------------------------------------------- */
 
 /* The local address of the stream's byte at run i, offset off in it. */
-static inline uint8_t *kvx_xfer_local(const kvx_core_t *core, const kvx_xfer_t *x, uint32_t i,
-                                      uint64_t off)
+static inline uint8_t *kvx_xfer_local(const kvx_xfer_t *x, uint32_t i, uint64_t off)
 {
-    return core->base + (uint64_t)x->runs[i].local * core->block_len + off;
+    return x->runs[i].local + off;
 }
-/* ... and its offset in the peer's region. */
-static inline uint64_t kvx_xfer_remote(const kvx_core_t *core, const kvx_xfer_t *x, uint32_t i,
-                                       uint64_t off)
+/* ... and its offset in the peer's region (x->rregs[x->runs[i].rreg]). */
+static inline uint64_t kvx_xfer_remote(const kvx_xfer_t *x, uint32_t i, uint64_t off)
 {
-    return (uint64_t)x->runs[i].remote * core->block_len + off;
+    return x->runs[i].remote + off;
 }
 /* Move a stream cursor (run, offset in it) piece bytes on; a finished run moves it to the next. */
 static inline void kvx_run_step(uint32_t *run, uint64_t *off, size_t piece, uint64_t run_len)
@@ -65,9 +63,13 @@ static inline void kvx_xfer_unqueue(kvx_conn_t *c, kvx_xfer_t *x)
 
 /* A new transfer to peer p (the API checked the arguments and found p, lock held): where a
  * transfer is born. Returns 0 with *id_p, or a negative errno with nothing changed. */
-int kvx_xfer_submit(kvx_core_t *core, kvx_peer_t *p, int op, const uint32_t *local,
-                    const uint32_t *remote, size_t count, const kvx_xfer_params_t *params,
-                    uint64_t *id_p);
+typedef struct kvx_xfer_src {
+    const uint32_t *local, *remote; /* block indices (ranges NULL) */
+    const kvx_range_t *ranges;      /* ... or ranges */
+    size_t count;
+} kvx_xfer_src_t;
+int kvx_xfer_submit(kvx_core_t *core, kvx_peer_t *p, int op, const kvx_xfer_src_t *src,
+                    const kvx_xfer_params_t *params, uint64_t *id_p);
 /* A reconnected peer's parked transfers go to its new connection c (those beyond its region
  * fail with -EINVAL); or they all fail with err (c NULL: the peer was removed or closed). */
 void kvx_xfer_unpark(kvx_peer_t *p, kvx_conn_t *c, int err);

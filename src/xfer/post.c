@@ -23,7 +23,6 @@ static const int64_t kvx_prio_quantum[KVX_PRIO_LEVELS] = {64 << 10, 256 << 10, 1
  * posted (0: none, out of message buffers), or a negative errno (the connection fails). */
 static ssize_t kvx_xfer_post_write(kvx_conn_t *c, kvx_xfer_t *x)
 {
-    kvx_core_t *core = c->core;
     kvx_send_t *s = kvx_ucx_send_get(c->ucx);
     size_t avail = c->seg > 2 * KVX_MSG_SLACK ? c->seg - KVX_MSG_SLACK : KVX_MSG_SLACK;
     size_t len = 0, hdr_len = KVX_WIRE_WRITE_LEN;
@@ -32,9 +31,11 @@ static ssize_t kvx_xfer_post_write(kvx_conn_t *c, kvx_xfer_t *x)
 
     if (s == NULL)
         return 0;
+    const kvx_rreg_t *rr = &x->rregs[x->runs[x->next_run].rreg]; /* the message's region */
+
     while (x->next_run < x->nruns && n < KVX_WIRE_MAX_RUNS &&
-           hdr_len + KVX_WIRE_RUN_LEN + len < avail) {
-        uint64_t run_len = (uint64_t)x->runs[x->next_run].count * core->block_len;
+           hdr_len + KVX_WIRE_RUN_LEN + len < avail && &x->rregs[x->runs[x->next_run].rreg] == rr) {
+        uint64_t run_len = x->runs[x->next_run].len;
         uint64_t left = run_len - x->run_off;
         size_t room = avail - hdr_len - KVX_WIRE_RUN_LEN - len;
         size_t piece = left < room ? (size_t)left : room;
@@ -48,9 +49,9 @@ static ssize_t kvx_xfer_post_write(kvx_conn_t *c, kvx_xfer_t *x)
             piece = left < KVX_RNDV_PIECE ? (size_t)left : KVX_RNDV_PIECE;
             s->rndv = true;
         }
-        r = (kvx_wire_run_t){kvx_xfer_remote(core, x, x->next_run, x->run_off), (uint32_t)piece, 0};
+        r = (kvx_wire_run_t){kvx_xfer_remote(x, x->next_run, x->run_off), (uint32_t)piece, 0};
 
-        s->iov[n].base = kvx_xfer_local(core, x, x->next_run, x->run_off);
+        s->iov[n].base = kvx_xfer_local(x, x->next_run, x->run_off);
         s->iov[n].len = piece;
         if (c->crc)
             r.crc = kvx_crc32c(s->iov[n].base, piece);
@@ -69,7 +70,9 @@ static ssize_t kvx_xfer_post_write(kvx_conn_t *c, kvx_xfer_t *x)
                                  .u.write = {.xfer_id = x->id,
                                              .tag = x->tag,
                                              .epoch = x->epoch,
-                                             .nruns = n}}, /* the runs are in place */
+                                             .nruns = n,
+                                             .region = rr->id,
+                                             .region_cap = rr->capability}}, /* runs in place */
                     s->hdr);
     s->xfer_id = x->id;
     rc = kvx_ucx_send(s, hdr_len, n, &c->ucx_refs);
@@ -93,15 +96,14 @@ static ssize_t kvx_xfer_post_write(kvx_conn_t *c, kvx_xfer_t *x)
  * cancel or failure stops the copying at once. Nothing is left for UCX or the peer to do. */
 static ssize_t kvx_xfer_copy(kvx_conn_t *c, kvx_xfer_t *x, size_t budget)
 {
-    kvx_core_t *core = c->core;
     size_t len = 0;
 
     while (x->next_run < x->nruns && len < budget) {
-        uint64_t run_len = (uint64_t)x->runs[x->next_run].count * core->block_len;
+        uint64_t run_len = x->runs[x->next_run].len;
         uint64_t left = run_len - x->run_off;
         size_t piece = left < budget - len ? (size_t)left : budget - len;
-        uint8_t *local = kvx_xfer_local(core, x, x->next_run, x->run_off);
-        uint8_t *remote = c->mapped + kvx_xfer_remote(core, x, x->next_run, x->run_off);
+        uint8_t *local = kvx_xfer_local(x, x->next_run, x->run_off);
+        uint8_t *remote = c->mapped + kvx_xfer_remote(x, x->next_run, x->run_off);
 
         if (x->op == KVX_OP_WRITE)
             memcpy(remote, local, piece);
@@ -119,7 +121,7 @@ static ssize_t kvx_xfer_copy(kvx_conn_t *c, kvx_xfer_t *x, size_t budget)
  * asked for (0: no request slot free), or a negative errno. */
 static ssize_t kvx_xfer_post_read(kvx_conn_t *c, kvx_xfer_t *x)
 {
-    kvx_core_t *core = c->core;
+    const kvx_rreg_t *rr;
     kvx_read_req_t *q = NULL;
     uint8_t hdr[KVX_WIRE_READ_REQ_LEN + KVX_WIRE_MAX_RUNS * KVX_WIRE_RUN_LEN];
     uint64_t len = 0;
@@ -132,14 +134,16 @@ static ssize_t kvx_xfer_post_read(kvx_conn_t *c, kvx_xfer_t *x)
             q = &c->read_reqs[i];
     if (q == NULL)
         return 0;
+    rr = &x->rregs[x->runs[x->next_run].rreg]; /* the request's region */
     q->stream_off = x->posted;
     q->run = x->next_run;
     q->run_off = x->run_off;
-    while (x->next_run < x->nruns && n < KVX_WIRE_MAX_RUNS && len < KVX_READ_REQ_MAX) {
-        uint64_t run_len = (uint64_t)x->runs[x->next_run].count * core->block_len;
+    while (x->next_run < x->nruns && n < KVX_WIRE_MAX_RUNS && len < KVX_READ_REQ_MAX &&
+           &x->rregs[x->runs[x->next_run].rreg] == rr) {
+        uint64_t run_len = x->runs[x->next_run].len;
         uint64_t left = run_len - x->run_off, room = KVX_READ_REQ_MAX - len;
         uint64_t piece = left < room ? left : room;
-        kvx_wire_run_t r = {kvx_xfer_remote(core, x, x->next_run, x->run_off), (uint32_t)piece, 0};
+        kvx_wire_run_t r = {kvx_xfer_remote(x, x->next_run, x->run_off), (uint32_t)piece, 0};
 
         kvx_wire_run_put(hdr + KVX_WIRE_READ_REQ_LEN, n++, &r);
         len += piece;
@@ -153,7 +157,9 @@ static ssize_t kvx_xfer_post_read(kvx_conn_t *c, kvx_xfer_t *x)
                                                           .stream_off = q->stream_off,
                                                           .nruns = n,
                                                           /* the target answers by it */
-                                                          .prio = x->prio}},
+                                                          .prio = x->prio,
+                                                          .region = rr->id,
+                                                          .region_cap = rr->capability}},
                               hdr);
     rc = kvx_ucx_send_ctl(c->ucx, hdr, hdr_len, &c->ucx_refs);
     if (rc < 0)
@@ -252,6 +258,10 @@ void kvx_xfer_post(kvx_conn_t *c, size_t budget)
     kvx_xfer_t *x;
 
     while (c->state == KVX_CONN_OPEN && c->wired && (x = kvx_xfer_pick(c)) != NULL) {
+        if (c->mapped != NULL && x->rgen != 0) { /* mapped: its main region only (submit.c) */
+            kvx_xfer_end(x, -EOPNOTSUPP);
+            continue;
+        }
         if (x->posted < x->bytes && !x->canceled) {
             ssize_t n;
             if (budget == 0) { /* the rest goes on in the next progress step */
@@ -313,7 +323,7 @@ void kvx_xfer_write_landed(kvx_conn_t *c, kvx_xfer_t *x)
                                  .u.notice = {.xfer_id = x->id,
                                               .tag = x->tag,
                                               .epoch = x->epoch,
-                                              .blocks = x->bytes / c->core->block_len,
+                                              .blocks = x->pieces,
                                               .bytes = x->bytes}},
                     hdr);
     rc = kvx_ucx_send_ctl(c->ucx, hdr, sizeof(hdr), &c->ucx_refs);

@@ -121,7 +121,7 @@ static void kvx_xfer_read_rndv(kvx_conn_t *c, kvx_xfer_t *x, kvx_read_req_t *q, 
                                void *desc, size_t len)
 {
     kvx_core_t *core = c->core;
-    uint64_t run_len = (uint64_t)x->runs[q->run].count * core->block_len;
+    uint64_t run_len = x->runs[q->run].len;
     kvx_read_rndv_t *rr;
     int r;
 
@@ -146,7 +146,7 @@ static void kvx_xfer_read_rndv(kvx_conn_t *c, kvx_xfer_t *x, kvx_read_req_t *q, 
         return;
     }
     rr->xfer_id = x->id;
-    rr->dest = kvx_xfer_local(core, x, q->run, q->run_off);
+    rr->dest = kvx_xfer_local(x, q->run, q->run_off);
     rr->len = (uint32_t)len;
     rr->crc = m->u.read_data.crc;
     rr->check_crc = c->crc;
@@ -212,10 +212,10 @@ static void kvx_xfer_on_read_data(kvx_conn_t *c, const kvx_msg_t *m, const uint8
         return;
     }
     for (size_t off = 0; off < len;) {
-        uint64_t run_len = (uint64_t)x->runs[q->run].count * core->block_len;
+        uint64_t run_len = x->runs[q->run].len;
         size_t piece =
             run_len - q->run_off < len - off ? (size_t)(run_len - q->run_off) : len - off;
-        memcpy(kvx_xfer_local(core, x, q->run, q->run_off), data + off, piece);
+        memcpy(kvx_xfer_local(x, q->run, q->run_off), data + off, piece);
         off += piece;
         kvx_run_step(&q->run, &q->run_off, piece, run_len);
     }

@@ -1,7 +1,8 @@
 /*
  * libFuzzer harness for what kvx does with a peer's messages before they touch anything: the
  * strict header decoder (src/wire.c) and the receiving side that acts on what it decoded
- * (src/recv.c, hello.c, fence.c: token check, fences, region bounds, applying writes into a region,
+ * (src/recv.c, hello.c, fence.c: token check, fences, the region named (id, capability,
+ * access) and its bounds, applying writes into a region,
  * queueing read requests, notices, handshakes, a retired capability's). Each input is one message:
  * a byte choosing where the header ends, the header, the payload. Messages naming connection 1 get
  * that connection's token when the input asks, so that the fuzzer reaches what a peer holding the
@@ -32,6 +33,17 @@ static kvx_transport_t *setup(bool unproven)
     t->core.block_len = 4096;
     t->core.num_blocks = REGION / 4096;
     memset(t->core.capability, 0x42, sizeof(t->core.capability));
+    {
+        /* wire 3: the main region (1, capability field zero), and region 2 (write only, its
+         * capability 0x55...) over the same bytes, so that the checks of each field are reached */
+        kvx_region_t *g;
+        uint8_t cap[16];
+        memset(cap, 0, sizeof(cap));
+        kvx_region_add(&t->core, t->core.base, REGION, KVX_REGION_WRITE | KVX_REGION_READ, cap,
+                       true, &g);
+        memset(cap, 0x55, sizeof(cap));
+        kvx_region_add(&t->core, t->core.base, REGION / 2, KVX_REGION_WRITE, cap, false, &g);
+    }
     memset(t->recv.retired[0], 0x43, sizeof(t->recv.retired[0])); /* a HELLO with it is kept */
     t->recv.nretired = 1;
     snprintf(w->name, sizeof(w->name), "writer");
@@ -114,6 +126,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
     }
     kvx_recv_free_all(&t->recv);
+    kvx_region_free_all(&t->core);
     free(t->conns.ids.slots);
     kvx_recv_fini(&t->recv);
     free(t->core.base);
