@@ -255,7 +255,12 @@ class RegionsMixin:
         h = self._h()
         rid = _int("deregister_region: region", region, 1, _U32)
         rc = self._region_fn("kvx_region_deregister")(h, rid)
-        self._check("deregister_region", rc)
+        _region_check(self, f"deregister_region({rid})", rc, {
+            errno.ENOENT: "no such region (unknown, or deregistered already)",
+            errno.EBUSY: "the main region of an owned transport stays: peers on this host "
+                         "copy into it directly",
+            errno.ETIMEDOUT: "UCX still holds the region: it stays registered and its buffer "
+                             "held; call again"})
         with self._regions_lock:
             self._regions.pop(rid, None)
 
@@ -275,7 +280,8 @@ class RegionsMixin:
         if rc == -errno.ENOSPC:  # a core whose blobs grew: ask again with its size
             buf = ctypes.create_string_buffer(n.value)
             rc = f(h, rid, buf, ctypes.byref(n))
-        self._check("region_blob", rc)
+        _region_check(self, f"region_blob({rid})", rc, {
+            errno.ENOENT: "no such region (unknown, or deregistered)"})
         return buf.raw[:n.value]
 
     # ---- a peer's regions ------------------------------------------------------------------
@@ -300,7 +306,7 @@ class RegionsMixin:
             raise ValueError(f"load_region: blob: 1..{_lib.REGION_BLOB_MAX} bytes, got {len(b)}")
         handle = ctypes.c_uint32()
         rc = self._region_fn("kvx_region_load")(h, pid, b, len(b), ctypes.byref(handle))
-        self._check(f"load_region({peer_id!r})", rc)
+        _region_check(self, f"load_region({peer_id!r})", rc, _LOAD_TEXTS)
         return handle.value
 
     def unload_region(self, peer_id: str, handle: int) -> None:
@@ -310,8 +316,10 @@ class RegionsMixin:
         h = self._h()
         pid = _peer_arg("unload_region", peer_id)
         hd = _int("unload_region: handle", handle, 1, _U32)
-        self._check(f"unload_region({peer_id!r})",
-                    self._region_fn("kvx_region_unload")(h, pid, hd))
+        _region_check(self, f"unload_region({peer_id!r}, {hd})",
+                      self._region_fn("kvx_region_unload")(h, pid, hd),
+                      {errno.ENOENT: "unknown peer, or no such handle loaded for it "
+                                     "(REGION_MAIN cannot be unloaded)"})
 
     # ---- transfers -------------------------------------------------------------------------
 
@@ -369,10 +377,7 @@ class RegionsMixin:
             idp = self._buffers()[0]
         rc = fn(h, pid, arr, n, None if xp is None else ctypes.byref(xp), ctypes.byref(idp))
         del keep
-        if rc == -errno.EINVAL:  # every local rule was checked above
-            raise _lib_error(f"{what}({peer_id!r}): the core refused the ranges (a range beyond "
-                             f"its remote region?)", rc)
-        self._check(f"{what}({peer_id!r})", rc)
+        _region_check(self, f"{what}({peer_id!r})", rc, _XFER_TEXTS)
         return idp.value
 
     def region_counters(self) -> dict:
@@ -387,9 +392,39 @@ class RegionsMixin:
         return {name: getattr(a.regions, name) for name in _lib.REGION_COUNTERS}
 
 
-def _lib_error(msg: str, rc: int):
+def _lib_error(msg: str, rc: int, text: Optional[str] = None):
     from .transport import KvxError
-    return KvxError(msg, rc)
+    return KvxError(msg, rc, text)
+
+
+def _region_check(t, what: str, rc: int, texts: dict) -> int:
+    """rc, or the exception for a failed region call: KvxError with this call's meaning of the
+    errno (texts), RuntimeError("KvxTransport is closed") for ESHUTDOWN."""
+    if rc >= 0 or rc == -errno.ESHUTDOWN or -rc not in texts:
+        return t._check(what, rc)
+    raise _lib_error(what, rc, texts[-rc])
+
+
+_LOAD_TEXTS = {
+    errno.ENOENT: "unknown peer (add it first)",
+    errno.EBADMSG: "not a region blob (truncated, corrupted or foreign)",
+    errno.EPROTONOSUPPORT: "a region blob format this kvx does not know",
+    errno.EINVAL: "the blob is of another agent than the peer's, or names its main region "
+                  "(that is REGION_MAIN already)",
+    errno.ESTALE: "the blob is of the peer's earlier process: load its new blob",
+    errno.EACCES: "the blob's signature does not match this transport's secret",
+    errno.ENOSPC: "KVX_REGIONS_MAX handles loaded for the peer",
+}
+_XFER_TEXTS = {
+    # every local rule was checked before the call
+    errno.EINVAL: "a range beyond its remote region (the local side was checked)",
+    errno.ENOENT: "unknown peer, or a remote handle not loaded for it",
+    errno.EACCES: "the remote region does not grant this access (registered 'r' or 'w' only)",
+    errno.ESTALE: "a remote handle of the peer's earlier process: load its new blob",
+    errno.ENOTCONN: "the peer's connection failed",
+    errno.EOPNOTSUPP: "a remote region other than the main one of a peer whose owned region "
+                      "is mapped here",
+}
 
 
 # ---- ranges: checked here, so that an error names the range, the field and the rule ----------

@@ -84,9 +84,16 @@ _VALUE_ERRORS = {errno.EINVAL, errno.EBADMSG, errno.EPROTONOSUPPORT, errno.EEXIS
 class KvxError(RuntimeError):
     """A kvx call failed; errno is the positive error code."""
 
-    def __init__(self, what: str, rc: int):
-        super().__init__(f"{what}: {_lib.strerror(rc)} ({rc})")
+    def __init__(self, what: str, rc: int, text: Optional[str] = None):
+        # text: what the error means for this call, when kvx_strerror's general one would
+        # mislead (ENOENT of a region call is no unknown peer)
+        super().__init__(f"{what}: {text or _lib.strerror(rc)} ({_lib.errno_name(rc)}, {rc})"
+                         if text else f"{what}: {_lib.strerror(rc)} ({rc})")
         self.errno = -rc
+        self._args = (what, rc, text)
+
+    def __reduce__(self):  # picklable (multiprocessing), with its errno
+        return (type(self), self._args)
 
 
 class PeerUnreachableError(ConnectionError, ValueError):
