@@ -794,7 +794,8 @@ KVX_API int kvx_xfer_read(kvx_transport_t *transport, const char *peer_id,
 /** One finished transfer. */
 typedef struct kvx_completion {
     uint64_t id;
-    int32_t status;       /**< 0, or -ECONNRESET, -ETIMEDOUT, -ECONNABORTED, -ECANCELED, ... */
+    int32_t status;       /**< 0, or -ECONNRESET, -ETIMEDOUT, -ECONNABORTED, -ECANCELED, -ENOENT,
+                           *   -EACCES, ... (docs/errors.md) */
     uint32_t flags;       /**< KVX_COMPLETION_READ for a read */
     uint64_t bytes;       /**< bytes the transfer covers */
     uint64_t duration_ns; /**< from submission to completion */
@@ -901,27 +902,40 @@ KVX_API int kvx_region_register(kvx_transport_t *transport, void *base, uint64_t
 
 /**
  * Deregister a region: a fence. When it returns 0, no byte of any peer lands in the region and
- * none is read out of it any more, whatever was in flight (eager messages queued in UCX,
- * rendezvous receives into it, READ_DATA sends UCX still holds reading it, read requests
- * queued, a writer stopped that resumes later), and this transport's own transfers that named
- * it as their local region have completed or failed (their completions come out of poll as
- * usual; those it ended fail with -ECANCELED): the memory may be freed or reused at once.
+ * none is read out of it any more, whatever was in flight (eager messages queued in UCX or in a
+ * shared-memory FIFO, rendezvous receives into it, READ_DATA sends UCX still holds that read
+ * it, read requests queued, a writer stopped that resumes later), and this transport's own
+ * transfers that named it as their local region have completed or failed (their completions
+ * come out of poll as usual): the memory may be freed or reused at once.
  *
- * How: the region is marked dead at once (every later message naming it is refused, -ENOENT,
- * and counted in drop_region); the transfers of this transport naming it are ended; then the
- * call waits, with the lock released (other threads' calls go on), for what UCX still holds
- * of it: rendezvous receives into it, sends reading it. It waits at most 1 s (the transport's
- * stall_ms when that is shorter); whatever still holds the region then, its connection is
- * closed (counted in dereg_closed), which fails that connection's other transfers
- * (-ECONNABORTED on the side that deregistered, -ECONNRESET or -ETIMEDOUT on the peer's), and
- * the call waits up to 200 ms more for UCX to let go. So it returns within min(1 s, stall_ms) +
- * 200 ms. Should UCX still hold the region then (never seen), it returns -ETIMEDOUT and the
- * region stays dead but registered: the memory must not be freed, and a later deregister of the
- * same id waits again.
+ * What it does, in order:
+ *  1. the region is marked dead (under the lock): every message naming it from now on is
+ *     refused (the writer's or reader's transfer fails -ENOENT; counted in drop_region), and
+ *     the read requests queued from it are refused the same way;
+ *  2. this transport's transfers naming it as local region end with -ECANCELED: at once, or,
+ *     while UCX still holds their messages (their sends read it, their rendezvous receives
+ *     write it), once UCX lets go (the stall limit's grace, as for a deadline: kvx_xfer_write);
+ *  3. it waits, with the lock released (other threads' calls and the progress thread go on),
+ *     until nothing holds the region any more: no rendezvous receive into it, no READ_DATA send
+ *     reading it, no transfer of step 2 not yet done; at most 1 s, or the transport's stall_ms
+ *     when that is shorter;
+ *  4. if something still holds it then, the connections holding it close (counted in
+ *     dereg_closed): a writer's or reader's connection to this transport with a rendezvous
+ *     receive into it (or, for READ_DATA sends, every connection with read data in UCX's hands:
+ *     which region each send reads is not kept per connection), and this transport's own
+ *     connections with a transfer of step 2. Their other transfers fail as a closed connection's
+ *     do: -ECONNABORTED here, -ECONNRESET or -ETIMEDOUT on the peer's side. Closing makes UCX
+ *     let go; it waits up to 200 ms more for that.
+ * So it returns within min(1 s, stall_ms) + 200 ms (at once when nothing is in flight: a few
+ * microseconds, docs/regions.md). Should UCX still hold the region then (not seen), it returns
+ * -ETIMEDOUT, logged: the region stays dead but registered, the memory must not be freed, and a
+ * later call for the same id waits again. Calls for the same id from two threads both wait.
  *
  * Returns 0, -EINVAL (transport NULL, region 0), -ENOENT (unknown or already deregistered),
  * -EBUSY (the main region of a KVX_PARAM_OWN_REGION transport: peers on this host copy into it
- * directly), -ETIMEDOUT (above), -ESHUTDOWN.
+ * directly), -ETIMEDOUT (above), -ESHUTDOWN. The main region of another transport may be
+ * deregistered: its block calls then fail -ENOENT here, and peers' block transfers to it fail
+ * -ENOENT.
  */
 KVX_API int kvx_region_deregister(kvx_transport_t *transport, uint32_t region);
 

@@ -296,6 +296,7 @@ static int kvx_peer_remove_impl(kvx_transport_t *t, const char *peer_id, unsigne
     }
     p->conn = NULL;
     p->removed = true;
+    p->nrh = 0; /* its loaded regions go with it (transfers in flight keep their own copies) */
     p->last_err = c->err;
     t->core.nconnected--;
     free(p->addr); /* no more pairing again */
