@@ -58,7 +58,9 @@ static ucp_context_h ctx;
 static ucp_worker_h worker;
 static ucp_ep_h ep;
 static struct {
-    int hello_acks, acks, read_data, read_rndv;
+    int hello_acks, acks, read_data, read_rndv, notice_acks;
+    int32_t last_notice_status;
+    int notice_refused; /* NOTICE_ACKs with -ENOSPC */
     uint16_t ack_flags; /* the last HELLO_ACK's: KVX_MSGF_RNDV when the target takes rendezvous */
     uint32_t rconn_id;
     uint64_t token, epoch; /* the last HELLO_ACK's: a fence of this writer bumps the epoch */
@@ -101,6 +103,10 @@ static ucs_status_t on_reply(void *arg, const void *hdr, size_t hdr_len, void *d
             kvx_wire_ack_get(m.u.ack.entries, i, &id, &bytes, &seen.last_ack_status);
             seen.acks++;
         }
+    } else if (m.type == KVX_MSG_NOTICE_ACK) {
+        seen.notice_acks++;
+        seen.last_notice_status = m.u.notice_ack.status;
+        seen.notice_refused += m.u.notice_ack.status == -ENOSPC;
     } else if (m.type == KVX_MSG_READ_DATA) {
         seen.read_data++;
         seen.last_read_status = m.u.read_data.status;
@@ -465,6 +471,87 @@ static void message_attacks(const kvx_md_t *md)
     KT_EQ(c1.bytes_landed - c0.bytes_landed, BL + sizeof(data));
     KT_EQ(c1.rndv_landed - c0.rndv_landed, 1);
     KT_EQ(c1.rndv_failed - c0.rndv_failed, 0);
+}
+
+/* ---- 3a: notices with payloads -------------------------------------------------------------- */
+
+/* A NOTICE on the attacker's connection: flags (KVX_MSGF_DATA: the tail with len), tail_len bytes
+ * of tail written (8 with DATA, as the encoder would; else what the attack wants). */
+static size_t notice_hdr(uint8_t *h, unsigned flags, uint32_t len, size_t tail_len)
+{
+    size_t n = kvx_wire_encode(
+        &(kvx_msg_t){.type = KVX_MSG_NOTICE,
+                     .flags = (uint16_t)flags,
+                     .conn_id = seen.rconn_id,
+                     .token = seen.token,
+                     .u.notice = {.xfer_id = 77, .epoch = seen.epoch, .data_len = len}},
+        h);
+    if (!(flags & KVX_MSGF_DATA) && tail_len > 0) {
+        memset(h + n, 0, tail_len);
+        kvx_put32(h + n, len);
+        n += tail_len;
+    }
+    return n;
+}
+
+/* Lengths that disagree, over the max, tails without the flag and flags without the tail: dropped
+ * as malformed, unanswered; beyond the queue's payload bound: refused (-ENOSPC) and counted; the
+ * receiver intact after, its notices each checked. */
+static void notice_attacks(void)
+{
+    static uint8_t big[KVX_NOTICE_DATA_MAX + 1];
+    uint8_t h[256];
+    kvx_recv_counters_t c0, c1;
+    kvx_notice_t nt[256];
+    const int bound = KVX_NOTICE_QUEUE_BYTES / KVX_NOTICE_DATA_MAX;
+    int acks = seen.notice_acks, got = 0, n;
+
+    kt_target_counters(&tg, &c0);
+    /* a good one first */
+    send_raw(h, notice_hdr(h, KVX_MSGF_DATA, 100, 0), big, 100, UCP_AM_SEND_FLAG_EAGER);
+    settle(&seen.notice_acks, acks + 1);
+    KT_EQ(seen.notice_acks, acks + 1);
+    KT_EQ(seen.last_notice_status, 0);
+    KT_EQ(kt_target_notices(&tg, nt, 256), 1);
+    /* malformed: no answer */
+    send_raw(h, notice_hdr(h, KVX_MSGF_DATA, 100, 0), big, 99, UCP_AM_SEND_FLAG_EAGER);
+    send_raw(h, notice_hdr(h, KVX_MSGF_DATA, 100, 0), big, 101, UCP_AM_SEND_FLAG_EAGER);
+    send_raw(h, notice_hdr(h, KVX_MSGF_DATA, 0, 0), big, 1, UCP_AM_SEND_FLAG_EAGER);
+    send_raw(h, notice_hdr(h, KVX_MSGF_DATA, KVX_NOTICE_DATA_MAX + 1, 0), big,
+             KVX_NOTICE_DATA_MAX + 1, UCP_AM_SEND_FLAG_EAGER);
+    send_raw(h, notice_hdr(h, KVX_MSGF_DATA, UINT32_MAX, 0), big, 100, UCP_AM_SEND_FLAG_EAGER);
+    send_raw(h, notice_hdr(h, 0, 100, 8), big, 100, UCP_AM_SEND_FLAG_EAGER); /* no flag */
+    send_raw(h, notice_hdr(h, 0, 0, 0), big, 100, UCP_AM_SEND_FLAG_EAGER);   /* no flag */
+    notice_hdr(h, KVX_MSGF_DATA, 0, 0);
+    send_raw(h, KVX_WIRE_NOTICE_LEN, big, 0, UCP_AM_SEND_FLAG_EAGER); /* no tail */
+    n = (int)notice_hdr(h, KVX_MSGF_DATA, 100, 0);
+    send_raw(h, (size_t)n - 4, big, 100, UCP_AM_SEND_FLAG_EAGER); /* half a tail */
+    h[KVX_WIRE_NOTICE_LEN + 5] = 1;                               /* its reserved word */
+    send_raw(h, (size_t)n, big, 100, UCP_AM_SEND_FLAG_EAGER);
+    progress_for(300);
+    KT_EQ(seen.notice_acks, acks + 1);
+    kt_target_counters(&tg, &c1);
+    KT_EQ(c1.drop_malformed - c0.drop_malformed, 10);
+    /* over the bound: bound notices of the max are queued, the rest refused and counted */
+    for (size_t i = 0; i < sizeof(big); i++)
+        big[i] = (uint8_t)(i * 29);
+    for (int i = 0; i < bound + 3; i++)
+        send_raw(h, notice_hdr(h, KVX_MSGF_DATA, KVX_NOTICE_DATA_MAX, 0), big, KVX_NOTICE_DATA_MAX,
+                 UCP_AM_SEND_FLAG_EAGER);
+    settle(&seen.notice_acks, acks + 1 + bound + 3);
+    KT_EQ(seen.notice_acks, acks + 1 + bound + 3);
+    KT_EQ(seen.notice_refused, 3);
+    kt_target_counters(&tg, &c1);
+    KT_EQ(c1.drop_other - c0.drop_other, 3);
+    while ((n = kt_target_notices(&tg, nt, 256)) > 0)
+        got += n;
+    KT_EQ(got, bound);
+    /* intact: a notice is queued again */
+    send_raw(h, notice_hdr(h, KVX_MSGF_DATA, 10, 0), big, 10, UCP_AM_SEND_FLAG_EAGER);
+    settle(&seen.notice_acks, acks + bound + 5);
+    KT_EQ(seen.last_notice_status, 0);
+    KT_EQ(kt_target_notices(&tg, nt, 256), 1);
+    kt_log("notices: 10 malformed dropped, %d over the payload bound refused", 3);
 }
 
 /* ---- 3b: messages naming regions (wire 3) -------------------------------------------------- */
@@ -1207,6 +1294,7 @@ static int attack(void)
     rma_attacks(base, canary);
     KT_EQ(kt_target_canaries(&tg), 0);
     message_attacks(&md);
+    notice_attacks();
     KT_EQ(kt_target_canaries(&tg), 0);
     region_attacks();
     rndv_stall(&md, 1, false); /* the attacker's second endpoint: its stall limit */
