@@ -29,6 +29,9 @@ struct kvx_send {
     /* it names the endpoint it goes on (UCP_AM_SEND_FLAG_REPLY): a HELLO, whose connection
      * then takes the endpoint UCX paired with it (kvx_ucx_ep_accept) */
     bool named;
+    /* memory the message owns (NULL: none), freed once UCX is done with it: a notice's payload,
+     * a copy that outlives the transfer it came from */
+    void *owned;
     uint8_t hdr[KVX_SEND_HDR_MAX];
     kvx_iov_t iov[KVX_WIRE_MAX_RUNS];
 };
@@ -136,6 +139,8 @@ void kvx_ucx_ep_describe(kvx_ucx_ep_t *ep, kvx_lanes_t *l);
 void kvx_ucx_lanes_parse(const char *text, kvx_lanes_t *l);
 /* A message to fill (s->hdr, s->iov, s->xfer_id), then hand to kvx_ucx_send; NULL: no memory. */
 kvx_send_t *kvx_ucx_send_get(kvx_ucx_ep_t *ep);
+/* Give back a message taken and not sent (what it owns is freed). */
+void kvx_ucx_send_drop(kvx_send_t *s);
 /* Send s: hdr_len bytes of s->hdr and the payload s->iov[0..iovcnt) (memory of the region). Returns
  * 0 (UCX is done with it already: s is free again), 1 (UCX holds it: the owner's on_sent follows,
  * and *refs counts it meanwhile), or a negative errno (s is free again). */

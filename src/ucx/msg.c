@@ -23,15 +23,20 @@ kvx_send_t *kvx_ucx_send_get(kvx_ucx_ep_t *e)
     s->xfer_id = 0;
     s->rndv = false;
     s->named = false;
+    s->owned = NULL;
     return s;
 }
 
 static void kvx_ucx_send_put(kvx_send_t *s)
 {
     kvx_ucx_ep_t *e = s->ep;
+    free(s->owned);
+    s->owned = NULL;
     s->next_free = e->free;
     e->free = s;
 }
+
+void kvx_ucx_send_drop(kvx_send_t *s) { kvx_ucx_send_put(s); }
 
 static void kvx_ucx_send_cb(void *req, ucs_status_t status, void *arg)
 {

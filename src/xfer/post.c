@@ -8,6 +8,7 @@
 
 #include <limits.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* Room a message leaves for UCX's own headers on its lane. */
@@ -305,8 +306,9 @@ void kvx_xfer_post(kvx_conn_t *c, size_t budget)
     }
 }
 
-/* A transfer's NOTICE, with its payload (always eager: UCX reads the transfer's copy, counted in
- * x->sending until it let go) or without: 0 (sent or in UCX's hands) or a negative errno. */
+/* A transfer's NOTICE, with its payload (always eager, from a copy the message owns: a transfer
+ * can be reported, and freed, while UCX still holds its notice, as on a tcp connection that
+ * failed and lingers) or without: 0 (sent or in UCX's hands) or a negative errno. */
 static int kvx_xfer_send_notice(kvx_conn_t *c, kvx_xfer_t *x)
 {
     kvx_send_t *s = kvx_ucx_send_get(c->ucx);
@@ -327,7 +329,15 @@ static int kvx_xfer_send_notice(kvx_conn_t *c, kvx_xfer_t *x)
                                   .bytes = x->bytes,
                                   .data_len = x->notice_len}},
         s->hdr);
-    s->iov[0].base = x->notice_data;
+    if (x->notice_len > 0) {
+        s->owned = malloc(x->notice_len);
+        if (s->owned == NULL) {
+            kvx_ucx_send_drop(s);
+            return -ENOMEM;
+        }
+        memcpy(s->owned, x->notice_data, x->notice_len);
+    }
+    s->iov[0].base = s->owned;
     s->iov[0].len = x->notice_len;
     s->xfer_id = x->id;
     rc = kvx_ucx_send(s, hdr_len, x->notice_len > 0 ? 1 : 0, &c->ucx_refs);
