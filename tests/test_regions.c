@@ -961,9 +961,9 @@ static void run_fence(long n)
 /* The owner stopped, 64 writes of ours out of region L in flight towards it (UCX holds what the
  * FIFO or socket did not take): deregistering L ends them (-ECANCELED), each reported before it
  * returns, and L is unmapped at once: should UCX still read it, this process dies (SIGSEGV).
- * Over tcp a failed connection's endpoint lingers while UCX holds its sends (README: a UCX
- * defect forbids closing it), so the deregistration may end -ETIMEDOUT instead, the memory
- * kept; once the owner resumes it goes. */
+ * Over tcp a failed connection's endpoint lingers while UCX holds its sends (a UCX defect
+ * forbids closing it: docs/design.md, "UCX defects kvx works around"), so the deregistration
+ * may end -ETIMEDOUT instead, the memory kept; once the owner resumes it goes. */
 static void run_local(void)
 {
     static uint8_t region[NB * BL];

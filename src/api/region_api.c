@@ -46,8 +46,9 @@ int kvx_region_register(kvx_transport_t *t, void *base, uint64_t len,
 
 /* A deregistration under way. held: our connections whose messages in UCX's hands read or
  * write the region (its transfers' sends and rendezvous receives when it began, and those it
- * closed): a tcp one that fails lingers while UCX still sends what it holds (README, a UCX
- * defect), its transfers reported at once, so the fence waits for its linger to end too. */
+ * closed): a tcp one that fails lingers while UCX still sends what it holds (a UCX defect:
+ * docs/design.md, "UCX defects kvx works around"), its transfers reported at once, so the
+ * fence waits for its linger to end too. */
 #define KVX_DEREG_HELD 16
 typedef struct kvx_dereg {
     kvx_transport_t *t;

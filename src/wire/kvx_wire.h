@@ -125,7 +125,7 @@ enum kvx_msg_type {
     KVX_MSG_PROOF
 };
 #define KVX_MSGF_CRC 1u    /* WRITE, READ_REQ, READ_DATA: checksums are set */
-#define KVX_MSGF_PROOF 2u  /* HELLO, MD_REQ: a proof of the shared secret ends it */
+#define KVX_MSGF_PROOF 2u  /* HELLO, MD_REQ, MD: a proof (MD: a MAC) of the shared secret */
 #define KVX_MSGF_SECRET 4u /* CHALLENGE: the listener requires a proof */
 /* HELLO: the writer takes READ_DATA payloads by rendezvous; HELLO_ACK: the receiver takes WRITE
  * payloads by rendezvous. A sender sends by rendezvous only what its peer said it takes. */

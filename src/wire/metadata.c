@@ -2,9 +2,10 @@
  * The metadata blob a transport hands to its peers: encode and a strict decoder (the fuzz
  * target). Its size depends on the names and UCX addresses, never on the number of blocks.
  *
- * Layout, little-endian, format version 3 (2 is the same bytes, from a kvx whose handshake
- * carries no rendezvous flag):
- *    0  u32 magic "KVXM"         4  u16 version (3)      6  u16 header length (120)
+ * Layout, little-endian, format version 4 (3 is the same bytes, from a kvx of wire version 2,
+ * whose WRITE and READ_REQ name no region; 2 is the same bytes, from a kvx whose handshake
+ * carries no rendezvous flag; any other version is refused, -EPROTONOSUPPORT):
+ *    0  u32 magic "KVXM"         4  u16 version (4)      6  u16 header length (120)
  *    8  u32 total length        12  u32 crc32 of the blob with this field zeroed
  *   16  u64 base address        24  u64 number of blocks 32  u64 block length
  *   40  u64 generation (when the transport was created, ns since the epoch)
