@@ -236,9 +236,14 @@ static void late_writes(void)
     KT_EQ(stale, 0);
     /* every one of the 100 old writes reached the receiver after its fence, and the fence alone
      * kept its bytes out (checked in each round, before the rewrite); nothing else was fenced.
-     * By rendezvous each one's receive was in flight at the fence, which ended it. */
+     * By rendezvous a write whose header came before the fence had its receive in flight,
+     * which the fence ended; one whose writer's UCX sent the header only after the fence (a
+     * loaded host: 10 of 100 once) was dropped as fenced. */
     KT_EQ(rc.drop_fenced + rc.rndv_failed, 100);
-    KT_EQ(rc.rndv_failed, kt_rndv_forced() ? 100 : 0);
+    if (kt_rndv_forced())
+        KT_CHECK(rc.rndv_failed > 0);
+    else
+        KT_EQ(rc.rndv_failed, 0);
     KT_EQ(kt_target_canaries(&tg), 0);
     kvx_transport_destroy(fill);
     kvx_transport_destroy(t);
