@@ -116,16 +116,20 @@ KVX_API void kvx_log_set(kvx_log_fn fn, void *arg, int level);
 
 /** Bits of kvx_params_t.field_mask: a field whose bit is clear takes its documented default. */
 enum kvx_params_field {
-    KVX_PARAM_REGION = 1u << 0,      /**< base, num_blocks, block_len: required (KVX_REGION_MAIN) */
-    KVX_PARAM_AGENT_NAME = 1u << 1,  /**< default: "kvx-<host>-<pid>-<random>" */
-    KVX_PARAM_FINGERPRINT = 1u << 2, /**< default: "" (compatible with every peer) */
-    KVX_PARAM_BACKENDS = 1u << 3,    /**< default: {"ucx"} */
-    KVX_PARAM_NUM_THREADS = 1u << 4, /**< default: 1 */
-    KVX_PARAM_DEADLINE = 1u << 5,    /**< default: 5000 ms */
-    KVX_PARAM_KEEPALIVE = 1u << 6,   /**< default: 1000 ms */
-    KVX_PARAM_LOG = 1u << 7,         /**< default: the process-wide sink of kvx_log_set */
-    KVX_PARAM_STALL = 1u << 8,       /**< default: 2000 ms */
-    KVX_PARAM_SECRET = 1u << 9,      /**< default: none */
+    /** base, num_blocks, block_len: required. The main region (KVX_REGION_MAIN); or none, with
+     *  base NULL, num_blocks 0 and block_len 0 all three (without KVX_PARAM_OWN_REGION): block
+     *  calls then return -ENOENT, the metadata says 0 blocks of 0 bytes, and data moves through
+     *  registered regions and ranges only (kvx_region_register). */
+    KVX_PARAM_REGION = 1u << 0,
+    KVX_PARAM_AGENT_NAME = 1u << 1,   /**< default: "kvx-<host>-<pid>-<random>" */
+    KVX_PARAM_FINGERPRINT = 1u << 2,  /**< default: "" (compatible with every peer) */
+    KVX_PARAM_BACKENDS = 1u << 3,     /**< default: {"ucx"} */
+    KVX_PARAM_NUM_THREADS = 1u << 4,  /**< default: 1 */
+    KVX_PARAM_DEADLINE = 1u << 5,     /**< default: 5000 ms */
+    KVX_PARAM_KEEPALIVE = 1u << 6,    /**< default: 1000 ms */
+    KVX_PARAM_LOG = 1u << 7,          /**< default: the process-wide sink of kvx_log_set */
+    KVX_PARAM_STALL = 1u << 8,        /**< default: 2000 ms */
+    KVX_PARAM_SECRET = 1u << 9,       /**< default: none */
     KVX_PARAM_NET_DEVICES = 1u << 10, /**< default: UCX's (every device) */
     KVX_PARAM_INTEGRITY = 1u << 11,   /**< default: off */
     KVX_PARAM_NOTICES = 1u << 12,     /**< default: 1024 */
@@ -165,7 +169,8 @@ enum kvx_rndv_mode {
 typedef struct kvx_params {
     uint64_t field_mask;
 
-    /** The region: num_blocks blocks of block_len bytes starting at base. It must stay mapped and
+    /** The region: num_blocks blocks of block_len bytes starting at base (all three NULL or 0:
+     *  no main region, KVX_PARAM_REGION). It must stay mapped and
      *  valid until kvx_transport_close returns; kvx never frees it. num_blocks * block_len must
      *  not overflow and must not wrap the address space.
      *

@@ -517,6 +517,73 @@ static void api_owned(void)
     kvx_transport_destroy(t);
 }
 
+/* A transport without a main region (KVX_PARAM_REGION with base NULL, 0 blocks of 0 bytes):
+ * ranges only; block calls -ENOENT; its metadata says 0 blocks, and a peer with a main region of
+ * any block length adds it. */
+static void api_no_main(owner_t *o)
+{
+    static uint8_t buf[10000], other[NB * BL];
+    kvx_params_t p = {.field_mask = KVX_PARAM_REGION | KVX_PARAM_AGENT_NAME | KVX_PARAM_NUM_THREADS,
+                      .agent_name = "nomain",
+                      .num_threads = 1};
+    kvx_params_t q = {.field_mask = KVX_PARAM_REGION | KVX_PARAM_NUM_THREADS,
+                      .base = other,
+                      .num_blocks = NB / 2,
+                      .block_len = 2 * BL};
+    kvx_transport_attr_t a = {.field_mask = KVX_TRANSPORT_ATTR_REGION};
+    uint8_t blob[KVX_REGION_BLOB_MAX], md[8192];
+    size_t blen, mdl = sizeof(md);
+    uint32_t lid, rid, h, l0 = 0;
+    uint64_t id;
+    kvx_transport_t *t, *u;
+    kvx_md_t m;
+
+    kt_rndv_params(&p);
+    KT_OK(kvx_transport_create(&p, &t));
+    KT_OK(kvx_transport_query(t, &a));
+    KT_CHECK(a.base == NULL && a.num_blocks == 0 && a.block_len == 0);
+    KT_EQ(counters(t).registered, 0);
+    KT_ERR(kvx_region_deregister(t, KVX_REGION_MAIN), -ENOENT);
+    KT_OK(kvx_peer_add(t, "o", o->md, o->md_len, NULL));
+    KT_ERR(kvx_xfer_write(t, "o", &l0, &l0, 1, NULL, &id), -ENOENT);
+    KT_OK(kvx_region_register(t, buf, sizeof(buf), NULL, &lid));
+    KT_EQ(lid, 2);
+    fill(buf, sizeof(buf), 13, lid, 0);
+    rid = owner_region(o, 9000, KVX_REGION_WRITE | KVX_REGION_READ, 14, blob, &blen);
+    KT_OK(kvx_region_load(t, "o", blob, blen, &h));
+    KT_OK(kvx_xfer_write_ranges(t, "o", &(kvx_range_t){lid, h, 5, 6, 8000}, 1, NULL, &id));
+    KT_EQ(wait_id(t, id), 0);
+    KT_EQ(owner_verify(o, rid, 6, 8000, 13, lid, 5), 0);
+    memset(buf, 0, sizeof(buf));
+    KT_OK(kvx_xfer_read_ranges(t, "o", &(kvx_range_t){lid, h, 100, 6, 8000}, 1, NULL, &id));
+    KT_EQ(wait_id(t, id), 0);
+    KT_EQ(bad(buf + 100, 8000, 13, lid, 5), 0);
+    /* the owner's main region by ranges too */
+    KT_OK(kvx_xfer_read_ranges(t, "o", &(kvx_range_t){lid, KVX_REGION_MAIN, 0, BL + 1, 999}, 1,
+                               NULL, &id));
+    KT_EQ(wait_id(t, id), 0);
+    KT_EQ(bad(buf, 999, 7, KVX_REGION_MAIN, BL + 1), 0);
+    /* its metadata: no region; a transport of another block length adds it, block calls to it
+     * find no remote main region */
+    KT_OK(kvx_transport_metadata(t, md, &mdl));
+    KT_OK(kvx_md_decode(md, mdl, &m));
+    KT_CHECK(m.base == 0 && m.num_blocks == 0 && m.block_len == 0);
+    q.field_mask |= KVX_PARAM_AGENT_NAME;
+    q.agent_name = "with-main";
+    kt_rndv_params(&q);
+    KT_OK(kvx_transport_create(&q, &u));
+    KT_OK(kvx_peer_add(u, "n", md, mdl, NULL));
+    KT_ERR(kvx_xfer_write(u, "n", &l0, &l0, 1, NULL, &id), -ENOENT);
+    KT_ERR(kvx_xfer_write_ranges(u, "n", &(kvx_range_t){KVX_REGION_MAIN, KVX_REGION_MAIN, 0, 0, 1},
+                                 1, NULL, &id),
+           -ENOENT);
+    kvx_transport_destroy(u);
+    kvx_transport_destroy(t);
+    /* and only all three zero mean none */
+    p.num_blocks = 1;
+    KT_ERR(kvx_transport_create(&p, &t), -EINVAL);
+}
+
 static void run_api(void)
 {
     static uint8_t region[NB * BL], buf[4096];
@@ -539,6 +606,7 @@ static void run_api(void)
         KT_ERR(kvx_region_blob(t, KVX_REGION_MAIN, buf, &(size_t){sizeof(buf)}), -ENOENT);
     }
     kvx_transport_destroy(t);
+    api_no_main(&o);
     owner_stop(&o);
     api_owned();
     kt_log("api: every refusal returned its error and changed nothing");

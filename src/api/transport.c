@@ -54,9 +54,13 @@ static int kvx_params_check(const kvx_params_t *p)
 
     bool own = (p->field_mask & KVX_PARAM_OWN_REGION) != 0;
 
+    if (!(p->field_mask & KVX_PARAM_REGION))
+        return -EINVAL;
+    /* no main region at all: every one of the three says so (ranges only) */
+    if (!own && p->base == NULL && p->num_blocks == 0 && p->block_len == 0)
+        goto region_ok;
     /* an owned region has no base yet: kvx allocates it */
-    if (!(p->field_mask & KVX_PARAM_REGION) || (p->base == NULL) != own || p->num_blocks == 0 ||
-        p->block_len == 0)
+    if ((p->base == NULL) != own || p->num_blocks == 0 || p->block_len == 0)
         return -EINVAL;
     if (p->num_blocks > UINT64_MAX / p->block_len)
         return -EINVAL;
@@ -66,6 +70,7 @@ static int kvx_params_check(const kvx_params_t *p)
     /* indices are 32-bit */
     if (p->num_blocks > UINT32_MAX)
         return -EINVAL;
+region_ok:
     if ((p->field_mask & KVX_PARAM_AGENT_NAME) &&
         (p->agent_name == NULL || !kvx_text_ok(p->agent_name, 1, KVX_NAME_MAX)))
         return -EINVAL;
@@ -263,9 +268,12 @@ static int kvx_transport_start(kvx_transport_t *t, const kvx_params_t *params)
         t->core.base = base;
         t->owned = true;
     }
-    /* the main region, KVX_REGION_MAIN, among the others (its capability is the connection's) */
-    rc = kvx_region_add(&t->core, t->core.base, t->core.region_len,
-                        KVX_REGION_WRITE | KVX_REGION_READ, (const uint8_t[16]){0}, true, &main);
+    /* the main region, KVX_REGION_MAIN, among the others (its capability is the connection's);
+     * none for a transport made without one */
+    rc = t->core.base == NULL ? 0
+                              : kvx_region_add(&t->core, t->core.base, t->core.region_len,
+                                               KVX_REGION_WRITE | KVX_REGION_READ,
+                                               (const uint8_t[16]){0}, true, &main);
     if (rc < 0)
         goto err_ucx;
     rc = kvx_metadata_build(t);

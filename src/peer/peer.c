@@ -84,7 +84,9 @@ int kvx_peer_check(const kvx_core_t *core, const kvx_md_t *md, const kvx_peer_pa
         *why = "base address, block count or block length disagree with the metadata";
         return -EINVAL;
     }
-    if (md->block_len != core->block_len) {
+    /* block calls run between the two main regions: a side without one (ranges only) takes
+     * any block length */
+    if (md->block_len != core->block_len && md->num_blocks != 0 && core->num_blocks != 0) {
         *why = "block length differs from ours";
         return -KVX_EINCOMPAT;
     }

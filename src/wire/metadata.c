@@ -156,10 +156,12 @@ int kvx_md_decode(const void *data, size_t len, kvx_md_t *md)
            ((flags & KVX_MDF_MAC) ? KVX_MAC_LEN : 0);
     if (need != len)
         return -EBADMSG;
-    /* block indices are 32-bit: a larger region cannot be addressed (nor made by kvx) */
-    if (num_blocks == 0 || num_blocks > UINT32_MAX || block_len == 0 ||
-        num_blocks > UINT64_MAX / block_len || base > UINT64_MAX - num_blocks * block_len ||
-        base == 0)
+    /* block indices are 32-bit: a larger region cannot be addressed (nor made by kvx); a
+     * transport without a main region says so with all three zero */
+    if ((num_blocks == 0 || num_blocks > UINT32_MAX || block_len == 0 ||
+         num_blocks > UINT64_MAX / block_len || base > UINT64_MAX - num_blocks * block_len ||
+         base == 0) &&
+        (base != 0 || num_blocks != 0 || block_len != 0))
         return -EBADMSG;
 
     const uint8_t *p = buf + KVX_MD_HDR_LEN;

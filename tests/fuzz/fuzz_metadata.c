@@ -28,8 +28,10 @@ static void check(const uint8_t *data, size_t size)
     /* what the decoder hands on stays inside the input and is well formed */
     if (md.worker_addr < data || md.worker_addr + md.worker_addr_len > data + size ||
         md.agent_name[0] == '\0' || strlen(md.agent_name) > KVX_NAME_MAX ||
-        strlen(md.fingerprint) > KVX_FINGERPRINT_MAX || md.num_blocks == 0 ||
-        md.num_blocks > UINT32_MAX || md.block_len == 0 ||
+        strlen(md.fingerprint) > KVX_FINGERPRINT_MAX ||
+        /* a region, or none (all three zero: a transport without a main region) */
+        (md.num_blocks == 0) != (md.block_len == 0) || (md.num_blocks == 0) != (md.base == 0) ||
+        md.num_blocks > UINT32_MAX ||
         ((md.flags & KVX_MDF_MAC) && (md.mac < data || md.mac + KVX_MAC_LEN != data + size)))
         abort();
     /* canonical: encoding what was decoded gives the same bytes (signed with the fuzzer's own
