@@ -235,6 +235,36 @@ int main(int argc, char **argv)
     }
     kt_log("the payload bound: ok");
 
+    /* a notice alone moves no byte: it needs no main region on either side (a transport made
+     * without one, and a writer whose main region is deregistered) */
+    {
+        kvx_params_t np = {.field_mask = KVX_PARAM_REGION | KVX_PARAM_AGENT_NAME,
+                           .agent_name = "nd-regionless"};
+        kvx_transport_t *bare;
+        uint8_t *bmd;
+        size_t bmdl;
+
+        KT_OK(kvx_transport_create(&np, &bare));
+        bmd = kt_metadata(rx, &bmdl);
+        KT_OK(kvx_peer_add(bare, "rx", bmd, bmdl, NULL));
+        free(bmd);
+        fill_payload(payload, 333, 9);
+        KT_OK(kvx_notice_send(bare, "rx", payload, 333));
+        wait_notice(rx, out);
+        check_payload(&out[0], 333, 9);
+        KT_EQ(strcmp(out[0].writer, "nd-regionless"), 0);
+        kvx_transport_destroy(bare);
+
+        KT_OK(kvx_region_deregister(tx, KVX_REGION_MAIN));
+        fill_payload(payload, 77, 10);
+        KT_OK(kvx_notice_send(tx, "rx", payload, 77));
+        wait_notice(rx, out);
+        check_payload(&out[0], 77, 10);
+        li[0] = ri[0] = 1;
+        KT_ERR(kvx_xfer_write(tx, "rx", li, ri, 1, NULL, &id), -ENOENT); /* blocks need it */
+    }
+    kt_log("a notice alone without a main region: ok");
+
     /* nothing more came out of the writer's poll: standalone notices are never reported */
     KT_EQ(kvx_transport_poll(tx, NULL, c, 4), 0);
     KT_OK(kvx_peer_remove(tx, "rx"));
