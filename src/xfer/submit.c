@@ -174,6 +174,8 @@ static int kvx_xfer_build_runs(kvx_core_t *core, kvx_xfer_t *x, kvx_peer_t *p, i
     x->bytes = 0;
     if (rc < 0)
         return rc;
+    if (src->count == 0) /* a notice alone (kvx_notice_send): no byte, no region */
+        return 0;
     if (src->ranges != NULL)
         return kvx_xfer_build_ranges(core, x, p, op, src);
     /* a peer pairing again: checked against the region last known, and again when it is back */
