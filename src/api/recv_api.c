@@ -120,37 +120,36 @@ int kvx_fence(kvx_transport_t *t, const char *writer, const uint64_t *tags, size
     return kvx_fence_ex(t, writer, tags, ntags, 0);
 }
 
-int kvx_notice_poll(kvx_transport_t *t, kvx_notice_t *out, size_t max)
+/* Take up to max notices, after one progress step: into out, or with their payloads copied
+ * into buf (dout). */
+static int kvx_notice_take_any(kvx_transport_t *t, kvx_notice_t *out, kvx_notice_data_t *dout,
+                               size_t max, void *buf, size_t cap)
 {
-    size_t n;
+    int n;
 
-    if (t == NULL || (out == NULL && max != 0))
-        return -EINVAL;
     if (max > INT32_MAX)
         max = INT32_MAX;
     if (kvx_enter(&t->core) < 0)
         return -ESHUTDOWN;
     kvx_progress_step(&t->engine);
-    n = kvx_notice_take(&t->recv, out, max);
+    n = dout != NULL ? kvx_notice_take_data(&t->recv, dout, max, buf, cap)
+                     : (int)kvx_notice_take(&t->recv, out, max);
     kvx_events_update(&t->engine);
     kvx_unlock(&t->core);
-    return (int)n;
+    return n;
+}
+
+int kvx_notice_poll(kvx_transport_t *t, kvx_notice_t *out, size_t max)
+{
+    if (t == NULL || (out == NULL && max != 0))
+        return -EINVAL;
+    return kvx_notice_take_any(t, out, NULL, max, NULL, 0);
 }
 
 int kvx_notice_poll_data(kvx_transport_t *t, kvx_notice_data_t *out, size_t max, void *buf,
                          size_t cap)
 {
-    int n;
-
     if (t == NULL || out == NULL || max == 0 || (buf == NULL && cap > 0))
         return -EINVAL;
-    if (max > INT32_MAX)
-        max = INT32_MAX;
-    if (kvx_enter(&t->core) < 0)
-        return -ESHUTDOWN;
-    kvx_progress_step(&t->engine);
-    n = kvx_notice_take_data(&t->recv, out, max, buf, cap);
-    kvx_events_update(&t->engine);
-    kvx_unlock(&t->core);
-    return n;
+    return kvx_notice_take_any(t, NULL, out, max, buf, cap);
 }
