@@ -66,8 +66,7 @@ KVX_API int kvx_region_deregister(kvx_transport_t *transport, uint32_t region);
 
 /** A region's blob for peers (what NIXL calls its public data): into buf, *len_p in/out
  *  (-ENOSPC: too small, *len_p the size needed). Stable for the region's life. -ENOENT. */
-KVX_API int kvx_region_blob(kvx_transport_t *transport, uint32_t region, void *buf,
-                            size_t *len_p);
+KVX_API int kvx_region_blob(kvx_transport_t *transport, uint32_t region, void *buf, size_t *len_p);
 
 /**
  * Load a peer's region blob for peer_id (added already): returns 0 and *handle_p (>= 2), which

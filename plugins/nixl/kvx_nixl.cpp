@@ -23,12 +23,13 @@
 #include <unordered_map>
 #include <vector>
 
-namespace {
+namespace
+{
 
 // ---- statuses -----------------------------------------------------------------------------------
 
-nixl_status_t
-toNixl(int err) {
+nixl_status_t toNixl(int err)
+{
     switch (err) {
     case 0:
         return NIXL_SUCCESS;
@@ -60,8 +61,8 @@ toNixl(int err) {
 
 // ---- names: kvx's are 1..KVX_NAME_MAX printable ASCII characters without spaces -----------------
 
-uint64_t
-fnv1a64(const std::string &s) {
+uint64_t fnv1a64(const std::string &s)
+{
     uint64_t h = 0xcbf29ce484222325ull;
     for (unsigned char c : s)
         h = (h ^ c) * 0x100000001b3ull;
@@ -70,8 +71,8 @@ fnv1a64(const std::string &s) {
 
 // A NIXL agent name as kvx's agent name and peer id: itself when kvx takes it, else a prefix of
 // it (other bytes as '_') and a hash of all of it, the same in every process.
-std::string
-kvxName(const std::string &nixl) {
+std::string kvxName(const std::string &nixl)
+{
     bool ok = !nixl.empty() && nixl.size() <= KVX_NAME_MAX;
     for (unsigned char c : nixl)
         ok = ok && c >= 0x21 && c <= 0x7e;
@@ -87,7 +88,8 @@ kvxName(const std::string &nixl) {
     return out + hash;
 }
 
-// ---- backend parameters: kvx's options, listed with their defaults -------------------------------
+// ---- backend parameters: kvx's options, listed with their defaults
+// -------------------------------
 
 struct kvxOption {
     const char *name, *def, *env;
@@ -103,8 +105,8 @@ constexpr kvxOption kvxOptions[] = {
     {"integrity", "0", "KVX_INTEGRITY"},          {"notice_queue", "1024", "KVX_NOTICE_QUEUE"},
 };
 
-nixl_b_params_t
-kvxDefaultParams() {
+nixl_b_params_t kvxDefaultParams()
+{
     nixl_b_params_t p;
     for (const auto &o : kvxOptions)
         p[o.name] = o.def;
@@ -124,7 +126,9 @@ struct kvxLocalMD : nixlBackendMD {
 
 struct kvxRemoteMD : nixlBackendMD {
     kvxRemoteMD(std::string p, uint32_t h, uintptr_t b)
-        : nixlBackendMD(false), peer(std::move(p)), handle(h), base(b) {}
+        : nixlBackendMD(false), peer(std::move(p)), handle(h), base(b)
+    {
+    }
     const std::string peer; // kvx's peer id
     const uint32_t handle;
     const uintptr_t base; // the peer's address of the registration: absolute -> offset
@@ -144,9 +148,11 @@ struct kvxDone {
     uint64_t bytes, duration_ns;
 };
 
-class kvxEngine : public nixlBackendEngine {
-public:
-    explicit kvxEngine(const nixlBackendInitParams *p) : nixlBackendEngine(p) {
+class kvxEngine : public nixlBackendEngine
+{
+  public:
+    explicit kvxEngine(const nixlBackendInitParams *p) : nixlBackendEngine(p)
+    {
         std::string err;
         if (!create(err)) {
             NIXL_ERROR << "KVX: " << err;
@@ -161,16 +167,17 @@ public:
     bool supportsNotif() const override { return true; }
     nixl_mem_list_t getSupportedMems() const override { return {DRAM_SEG}; }
 
-    nixl_status_t
-    registerMem(const nixlBlobDesc &mem, const nixl_mem_t &kind, nixlBackendMD *&out) override {
+    nixl_status_t registerMem(const nixlBlobDesc &mem, const nixl_mem_t &kind,
+                              nixlBackendMD *&out) override
+    {
         if (kind != DRAM_SEG) {
             NIXL_ERROR << "KVX: cannot register " << memName(kind) << " memory: kvx moves host "
                        << "memory (DRAM) only; register GPU memory with another backend (UCX)";
             return NIXL_ERR_NOT_SUPPORTED;
         }
         uint32_t region;
-        const int rc = kvx_region_register(t_, reinterpret_cast<void *>(mem.addr), mem.len,
-                                           nullptr, &region);
+        const int rc =
+            kvx_region_register(t_, reinterpret_cast<void *>(mem.addr), mem.len, nullptr, &region);
         if (rc < 0)
             return fail("kvx_region_register", rc);
         out = keep(std::make_unique<kvxLocalMD>(region, mem.addr));
@@ -178,8 +185,8 @@ public:
     }
 
     // kvx_region_deregister is the fence: once it returns no peer byte lands in the range.
-    nixl_status_t
-    deregisterMem(nixlBackendMD *meta) override {
+    nixl_status_t deregisterMem(nixlBackendMD *meta) override
+    {
         auto *md = dynamic_cast<kvxLocalMD *>(meta);
         if (md == nullptr)
             return NIXL_ERR_INVALID_PARAM;
@@ -187,8 +194,8 @@ public:
         return rc < 0 ? fail("kvx_region_deregister", rc) : NIXL_SUCCESS;
     }
 
-    nixl_status_t
-    getPublicData(const nixlBackendMD *meta, std::string &str) const override {
+    nixl_status_t getPublicData(const nixlBackendMD *meta, std::string &str) const override
+    {
         auto *md = dynamic_cast<const kvxLocalMD *>(meta);
         if (md == nullptr)
             return NIXL_ERR_INVALID_PARAM;
@@ -201,14 +208,14 @@ public:
         return NIXL_SUCCESS;
     }
 
-    nixl_status_t
-    getConnInfo(std::string &str) const override {
+    nixl_status_t getConnInfo(std::string &str) const override
+    {
         str = connInfo_; // kvx's metadata: constant for the transport's life
         return NIXL_SUCCESS;
     }
 
-    nixl_status_t
-    loadRemoteConnInfo(const std::string &agent, const std::string &info) override {
+    nixl_status_t loadRemoteConnInfo(const std::string &agent, const std::string &info) override
+    {
         const std::string id = kvxName(agent);
         {
             std::shared_lock g(peersLock_);
@@ -238,14 +245,14 @@ public:
         return NIXL_SUCCESS;
     }
 
-    nixl_status_t
-    connect(const std::string &agent) override {
+    nixl_status_t connect(const std::string &agent) override
+    {
         return peerOf(agent).empty() ? NIXL_ERR_NOT_FOUND : NIXL_SUCCESS; // added = wired
     }
 
     // Its transfers in flight fail (-ECONNABORTED) and come out of checkXfer as errors.
-    nixl_status_t
-    disconnect(const std::string &agent) override {
+    nixl_status_t disconnect(const std::string &agent) override
+    {
         std::string id;
         {
             std::unique_lock g(peersLock_);
@@ -260,11 +267,9 @@ public:
         return rc < 0 ? fail("kvx_peer_remove", rc) : NIXL_SUCCESS;
     }
 
-    nixl_status_t
-    loadRemoteMD(const nixlBlobDesc &in,
-                 const nixl_mem_t &kind,
-                 const std::string &agent,
-                 nixlBackendMD *&out) override {
+    nixl_status_t loadRemoteMD(const nixlBlobDesc &in, const nixl_mem_t &kind,
+                               const std::string &agent, nixlBackendMD *&out) override
+    {
         if (kind != DRAM_SEG)
             return NIXL_ERR_NOT_SUPPORTED;
         const std::string id = peerOf(agent);
@@ -279,8 +284,8 @@ public:
         return NIXL_SUCCESS;
     }
 
-    nixl_status_t
-    unloadMD(nixlBackendMD *in) override {
+    nixl_status_t unloadMD(nixlBackendMD *in) override
+    {
         auto *md = dynamic_cast<kvxRemoteMD *>(in);
         if (md == nullptr)
             return NIXL_ERR_INVALID_PARAM;
@@ -289,13 +294,10 @@ public:
     }
 
     // The plan: one kvx_range_t per descriptor pair; kvx checks and coalesces it at each post.
-    nixl_status_t
-    prepXfer(const nixl_xfer_op_t &op,
-             const nixl_meta_dlist_t &local,
-             const nixl_meta_dlist_t &remote,
-             const std::string &agent,
-             nixlBackendReqH *&handle,
-             const nixl_opt_b_args_t *) const override {
+    nixl_status_t prepXfer(const nixl_xfer_op_t &op, const nixl_meta_dlist_t &local,
+                           const nixl_meta_dlist_t &remote, const std::string &agent,
+                           nixlBackendReqH *&handle, const nixl_opt_b_args_t *) const override
+    {
         const std::string id = peerOf(agent);
         if (id.empty())
             return NIXL_ERR_NOT_FOUND;
@@ -320,13 +322,10 @@ public:
 
     // A notification rides on the transfer as its notice payload: the receiver (the peer read
     // from, for a READ) gets it only once every byte landed.
-    nixl_status_t
-    postXfer(const nixl_xfer_op_t &op,
-             const nixl_meta_dlist_t &,
-             const nixl_meta_dlist_t &,
-             const std::string &,
-             nixlBackendReqH *&handle,
-             const nixl_opt_b_args_t *opt) const override {
+    nixl_status_t postXfer(const nixl_xfer_op_t &op, const nixl_meta_dlist_t &,
+                           const nixl_meta_dlist_t &, const std::string &, nixlBackendReqH *&handle,
+                           const nixl_opt_b_args_t *opt) const override
+    {
         auto *r = static_cast<kvxReqH *>(handle);
         kvx_nixl_xfer_params_t p{};
         if (opt != nullptr && opt->hasNotif) {
@@ -340,9 +339,8 @@ public:
             p.notice_len = opt->notifMsg.size();
         }
         uint64_t id;
-        const int rc =
-            (op == NIXL_WRITE ? kvx_xfer_write_ranges : kvx_xfer_read_ranges)(
-                t_, r->peer.c_str(), r->plan.data(), r->plan.size(), KVX_NIXL_XFER_PARAMS(&p), &id);
+        const int rc = (op == NIXL_WRITE ? kvx_xfer_write_ranges : kvx_xfer_read_ranges)(
+            t_, r->peer.c_str(), r->plan.data(), r->plan.size(), KVX_NIXL_XFER_PARAMS(&p), &id);
         if (rc < 0)
             return fail(op == NIXL_WRITE ? "kvx_xfer_write_ranges" : "kvx_xfer_read_ranges", rc);
         std::lock_guard g(doneLock_);
@@ -351,8 +349,8 @@ public:
         return NIXL_IN_PROG;
     }
 
-    nixl_status_t
-    checkXfer(nixlBackendReqH *handle) const override {
+    nixl_status_t checkXfer(nixlBackendReqH *handle) const override
+    {
         auto *r = static_cast<kvxReqH *>(handle);
         nixl_status_t st = take(r);
         if (st != NIXL_IN_PROG)
@@ -363,8 +361,8 @@ public:
 
     // Releasing a transfer in flight is kvx's honest cancel: when this returns, kvx no longer
     // touches its bytes (or the wait for kvx to say so exceeded kvx's own bound: an error).
-    nixl_status_t
-    releaseReqH(nixlBackendReqH *handle) const override {
+    nixl_status_t releaseReqH(nixlBackendReqH *handle) const override
+    {
         auto *r = static_cast<kvxReqH *>(handle);
         if (r->id != 0 && take(r) == NIXL_IN_PROG) {
             uint64_t pending = 0;
@@ -386,8 +384,8 @@ public:
         return NIXL_SUCCESS;
     }
 
-    nixl_status_t
-    getNotifs(notif_list_t &list) override {
+    nixl_status_t getNotifs(notif_list_t &list) override
+    {
         std::lock_guard g(noticeLock_);
         kvx_notice_data_t out[32];
         for (;;) {
@@ -395,16 +393,16 @@ public:
             if (n < 0)
                 return fail("kvx_notice_poll_data", n);
             for (int i = 0; i < n; i++)
-                list.emplace_back(nixlNameOf(out[i].writer),
-                                  std::string(static_cast<const char *>(out[i].data),
-                                              out[i].data_len));
+                list.emplace_back(
+                    nixlNameOf(out[i].writer),
+                    std::string(static_cast<const char *>(out[i].data), out[i].data_len));
             if (n < 32)
                 return NIXL_SUCCESS;
         }
     }
 
-    nixl_status_t
-    genNotif(const std::string &agent, const std::string &msg) const override {
+    nixl_status_t genNotif(const std::string &agent, const std::string &msg) const override
+    {
         const std::string id = peerOf(agent);
         if (id.empty())
             return NIXL_ERR_NOT_FOUND;
@@ -412,14 +410,14 @@ public:
         return rc < 0 ? fail("kvx_notice_send", rc) : NIXL_SUCCESS;
     }
 
-private:
-    bool
-    create(std::string &err) {
+  private:
+    bool create(std::string &err)
+    {
         kvx_params_t p{};
         std::string v, secret, devices;
         p.field_mask = KVX_PARAM_AGENT_NAME | KVX_PARAM_DEADLINE | KVX_PARAM_STALL |
-            KVX_PARAM_KEEPALIVE | KVX_PARAM_NUM_THREADS | KVX_PARAM_RNDV | KVX_PARAM_INTEGRITY |
-            KVX_PARAM_NOTICES;
+                       KVX_PARAM_KEEPALIVE | KVX_PARAM_NUM_THREADS | KVX_PARAM_RNDV |
+                       KVX_PARAM_INTEGRITY | KVX_PARAM_NOTICES;
         const std::string name = kvxName(localAgent);
         p.agent_name = name.c_str();
         uint64_t n[7];
@@ -443,10 +441,10 @@ private:
         p.integrity = n[5] != 0;
         p.notice_queue = n[6];
         v = option("rndv_mode");
-        p.rndv_mode = v == "auto" ? KVX_RNDV_AUTO :
-            v == "eager"          ? KVX_RNDV_EAGER :
-            v == "always"         ? KVX_RNDV_ALWAYS :
-                                    -1;
+        p.rndv_mode = v == "auto"     ? KVX_RNDV_AUTO
+                      : v == "eager"  ? KVX_RNDV_EAGER
+                      : v == "always" ? KVX_RNDV_ALWAYS
+                                      : -1;
         if (p.rndv_mode < 0) {
             err = "backend parameter rndv_mode = '" + v + "': auto, eager or always";
             return false;
@@ -498,8 +496,8 @@ private:
         return true;
     }
 
-    std::string
-    option(const char *name) const {
+    std::string option(const char *name) const
+    {
         const kvxOption *o = nullptr;
         for (const auto &x : kvxOptions)
             if (std::strcmp(x.name, name) == 0)
@@ -512,8 +510,8 @@ private:
         return o->def;
     }
 
-    static const char *
-    memName(nixl_mem_t k) {
+    static const char *memName(nixl_mem_t k)
+    {
         switch (k) {
         case VRAM_SEG:
             return "VRAM (GPU)";
@@ -528,8 +526,8 @@ private:
         }
     }
 
-    static nixl_telemetry_event_type_t
-    errEvent(nixl_status_t st) {
+    static nixl_telemetry_event_type_t errEvent(nixl_status_t st)
+    {
         using ev = nixl_telemetry_event_type_t;
         switch (st) {
         case NIXL_ERR_REMOTE_DISCONNECT:
@@ -547,28 +545,28 @@ private:
         }
     }
 
-    nixl_status_t
-    fail(const char *call, int rc) const {
+    nixl_status_t fail(const char *call, int rc) const
+    {
         NIXL_ERROR << "KVX: " << call << ": " << kvx_strerror(rc);
         return toNixl(rc);
     }
 
-    nixlBackendMD *
-    keep(std::unique_ptr<nixlBackendMD> md) {
+    nixlBackendMD *keep(std::unique_ptr<nixlBackendMD> md)
+    {
         std::lock_guard g(mdLock_);
         mds_.push_back(std::move(md));
         return mds_.back().get();
     }
 
-    std::string
-    peerOf(const std::string &agent) const {
+    std::string peerOf(const std::string &agent) const
+    {
         std::shared_lock g(peersLock_);
         auto it = peers_.find(agent);
         return it == peers_.end() ? std::string() : it->second;
     }
 
-    std::string
-    nixlNameOf(const char *writer) const {
+    std::string nixlNameOf(const char *writer) const
+    {
         std::shared_lock g(peersLock_);
         auto it = nixlNames_.find(writer);
         return it == nixlNames_.end() ? std::string(writer) : it->second;
@@ -576,8 +574,8 @@ private:
 
     // Completions go from kvx into the table (one thread drains at a time; the others find
     // what it drained), and each one out of it to the handle whose id it carries.
-    void
-    drain() const {
+    void drain() const
+    {
         std::unique_lock d(drainLock_, std::try_to_lock);
         if (!d.owns_lock())
             return;
@@ -591,8 +589,8 @@ private:
         } while (n == 64);
     }
 
-    nixl_status_t
-    take(kvxReqH *r) const {
+    nixl_status_t take(kvxReqH *r) const
+    {
         kvxDone d;
         {
             std::lock_guard g(doneLock_);
@@ -609,8 +607,8 @@ private:
             auto *self = const_cast<kvxEngine *>(this);
             const bool read = (d.flags & KVX_COMPLETION_READ) != 0;
             if (d.status == 0)
-                self->addTelemetryEvent(read ? nixl_telemetry_event_type_t::AGENT_RX_BYTES :
-                                               nixl_telemetry_event_type_t::AGENT_TX_BYTES,
+                self->addTelemetryEvent(read ? nixl_telemetry_event_type_t::AGENT_RX_BYTES
+                                             : nixl_telemetry_event_type_t::AGENT_TX_BYTES,
                                         d.bytes);
             else
                 self->addTelemetryEvent(errEvent(r->final), 1);
@@ -640,11 +638,10 @@ private:
 
 } // namespace
 
-extern "C" NIXL_PLUGIN_EXPORT nixlBackendPlugin *
-nixl_plugin_init() {
+extern "C" NIXL_PLUGIN_EXPORT nixlBackendPlugin *nixl_plugin_init()
+{
     return nixlBackendPluginCreator<kvxEngine>::create(
         NIXL_PLUGIN_API_VERSION, "KVX", KVX_VERSION_STRING, kvxDefaultParams(), {DRAM_SEG});
 }
 
-extern "C" NIXL_PLUGIN_EXPORT void
-nixl_plugin_fini() {}
+extern "C" NIXL_PLUGIN_EXPORT void nixl_plugin_fini() {}

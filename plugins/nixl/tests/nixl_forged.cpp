@@ -26,7 +26,8 @@
 #include <unistd.h>
 #include <vector>
 
-namespace {
+namespace
+{
 
 std::string backend = "UCX";
 
@@ -34,7 +35,8 @@ struct Engine {
     nixlBackendPlugin *plugin;
     nixlBackendEngine *e;
     nixl_b_params_t params;
-    Engine(nixlBackendPlugin *p, const std::string &name) : plugin(p) {
+    Engine(nixlBackendPlugin *p, const std::string &name) : plugin(p)
+    {
         params = p->get_backend_options();
         nixlBackendInitParams ip;
         ip.localAgent = name;
@@ -50,8 +52,8 @@ struct Engine {
     ~Engine() { plugin->destroy_engine(e); }
 };
 
-nixlBackendPlugin *
-loadPlugin() {
+nixlBackendPlugin *loadPlugin()
+{
     const char *dir = std::getenv("NIXL_PLUGIN_DIR");
     const std::string path = std::string(dir ? dir : ".") + "/libplugin_" + backend + ".so";
     void *h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
@@ -63,15 +65,15 @@ loadPlugin() {
     return init();
 }
 
-std::string
-flip(std::string s, size_t at) {
+std::string flip(std::string s, size_t at)
+{
     if (!s.empty())
         s[at % s.size()] ^= 0x5a;
     return s;
 }
 
-std::string
-randomLike(const std::string &s) {
+std::string randomLike(const std::string &s)
+{
     std::mt19937 g(7);
     std::string r(s.size(), 0);
     for (auto &c : r)
@@ -81,9 +83,9 @@ randomLike(const std::string &s) {
 
 struct Case {
     std::string name;
-    bool genuine;                         // expected accepted; otherwise forged: refused
-    bool agentLevel;                      // outcome only (NIXL's parser decides what passes)
-    std::function<nixl_status_t()> run;   // in the child
+    bool genuine;                       // expected accepted; otherwise forged: refused
+    bool agentLevel;                    // outcome only (NIXL's parser decides what passes)
+    std::function<nixl_status_t()> run; // in the child
 };
 
 std::vector<uint8_t> buf(1 << 20, 1);
@@ -93,7 +95,8 @@ struct Peer {
     std::unique_ptr<Engine> eng;
     nixlBackendMD *md = nullptr;
     std::string ci, pub;
-    Peer(nixlBackendPlugin *p, const std::string &name) : eng(new Engine(p, name)) {
+    Peer(nixlBackendPlugin *p, const std::string &name) : eng(new Engine(p, name))
+    {
         nixlBlobDesc d(reinterpret_cast<uintptr_t>(buf.data()), buf.size(), 0, "");
         if (eng->e->registerMem(d, DRAM_SEG, md) != NIXL_SUCCESS ||
             eng->e->getPublicData(md, pub) != NIXL_SUCCESS ||
@@ -104,8 +107,8 @@ struct Peer {
     }
 };
 
-std::vector<Case>
-cases() {
+std::vector<Case> cases()
+{
     std::vector<Case> c;
     auto conn = [&](std::string name, bool genuine, std::function<std::string(const Peer &)> f,
                     std::string as = "forge-b") {
@@ -129,8 +132,9 @@ cases() {
     for (int k = 0; k < 6; k++)
         conn("a byte flipped at " + std::to_string(k) + "/6", false,
              [k](const Peer &b) { return flip(b.ci, b.ci.size() * k / 6 + 3); });
-    conn("the peer's, claimed by another agent name", false,
-         [](const Peer &b) { return b.ci; }, "someone-else");
+    conn(
+        "the peer's, claimed by another agent name", false, [](const Peer &b) { return b.ci; },
+        "someone-else");
     conn("one's own", false, [](const Peer &) { return std::string("<own>"); });
 
     auto md = [&](std::string name, bool genuine, std::function<std::string(const Peer &)> f,
@@ -164,9 +168,10 @@ cases() {
     for (int k = 0; k < 6; k++)
         md("a byte flipped at " + std::to_string(k) + "/6", false,
            [k](const Peer &b) { return flip(b.pub, b.pub.size() * k / 6 + 1); });
-    md("genuine, for an agent never loaded", false, [](const Peer &b) { return b.pub; },
-       "nobody");
-    md("genuine, as VRAM", false, [](const Peer &b) { return b.pub; }, "forge-b", VRAM_SEG);
+    md(
+        "genuine, for an agent never loaded", false, [](const Peer &b) { return b.pub; }, "nobody");
+    md(
+        "genuine, as VRAM", false, [](const Peer &b) { return b.pub; }, "forge-b", VRAM_SEG);
     md("a third agent's, for this one", false, [](const Peer &) { return std::string("<third>"); });
 
     c.push_back({"registerMem: VRAM", false, false, []() {
@@ -189,8 +194,8 @@ cases() {
                              b.createBackend(backend, pb, hb) != NIXL_SUCCESS)
                              return NIXL_ERR_UNKNOWN;
                          nixl_reg_dlist_t r(DRAM_SEG);
-                         r.addDesc(nixlBlobDesc(reinterpret_cast<uintptr_t>(buf.data()),
-                                                buf.size(), 0, ""));
+                         r.addDesc(nixlBlobDesc(reinterpret_cast<uintptr_t>(buf.data()), buf.size(),
+                                                0, ""));
                          std::string md, name;
                          if (b.registerMem(r) != NIXL_SUCCESS || b.getLocalMD(md) != NIXL_SUCCESS)
                              return NIXL_ERR_UNKNOWN;
@@ -211,8 +216,8 @@ cases() {
 
 } // namespace
 
-int
-main(int argc, char **argv) {
+int main(int argc, char **argv)
+{
     bool strict = false;
     int only = -1;
     for (int i = 1; i < argc; i++) {
@@ -275,6 +280,8 @@ main(int argc, char **argv) {
                  "nixl_forged %s: %zu cases, %d crashed, %d forged inputs accepted (engine "
                  "and agent level): %s\n",
                  backend.c_str(), all.size(), crashed, accepted_forged,
-                 !strict ? "shown" : bad == 0 ? "PASS" : "FAIL");
+                 !strict    ? "shown"
+                 : bad == 0 ? "PASS"
+                            : "FAIL");
     return strict && bad != 0 ? 1 : 0;
 }

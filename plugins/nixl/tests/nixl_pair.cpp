@@ -27,7 +27,8 @@
 #include <unistd.h>
 #include <vector>
 
-namespace {
+namespace
+{
 
 using clk = std::chrono::steady_clock;
 
@@ -36,34 +37,34 @@ std::string backend = "UCX", mode = "xfer";
 long bound_ms = -1;
 bool expect_fence = false;
 
-[[noreturn]] void
-die(const std::string &what) {
+[[noreturn]] void die(const std::string &what)
+{
     std::fprintf(stderr, "nixl_pair: %s\n", what.c_str());
     std::exit(1);
 }
 
-void
-check(nixl_status_t st, const char *what) {
+void check(nixl_status_t st, const char *what)
+{
     if (st != NIXL_SUCCESS)
         die(std::string(what) + ": " + nixlEnumStrings::statusStr(st));
 }
 
-void
-send(const std::string &line) {
+void send(const std::string &line)
+{
     std::fprintf(proto, "%s\n", line.c_str());
     std::fflush(proto);
 }
 
-std::string
-recv() {
+std::string recv()
+{
     std::string line;
     if (!std::getline(std::cin, line))
         die("the other side exited");
     return line;
 }
 
-std::string
-hex(const std::string &s) {
+std::string hex(const std::string &s)
+{
     static const char *d = "0123456789abcdef";
     std::string h;
     for (unsigned char c : s) {
@@ -73,53 +74,54 @@ hex(const std::string &s) {
     return h;
 }
 
-std::string
-unhex(const std::string &h) {
+std::string unhex(const std::string &h)
+{
     std::string s;
     for (size_t i = 0; i + 1 < h.size(); i += 2)
         s += static_cast<char>(std::stoi(h.substr(i, 2), nullptr, 16));
     return s;
 }
 
-uint8_t
-pat(size_t buf, size_t i, unsigned salt = 0) {
+uint8_t pat(size_t buf, size_t i, unsigned salt = 0)
+{
     return static_cast<uint8_t>((i * 131 + buf * 17 + salt * 7 + (i >> 12)) ^ (i >> 7));
 }
 
 struct Agent {
     nixlAgent a;
     nixlBackendH *b = nullptr;
-    explicit Agent(const std::string &name) : a(name, nixlAgentConfig(true)) {
+    explicit Agent(const std::string &name) : a(name, nixlAgentConfig(true))
+    {
         nixl_mem_list_t mems;
         nixl_b_params_t params;
         check(a.getPluginParams(backend, mems, params), "getPluginParams");
         check(a.createBackend(backend, params, b), "createBackend");
     }
-    nixl_reg_dlist_t
-    reg(const std::vector<std::pair<uint8_t *, size_t>> &bufs) {
+    nixl_reg_dlist_t reg(const std::vector<std::pair<uint8_t *, size_t>> &bufs)
+    {
         nixl_reg_dlist_t d(DRAM_SEG);
         for (auto &[p, n] : bufs)
             d.addDesc(nixlBlobDesc(reinterpret_cast<uintptr_t>(p), n, 0, ""));
         check(a.registerMem(d), "registerMem");
         return d;
     }
-    std::string
-    md() {
+    std::string md()
+    {
         std::string s;
         check(a.getLocalMD(s), "getLocalMD");
         return s;
     }
     // Post and poll until not in progress or ms pass: the final status, or NIXL_IN_PROG.
-    nixl_status_t
-    run(nixlXferReqH *h, long ms, const nixl_opt_args_t *opt = nullptr) {
+    nixl_status_t run(nixlXferReqH *h, long ms, const nixl_opt_args_t *opt = nullptr)
+    {
         nixl_status_t st = a.postXferReq(h, opt);
         const auto end = clk::now() + std::chrono::milliseconds(ms);
         while (st == NIXL_IN_PROG && clk::now() < end)
             st = a.getXferStatus(h);
         return st;
     }
-    std::vector<std::pair<std::string, std::string>>
-    notifs() {
+    std::vector<std::pair<std::string, std::string>> notifs()
+    {
         nixl_notifs_t n;
         check(a.getNotifs(n), "getNotifs");
         std::vector<std::pair<std::string, std::string>> out;
@@ -136,8 +138,8 @@ const std::string W_NOTIF(65536, 'w'), R_NOTIF = "read-done:req-7:1", HELLO = "h
 
 // ---- xfer ---------------------------------------------------------------------------------------
 
-int
-targetXfer() {
+int targetXfer()
+{
     Agent g(TARGET);
     std::vector<std::vector<uint8_t>> bufs;
     std::vector<std::pair<uint8_t *, size_t>> r;
@@ -166,8 +168,8 @@ targetXfer() {
     for (size_t i = 0; i < bufs.size(); i++)
         for (size_t j = 0; j < bufs[i].size(); j++)
             bad += bufs[i][j] != pat(i, j);
-    send(std::to_string(got_hello) + " " + std::to_string(got_write) + " " +
-         std::to_string(bad) + " " + senders);
+    send(std::to_string(got_hello) + " " + std::to_string(got_write) + " " + std::to_string(bad) +
+         " " + senders);
     recv(); // the READ is done
     std::string rsender = "-";
     const auto end2 = clk::now() + std::chrono::seconds(30);
@@ -181,8 +183,8 @@ targetXfer() {
     return 0;
 }
 
-int
-initiatorXfer() {
+int initiatorXfer()
+{
     Agent g(INITIATOR);
     std::vector<std::vector<uint8_t>> src, back;
     std::vector<std::pair<uint8_t *, size_t>> r;
@@ -253,8 +255,8 @@ initiatorXfer() {
     check(g.a.invalidateRemoteMD(peer), "invalidateRemoteMD");
     check(g.a.deregisterMem(regd), "deregisterMem");
     const bool ok = wst == NIXL_SUCCESS && rst == NIXL_SUCCESS && rrst == NIXL_SUCCESS &&
-        got_hello && got_write && bad_w == 0 && bad_r == 0 && bad_rr == 0 &&
-        senders == INITIATOR + ";" && rsender == INITIATOR;
+                    got_hello && got_write && bad_w == 0 && bad_r == 0 && bad_rr == 0 &&
+                    senders == INITIATOR + ";" && rsender == INITIATOR;
     std::fprintf(stderr,
                  "nixl_pair xfer %s %s: WRITE %s in %.1f ms; target: hello %d, write notif %d "
                  "(%zu B), %zu bad bytes, senders %s; READ %s, %zu bad buffers; again %s, %zu "
@@ -267,12 +269,13 @@ initiatorXfer() {
     return ok ? 0 : 1;
 }
 
-// ---- fence: deregistration while a peer writes ----------------------------------------------------
+// ---- fence: deregistration while a peer writes
+// ----------------------------------------------------
 
 constexpr size_t FENCE_LEN = 64 << 20;
 
-int
-targetFence() {
+int targetFence()
+{
     Agent g(TARGET);
     std::vector<uint8_t> region(FENCE_LEN, 0);
     auto regd = g.reg({{region.data(), region.size()}});
@@ -285,8 +288,7 @@ targetFence() {
     std::this_thread::sleep_for(std::chrono::milliseconds(300)); // writes keep streaming in
     const auto t0 = clk::now();
     const nixl_status_t st = g.a.deregisterMem(regd);
-    const long dms =
-        std::chrono::duration_cast<std::chrono::milliseconds>(clk::now() - t0).count();
+    const long dms = std::chrono::duration_cast<std::chrono::milliseconds>(clk::now() - t0).count();
     std::memset(region.data(), 0, region.size());
     std::this_thread::sleep_for(std::chrono::milliseconds(1500));
     const size_t changed = region.size() - std::count(region.begin(), region.end(), 0);
@@ -296,8 +298,8 @@ targetFence() {
     return 0;
 }
 
-int
-initiatorFence() {
+int initiatorFence()
+{
     Agent g(INITIATOR);
     std::vector<uint8_t> src(FENCE_LEN, 0xab);
     auto regd = g.reg({{src.data(), src.size()}});
@@ -346,9 +348,8 @@ initiatorFence() {
                  "progress after 5 s: %s\n",
                  backend.c_str(), std::getenv("PAIR_NET"), dms,
                  nixlEnumStrings::statusStr(static_cast<nixl_status_t>(dst)).c_str(), changed,
-                 changed == 0 ? "a fence" : "NO FENCE: a peer writes into deregistered memory",
-                 ok, failed, last_err.c_str(), late,
-                 pass ? (expect_fence ? "PASS" : "shown") : "FAIL");
+                 changed == 0 ? "a fence" : "NO FENCE: a peer writes into deregistered memory", ok,
+                 failed, last_err.c_str(), late, pass ? (expect_fence ? "PASS" : "shown") : "FAIL");
     return pass ? 0 : 1;
 }
 
@@ -356,8 +357,8 @@ initiatorFence() {
 
 constexpr size_t SILENT_LEN = 32 << 20;
 
-int
-targetSilent() {
+int targetSilent()
+{
     Agent g(TARGET);
     std::vector<uint8_t> region(SILENT_LEN, 0);
     auto regd = g.reg({{region.data(), region.size()}});
@@ -368,8 +369,8 @@ targetSilent() {
     return 0;
 }
 
-int
-initiatorSilent() {
+int initiatorSilent()
+{
     Agent g(INITIATOR);
     std::vector<uint8_t> src(SILENT_LEN, 0x5a);
     auto regd = g.reg({{src.data(), src.size()}});
@@ -409,22 +410,22 @@ initiatorSilent() {
                  "nixl_pair %s %s %s: a 32 MiB WRITE to the %s peer: %s after %ld ms%s; "
                  "releaseXferReq %s: %s\n",
                  mode.c_str(), backend.c_str(), std::getenv("PAIR_NET"),
-                 mode == "stop" ? "stopped (SIGSTOP)" :
-                 mode == "kill" ? "killed (SIGKILL)" :
-                                  "cut-off (link down)",
+                 mode == "stop"   ? "stopped (SIGSTOP)"
+                 : mode == "kill" ? "killed (SIGKILL)"
+                                  : "cut-off (link down)",
                  nixlEnumStrings::statusStr(st).c_str(), ms,
                  st == NIXL_IN_PROG ? " (still in progress)" : "",
                  nixlEnumStrings::statusStr(rel).c_str(),
-                 bound_ms < 0 ? "shown" :
-                 pass         ? ("PASS (bound " + std::to_string(bound_ms) + " ms)").c_str() :
-                                ("FAIL (bound " + std::to_string(bound_ms) + " ms)").c_str());
+                 bound_ms < 0 ? "shown"
+                 : pass       ? ("PASS (bound " + std::to_string(bound_ms) + " ms)").c_str()
+                              : ("FAIL (bound " + std::to_string(bound_ms) + " ms)").c_str());
     return pass ? 0 : 1;
 }
 
 } // namespace
 
-int
-main(int argc, char **argv) {
+int main(int argc, char **argv)
+{
     std::string role;
     for (int i = 1; i < argc; i++) {
         std::string a = argv[i];
