@@ -386,19 +386,22 @@ class kvxEngine : public nixlBackendEngine
 
     nixl_status_t getNotifs(notif_list_t &list) override
     {
+        // What waits now, in rounds (the buffer bounds a round's payloads), not what keeps
+        // arriving: callers spin on this.
         std::lock_guard g(noticeLock_);
         kvx_notice_data_t out[32];
-        for (;;) {
+        for (int round = 0; round < 64; round++) {
             const int n = kvx_notice_poll_data(t_, out, 32, noticeBuf_.data(), noticeBuf_.size());
             if (n < 0)
                 return fail("kvx_notice_poll_data", n);
+            if (n == 0)
+                break;
             for (int i = 0; i < n; i++)
                 list.emplace_back(
                     nixlNameOf(out[i].writer),
                     std::string(static_cast<const char *>(out[i].data), out[i].data_len));
-            if (n < 32)
-                return NIXL_SUCCESS;
         }
+        return NIXL_SUCCESS;
     }
 
     nixl_status_t genNotif(const std::string &agent, const std::string &msg) const override
