@@ -105,25 +105,27 @@ KVX_API void kvx_log_set(kvx_log_fn fn, void *arg, int level);
  * Transport lifetime
  * ------------------------------------------------------------------------------------------- */
 
-/** Longest agent name, peer id and fingerprint, in bytes, without the terminating NUL. */
+/** Longest agent name (a writer's too, kvx_notice_t.writer), in bytes, without the NUL. */
 #define KVX_NAME_MAX 63
 /** Size of an address text, "host:port" (kvx_transport_attr_t.listen_addr). */
 #define KVX_ADDR_MAX 96
+/** Longest peer id (kvx_peer_add), in bytes, without the terminating NUL. */
 #define KVX_PEER_ID_MAX 255
+/** Longest fingerprint (kvx_params_t.fingerprint), in bytes, without the terminating NUL. */
 #define KVX_FINGERPRINT_MAX 64
 
 /** Bits of kvx_params_t.field_mask: a field whose bit is clear takes its documented default. */
 enum kvx_params_field {
-    KVX_PARAM_REGION = 1u << 0,       /**< base, num_blocks, block_len: required */
-    KVX_PARAM_AGENT_NAME = 1u << 1,   /**< default: "kvx-<host>-<pid>-<random>" */
-    KVX_PARAM_FINGERPRINT = 1u << 2,  /**< default: "" (compatible with every peer) */
-    KVX_PARAM_BACKENDS = 1u << 3,     /**< default: {"ucx"} */
-    KVX_PARAM_NUM_THREADS = 1u << 4,  /**< default: 1 */
-    KVX_PARAM_DEADLINE = 1u << 5,     /**< default: 5000 ms */
-    KVX_PARAM_KEEPALIVE = 1u << 6,    /**< default: 1000 ms */
-    KVX_PARAM_LOG = 1u << 7,          /**< default: the process-wide sink of kvx_log_set */
-    KVX_PARAM_STALL = 1u << 8,        /**< default: 2000 ms */
-    KVX_PARAM_SECRET = 1u << 9,       /**< default: none */
+    KVX_PARAM_REGION = 1u << 0,      /**< base, num_blocks, block_len: required (KVX_REGION_MAIN) */
+    KVX_PARAM_AGENT_NAME = 1u << 1,  /**< default: "kvx-<host>-<pid>-<random>" */
+    KVX_PARAM_FINGERPRINT = 1u << 2, /**< default: "" (compatible with every peer) */
+    KVX_PARAM_BACKENDS = 1u << 3,    /**< default: {"ucx"} */
+    KVX_PARAM_NUM_THREADS = 1u << 4, /**< default: 1 */
+    KVX_PARAM_DEADLINE = 1u << 5,    /**< default: 5000 ms */
+    KVX_PARAM_KEEPALIVE = 1u << 6,   /**< default: 1000 ms */
+    KVX_PARAM_LOG = 1u << 7,         /**< default: the process-wide sink of kvx_log_set */
+    KVX_PARAM_STALL = 1u << 8,       /**< default: 2000 ms */
+    KVX_PARAM_SECRET = 1u << 9,      /**< default: none */
     KVX_PARAM_NET_DEVICES = 1u << 10, /**< default: UCX's (every device) */
     KVX_PARAM_INTEGRITY = 1u << 11,   /**< default: off */
     KVX_PARAM_NOTICES = 1u << 12,     /**< default: 1024 */
@@ -361,8 +363,26 @@ enum kvx_transport_attr_field {
     KVX_TRANSPORT_ATTR_STALL = 1u << 7,
     KVX_TRANSPORT_ATTR_RECV = 1u << 8,
     KVX_TRANSPORT_ATTR_LISTEN = 1u << 9,
-    KVX_TRANSPORT_ATTR_MAPS_REFUSED = 1u << 10
+    KVX_TRANSPORT_ATTR_MAPS_REFUSED = 1u << 10,
+    KVX_TRANSPORT_ATTR_REGIONS = 1u << 11
 };
+
+/** Regions of this transport and what kvx refused peers' messages naming them (cumulative;
+ *  kvx_transport_attr_t.regions). A refused message is counted once, by its first fault, and
+ *  its bytes never touch memory; the writer's (reader's) transfer fails with the status
+ *  named. Runs out of a region's bounds are counted in kvx_recv_counters_t.drop_range
+ *  (-EINVAL). */
+typedef struct kvx_region_counters {
+    uint64_t registered;    /**< regions registered now (the main region included) */
+    uint64_t registrations; /**< kvx_region_register calls that succeeded, life long */
+    uint64_t drop_region;   /**< messages naming a region unknown or deregistered: -ENOENT */
+    uint64_t drop_region_capability; /**< ... with another capability than the region's: -EACCES */
+    uint64_t drop_access; /**< writes to a region without KVX_REGION_WRITE, reads of one without
+                           *   KVX_REGION_READ: -EACCES */
+    /** Connections a deregistration closed because they still held the region when its wait
+     *  ended (their other transfers fail: kvx_region_deregister). */
+    uint64_t dereg_closed;
+} kvx_region_counters_t;
 
 /** Transport attributes; only the fields named in field_mask are written. */
 typedef struct kvx_transport_attr {
@@ -390,6 +410,8 @@ typedef struct kvx_transport_attr {
      *  (another host, no shared memory, a POSIX segment) is not counted. Cumulative, under
      *  KVX_TRANSPORT_ATTR_MAPS_REFUSED. */
     uint64_t maps_refused;
+    /** Regions, and peers' messages refused by them (KVX_TRANSPORT_ATTR_REGIONS). */
+    kvx_region_counters_t regions;
 } kvx_transport_attr_t;
 
 /** Fill the attributes named in attr->field_mask. Returns 0, -EINVAL or -ESHUTDOWN. */
@@ -772,7 +794,8 @@ KVX_API int kvx_xfer_read(kvx_transport_t *transport, const char *peer_id,
 /** One finished transfer. */
 typedef struct kvx_completion {
     uint64_t id;
-    int32_t status;       /**< 0, or -ECONNRESET, -ETIMEDOUT, -ECONNABORTED, -ECANCELED, ... */
+    int32_t status;       /**< 0, or -ECONNRESET, -ETIMEDOUT, -ECONNABORTED, -ECANCELED, -ENOENT,
+                           *   -EACCES, ... (docs/errors.md) */
     uint32_t flags;       /**< KVX_COMPLETION_READ for a read */
     uint64_t bytes;       /**< bytes the transfer covers */
     uint64_t duration_ns; /**< from submission to completion */
@@ -819,6 +842,167 @@ typedef enum kvx_cancel_mode {
  */
 KVX_API int kvx_xfer_cancel(kvx_transport_t *transport, const uint64_t *ids, size_t count, int mode,
                             uint64_t *pending);
+
+/* ---------------------------------------------------------------------------------------------
+ * Regions and ranges (docs/regions.md)
+ *
+ * A region is memory peers may address: the main region (KVX_PARAM_REGION, id KVX_REGION_MAIN)
+ * and any number registered later (kvx_region_register), each with its own id (never reused in
+ * the transport's life), its own capability (16 random bytes, checked in constant time against
+ * every message naming it) and what peers may do with it. A peer needs the region's blob
+ * (kvx_region_blob, handed over out of band like the metadata) to address it: it loads it
+ * (kvx_region_load) and gets a handle, which it names in ranges (kvx_xfer_write_ranges). The
+ * main region's capability is the transport's own, which its metadata carries: a peer added
+ * with kvx_peer_add has the main region under the handle KVX_REGION_MAIN, and the block calls
+ * (kvx_xfer_write, kvx_xfer_read) are ranges over the two main regions.
+ *
+ * kvx passes no memory handle to UCX: a region's registration is a table entry and 16 random
+ * bytes (UCX registers per send what its rendezvous needs, docs/security.md), so register and
+ * deregister cost microseconds (docs/regions.md has the figures), and nothing of a region is
+ * pinned by kvx.
+ * ------------------------------------------------------------------------------------------- */
+
+/** The main region (KVX_PARAM_REGION) has this id, and a peer added with kvx_peer_add has its
+ *  main region loaded under this handle. 0 is never an id or a handle. */
+#define KVX_REGION_MAIN 1u
+
+/** What peers may do with a region. */
+enum kvx_region_access {
+    KVX_REGION_WRITE = 1u << 0, /**< peers' writes land in it */
+    KVX_REGION_READ = 1u << 1   /**< peers' reads are served from it */
+};
+
+/** Bits of kvx_region_params_t.field_mask. */
+enum kvx_region_params_field {
+    KVX_REGION_PARAM_ACCESS = 1u << 0 /**< default: KVX_REGION_WRITE | KVX_REGION_READ */
+};
+
+/** Registration parameters: start from zero, set what you need, name it in field_mask. */
+typedef struct kvx_region_params {
+    uint64_t field_mask;
+    unsigned access; /**< KVX_REGION_WRITE | KVX_REGION_READ (the default), not 0 */
+} kvx_region_params_t;
+
+/** The longest region blob (kvx_region_blob), in bytes. */
+#define KVX_REGION_BLOB_MAX 256
+/** Regions one transport holds at once (the main region included). */
+#define KVX_REGIONS_MAX (1u << 20)
+
+/**
+ * Register len bytes at base as a region peers may address: many at once (up to
+ * KVX_REGIONS_MAX), at any time, overlapping allowed, concurrent with transfers. Returns 0 and
+ * *region_p (>= 2, never reused in the transport's life), or -EINVAL (transport, base or
+ * region_p NULL, len 0, a range that wraps the address space, unknown access bits or access 0,
+ * unknown field_mask bits), -ENOSPC (KVX_REGIONS_MAX regions), -ENOMEM, -ESHUTDOWN; nothing
+ * changed on failure. base must stay valid until kvx_region_deregister (or
+ * kvx_transport_close) returns; kvx never frees it. params need only be valid during the call.
+ */
+KVX_API int kvx_region_register(kvx_transport_t *transport, void *base, uint64_t len,
+                                const kvx_region_params_t *params, uint32_t *region_p);
+
+/**
+ * Deregister a region: a fence. When it returns 0, no byte of any peer lands in the region and
+ * none is read out of it any more, whatever was in flight (eager messages queued in UCX or in a
+ * shared-memory FIFO, rendezvous receives into it, READ_DATA sends UCX still holds that read
+ * it, read requests queued, a writer stopped that resumes later), and this transport's own
+ * transfers that named it as their local region have completed or failed (their completions
+ * come out of poll as usual): the memory may be freed or reused at once.
+ *
+ * What it does, in order:
+ *  1. the region is marked dead (under the lock): every message naming it from now on is
+ *     refused (the writer's or reader's transfer fails -ENOENT; counted in drop_region), and
+ *     the read requests queued from it are refused the same way;
+ *  2. this transport's transfers naming it as local region end with -ECANCELED: at once, or,
+ *     while UCX still holds their messages (their sends read it, their rendezvous receives
+ *     write it), once UCX lets go (the stall limit's grace, as for a deadline: kvx_xfer_write);
+ *  3. it waits, with the lock released (other threads' calls and the progress thread go on),
+ *     until nothing holds the region any more: no rendezvous receive into it, no READ_DATA send
+ *     reading it, no transfer of step 2 not yet done; at most 1 s, or the transport's stall_ms
+ *     when that is shorter;
+ *  4. if something still holds it then, the connections holding it close (counted in
+ *     dereg_closed): a writer's or reader's connection to this transport with a rendezvous
+ *     receive into it (or, for READ_DATA sends, every connection with read data in UCX's hands:
+ *     which region each send reads is not kept per connection), and this transport's own
+ *     connections with a transfer of step 2. Their other transfers fail as a closed connection's
+ *     do: -ECONNABORTED here, -ECONNRESET or -ETIMEDOUT on the peer's side. Closing makes UCX
+ *     let go; it waits up to 200 ms more for that.
+ * So it returns within min(1 s, stall_ms) + 200 ms (at once when nothing is in flight: a few
+ * microseconds, docs/regions.md). Should UCX still hold the region then (not seen), it returns
+ * -ETIMEDOUT, logged: the region stays dead but registered, the memory must not be freed, and a
+ * later call for the same id waits again. Calls for the same id from two threads both wait.
+ *
+ * Returns 0, -EINVAL (transport NULL, region 0), -ENOENT (unknown or already deregistered),
+ * -EBUSY (the main region of a KVX_PARAM_OWN_REGION transport: peers on this host copy into it
+ * directly), -ETIMEDOUT (above), -ESHUTDOWN. The main region of another transport may be
+ * deregistered: its block calls then fail -ENOENT here, and peers' block transfers to it fail
+ * -ENOENT.
+ */
+KVX_API int kvx_region_deregister(kvx_transport_t *transport, uint32_t region);
+
+/**
+ * A region's blob for peers (NIXL's "public data"): into buf, *len_p in/out (-ENOSPC: too
+ * small, *len_p the size needed, at most KVX_REGION_BLOB_MAX). The blob holds this transport's
+ * agent name and generation, the region's id, address, length, access and capability, signed
+ * with the transport's secret if it has one: whoever holds it (and the metadata) can write and
+ * read that region as its access allows (docs/security.md). Stable for the region's life.
+ * Returns 0, -EINVAL, -ENOENT (unknown or deregistered region), -ENOSPC, -ESHUTDOWN.
+ */
+KVX_API int kvx_region_blob(kvx_transport_t *transport, uint32_t region, void *buf, size_t *len_p);
+
+/**
+ * Load a peer's region blob for peer_id (added already): returns 0 and *handle_p (>= 2), which
+ * names that region in ranges to that peer until unloaded or the peer is removed. The same blob
+ * loaded twice gives the same handle. Nothing goes over the network: whether the region is
+ * still registered is the peer's to say when a transfer names it (-ENOENT). Returns -EINVAL
+ * (NULL arguments), -ENOENT (unknown peer), -EBADMSG (not a region blob),
+ * -EPROTONOSUPPORT (a blob format this kvx does not know), -EINVAL (the blob is of another agent
+ * than the peer, or names the main region: that is KVX_REGION_MAIN already), -ESTALE (of
+ * another process than the peer's now: it restarted, load its new blob), -EACCES (the
+ * signature does not match this transport's secret, or one side has a secret and the other
+ * none), -ENOSPC (KVX_REGIONS_MAX handles for the peer), -ENOMEM, -ESHUTDOWN. blob need only be
+ * valid during the call.
+ */
+KVX_API int kvx_region_load(kvx_transport_t *transport, const char *peer_id, const void *blob,
+                            size_t len, uint32_t *handle_p);
+
+/** Forget a loaded handle: 0; -ENOENT (unknown peer or handle; KVX_REGION_MAIN cannot be
+ *  unloaded), -EINVAL, -ESHUTDOWN. Transfers in flight naming it go on. */
+KVX_API int kvx_region_unload(kvx_transport_t *transport, const char *peer_id, uint32_t handle);
+
+/** One piece of a transfer: len bytes at local_offset of a local region to (or from)
+ *  remote_offset of a peer's region (a handle of kvx_region_load, or KVX_REGION_MAIN). */
+typedef struct kvx_range {
+    uint32_t local_region;
+    uint32_t remote_region;
+    uint64_t local_offset;
+    uint64_t remote_offset;
+    uint64_t len;
+} kvx_range_t;
+
+/**
+ * Write a list of ranges to a peer, as one transfer: the same ids, completions, deadlines,
+ * stall limit, priorities, notices (KVX_XFER_NOTIFY), integrity, cancel and fences as
+ * kvx_xfer_write, whose block calls are ranges over the main regions. Any offsets and lengths;
+ * ranges consecutive on both sides (same regions) are coalesced; each message carries runs of
+ * one remote region. Returns 0 and *id_p, or -EINVAL (NULL arguments, count 0 or over 2^32 - 1,
+ * a range of length 0 or out of its local or remote region, offset + len overflowing, the
+ * params as kvx_xfer_write), -ENOENT (unknown peer, local region or remote handle), -EACCES
+ * (the remote region does not grant KVX_REGION_WRITE, for a read KVX_REGION_READ), -ESTALE (the
+ * handle is of the peer's earlier process), -EOPNOTSUPP (a remote region other than the main
+ * one of a peer whose owned region is mapped here), -ENOTCONN, -ENOSPC, -ENOMEM, -ESHUTDOWN;
+ * nothing submitted on failure. ranges need only stay valid during the call; the regions'
+ * memory until the transfer's completion (deregistering a local region ends the transfer).
+ * A run the receiver refuses fails the transfer with -ENOENT (the region is gone), -EACCES
+ * (capability or access) or -EINVAL (bounds); docs/errors.md.
+ */
+KVX_API int kvx_xfer_write_ranges(kvx_transport_t *transport, const char *peer_id,
+                                  const kvx_range_t *ranges, size_t count,
+                                  const kvx_xfer_params_t *params, uint64_t *id_p);
+/** Read a list of ranges from a peer: remote_offset of the peer's region lands at local_offset
+ *  of the local region. As kvx_xfer_write_ranges otherwise (KVX_XFER_NOTIFY: -EINVAL). */
+KVX_API int kvx_xfer_read_ranges(kvx_transport_t *transport, const char *peer_id,
+                                 const kvx_range_t *ranges, size_t count,
+                                 const kvx_xfer_params_t *params, uint64_t *id_p);
 
 /* ---------------------------------------------------------------------------------------------
  * The receiving side: fences and arrival notices

@@ -331,8 +331,19 @@ enum {
     KT_CMD_COUNTERS,
     KT_CMD_CANARIES,
     KT_CMD_INFO,
-    KT_CMD_PROGRESS
+    KT_CMD_PROGRESS,
+    KT_CMD_REGION,   /* register a region (round: its length, n: access, salt: its fill) */
+    KT_CMD_DEREGION, /* deregister region n */
+    KT_CMD_RCOUNTERS /* the region counters */
 };
+
+/* The target's regions beyond its main one, each with canaries of its own. */
+typedef struct kt_target_reg {
+    uint32_t id;
+    uint8_t *mem; /* KT_REG_CANARY bytes, the region, KT_REG_CANARY bytes */
+    uint64_t len;
+} kt_target_reg_t;
+#define KT_REG_CANARY 4096
 
 /* Bytes of canary around a target's region: memory of the target that is not the region. */
 #define KT_CANARY (64 * 1024)
@@ -358,6 +369,60 @@ static kt_region_t kt_target_region(const kt_target_args_t *a, uint8_t **map, si
     memset(*map + *map_len - KT_CANARY, KT_CANARY_BYTE, KT_CANARY);
     r.base = *map + KT_CANARY;
     return r;
+}
+
+static kt_target_reg_t kt_regs[64];
+static size_t kt_nregs;
+
+static uint64_t kt_target_reg_canaries(void)
+{
+    uint64_t bad = 0;
+    for (size_t i = 0; i < kt_nregs; i++)
+        for (size_t k = 0; k < KT_REG_CANARY; k++)
+            bad += (kt_regs[i].mem[k] != KT_CANARY_BYTE) +
+                   (kt_regs[i].mem[KT_REG_CANARY + kt_regs[i].len + k] != KT_CANARY_BYTE);
+    return bad;
+}
+
+/* The region commands (their answers sent here, but DEREGION's: its status, returned). A
+ * region's bytes start as (uint8_t)(salt + 7 * i); its memory stays (and its canaries are
+ * checked) after it is deregistered. */
+static uint64_t kt_target_regions(kvx_transport_t *t, int sock, const kt_cmd_t *cmd)
+{
+    if (cmd->op == KT_CMD_REGION) {
+        kvx_region_params_t rp = {.field_mask = KVX_REGION_PARAM_ACCESS, .access = cmd->n};
+        uint8_t reply[8 + KVX_REGION_BLOB_MAX];
+        size_t blen = KVX_REGION_BLOB_MAX;
+        kt_target_reg_t *g = &kt_regs[kt_nregs];
+        int32_t rc;
+
+        KT_CHECK(kt_nregs < sizeof(kt_regs) / sizeof(kt_regs[0]));
+        g->len = cmd->round;
+        g->mem = malloc(g->len + 2 * KT_REG_CANARY);
+        KT_CHECK(g->mem != NULL);
+        memset(g->mem, KT_CANARY_BYTE, g->len + 2 * KT_REG_CANARY);
+        for (uint64_t i = 0; i < g->len; i++)
+            g->mem[KT_REG_CANARY + i] = (uint8_t)(cmd->salt + 7 * i);
+        rc = kvx_region_register(t, g->mem + KT_REG_CANARY, g->len, &rp, &g->id);
+        if (rc == 0)
+            rc = kvx_region_blob(t, g->id, reply + 8, &blen);
+        if (rc == 0)
+            kt_nregs++;
+        else
+            blen = 0;
+        memcpy(reply, &rc, 4);
+        memcpy(reply + 4, &g->id, 4);
+        kt_send(sock, reply, 8 + blen);
+        return 0;
+    }
+    if (cmd->op == KT_CMD_DEREGION)
+        return (uint64_t)(int64_t)kvx_region_deregister(t, cmd->n);
+    if (cmd->op == KT_CMD_RCOUNTERS) {
+        kvx_transport_attr_t ta = {.field_mask = KVX_TRANSPORT_ATTR_REGIONS};
+        KT_OK(kvx_transport_query(t, &ta));
+        kt_send(sock, &ta.regions, sizeof(ta.regions));
+    }
+    return 0;
 }
 
 int kt_target_main(int sock, void *arg)
@@ -414,6 +479,13 @@ int kt_target_main(int sock, void *arg)
             free(msg);
             break;
         }
+        if (cmd.op >= KT_CMD_REGION) {
+            bad = kt_target_regions(t, sock, &cmd);
+            free(msg);
+            if (cmd.op == KT_CMD_DEREGION)
+                kt_send(sock, &bad, sizeof(bad));
+            continue;
+        }
         if (cmd.op == KT_CMD_VERIFY) {
             const uint32_t *dst = (const uint32_t *)(msg + sizeof(cmd));
             const uint32_t *src = dst + cmd.n;
@@ -455,6 +527,7 @@ int kt_target_main(int sock, void *arg)
             for (size_t i = 0; i < KT_CANARY; i++)
                 bad +=
                     (map[i] != KT_CANARY_BYTE) + (map[map_len - KT_CANARY + i] != KT_CANARY_BYTE);
+            bad += kt_target_reg_canaries();
         } else if (cmd.op == KT_CMD_PROGRESS) {
             /* drive progress for cmd.round ms (a target without a progress thread) */
             uint64_t end = kt_now_ns() + cmd.round * 1000000ull;
@@ -615,6 +688,41 @@ void kt_target_progress(kt_target_t *tg, uint64_t ms)
 void kt_target_counters(kt_target_t *tg, kvx_recv_counters_t *out)
 {
     kt_cmd_t cmd = {.op = KT_CMD_COUNTERS};
+    kt_send(tg->proc.sock, &cmd, sizeof(cmd));
+    kt_recv(tg->proc.sock, out, sizeof(*out));
+}
+
+uint32_t kt_target_add_region(kt_target_t *tg, uint64_t len, unsigned access, uint64_t salt,
+                              uint8_t *blob, size_t *blob_len)
+{
+    kt_cmd_t cmd = {.op = KT_CMD_REGION, .n = access, .salt = salt, .round = len};
+    uint8_t reply[8 + KVX_REGION_BLOB_MAX];
+    size_t n;
+    int32_t rc;
+    uint32_t id;
+
+    kt_send(tg->proc.sock, &cmd, sizeof(cmd));
+    n = kt_recv(tg->proc.sock, reply, sizeof(reply));
+    memcpy(&rc, reply, 4);
+    memcpy(&id, reply + 4, 4);
+    KT_OK(rc);
+    memcpy(blob, reply + 8, n - 8);
+    *blob_len = n - 8;
+    return id;
+}
+
+int kt_target_deregister(kt_target_t *tg, uint32_t id)
+{
+    kt_cmd_t cmd = {.op = KT_CMD_DEREGION, .n = id};
+    uint64_t r;
+    kt_send(tg->proc.sock, &cmd, sizeof(cmd));
+    kt_recv(tg->proc.sock, &r, sizeof(r));
+    return (int)(int64_t)r;
+}
+
+void kt_target_region_counters(kt_target_t *tg, kvx_region_counters_t *out)
+{
+    kt_cmd_t cmd = {.op = KT_CMD_RCOUNTERS};
     kt_send(tg->proc.sock, &cmd, sizeof(cmd));
     kt_recv(tg->proc.sock, out, sizeof(*out));
 }

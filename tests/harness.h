@@ -177,6 +177,13 @@ void kt_target_progress(kt_target_t *tg, uint64_t ms);
 /* Bytes of the canaries around the target's region (memory of the target outside the region)
  * that changed: 0 when untouched. */
 uint64_t kt_target_canaries(kt_target_t *tg);
+/* A region of len bytes (access: KVX_REGION_*) registered in the target, its bytes
+ * (uint8_t)(salt + 7 * i), with canaries of its own (kt_target_canaries counts them too): its
+ * id, and its blob in blob (KVX_REGION_BLOB_MAX bytes). The memory stays after deregistration. */
+uint32_t kt_target_add_region(kt_target_t *tg, uint64_t len, unsigned access, uint64_t salt,
+                              uint8_t *blob, size_t *blob_len);
+int kt_target_deregister(kt_target_t *tg, uint32_t id); /* kvx_region_deregister's result */
+void kt_target_region_counters(kt_target_t *tg, kvx_region_counters_t *out);
 /* The target's region base and the canary size on each side of it. */
 void kt_target_info(kt_target_t *tg, uint64_t *base, uint64_t *canary);
 int kt_target_stop(kt_target_t *tg); /* exit code */

@@ -8,7 +8,7 @@
 #include <stdint.h>
 #include <ucp/api/ucp.h>
 
-/* kvx's active-message id (src/ucx_int.h, KVX_AM_ID): what kvx's workers send and handle. */
+/* kvx's active-message id (src/ucx/ucx_int.h, KVX_AM_ID): what kvx's workers send and handle. */
 #define KT_RAWUCX_AM_ID 0x4b
 
 /* A context with these UCP features and, when UCX may use shared memory (UCX_TLS unset or

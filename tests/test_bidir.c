@@ -2,7 +2,7 @@
  * Two transports that write to each other, each adding the other at the same moment (two
  * threads past one barrier): each opens its endpoint towards the other before either answered
  * the other's HELLO, so UCX pairs those two writing endpoints with each other, and each HELLO
- * comes on the receiver's own writing endpoint (src/ucx_int.h, struct kvx_ucx_link). Writes and
+ * comes on the receiver's own writing endpoint (src/ucx/ucx_int.h, struct kvx_ucx_link). Writes and
  * reads both ways must land, every byte verified, by eager messages and with rendezvous forced
  * (argv[2] "rndv": KT_RNDV=always, so the receiving side takes the payload only on the endpoint
  * UCX paired with the sender's); the debug log must show at least one round's two HELLOs shared.

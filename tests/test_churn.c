@@ -114,11 +114,11 @@ int main(int argc, char **argv)
     KT_EQ(u1.fds, u0.fds);
     KT_EQ(u1.tfds, u0.tfds);
     /* kvx's own objects: nothing accumulates (exact) */
-    KT_EQ(t->npeers, 0);
-    KT_CHECK(kvx_list_empty(&t->conns));
-    KT_CHECK(kvx_list_empty(&t->active));
-    KT_EQ(t->nlive, 0);
-    KT_CHECK(t->nfree <= 64);
+    KT_EQ(t->core.peers.n, 0);
+    KT_CHECK(kvx_list_empty(&t->conns.all));
+    KT_CHECK(kvx_list_empty(&t->core.active));
+    KT_EQ(t->core.nlive, 0);
+    KT_CHECK(t->core.nfree <= 64);
 #if defined(__SANITIZE_ADDRESS__)
     /* AddressSanitizer holds freed memory in quarantine: sizes mean nothing, LSan checks leaks */
     (void)tcp;

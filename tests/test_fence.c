@@ -620,12 +620,12 @@ static bool answer_gone(kvx_transport_t *rx)
 {
     bool gone = false;
 
-    kvx_lock(rx);
-    for (kvx_list_t *n = rx->pairings.next; n != &rx->pairings; n = n->next) {
+    kvx_lock(&rx->core);
+    for (kvx_list_t *n = rx->peers.pairings.next; n != &rx->peers.pairings; n = n->next) {
         kvx_pairing_t *pg = kvx_container_of(n, kvx_pairing_t, link);
         gone |= pg->accepted && pg->answered && pg->refs == 0;
     }
-    kvx_unlock(rx);
+    kvx_unlock(&rx->core);
     return gone;
 }
 
@@ -780,12 +780,12 @@ static void total_tag_bound(void)
            kvx_strerror(rc));
     KT_ERR(rc, -ENOSPC);
     KT_EQ(calls, KVX_FENCE_TOTAL_TAGS_MAX / (16 * NW));
-    KT_EQ(rx->nftags, calls * 16 * NW); /* nothing of the refused call was recorded */
+    KT_EQ(rx->recv.conns.nftags, calls * 16 * NW); /* nothing of the refused call was recorded */
     /* one writer's 16 still fit (208 records were left) */
     KT_EQ(kvx_fence(rx, "bound-writer-0", tags, 16), 1);
-    KT_EQ(rx->nftags, calls * 16 * NW + 16);
+    KT_EQ(rx->recv.conns.nftags, calls * 16 * NW + 16);
     KT_EQ(kvx_fence(rx, NULL, NULL, 0), NW);
-    KT_EQ(rx->nftags, 0);
+    KT_EQ(rx->recv.conns.nftags, 0);
     KT_EQ(kvx_fence(rx, NULL, tags, 16), NW);
     for (int i = 0; i < NW; i++)
         kvx_transport_destroy(w[i]);

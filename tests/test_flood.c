@@ -284,6 +284,8 @@ static int flood(bool reads)
             kvx_put64(h + 24, 0);
             kvx_put32(h + 32, 1);
             kvx_put32(h + 36, 0);
+            kvx_put32(h + 40, KVX_REGION_MAIN); /* wire 3: the main region, capability field zero */
+            memset(h + 44, 0, 20);
             kvx_wire_run_put(h + KVX_WIRE_READ_REQ_LEN, 0, &run);
             n = KVX_WIRE_READ_REQ_LEN + KVX_WIRE_RUN_LEN;
         } else {
@@ -293,7 +295,8 @@ static int flood(bool reads)
             kvx_put64(h + 24, 0);
             kvx_put64(h + 32, 0);
             kvx_put32(h + 40, 1);
-            kvx_put32(h + 44, 0);
+            kvx_put32(h + 44, KVX_REGION_MAIN); /* wire 3: the main region, capability field zero */
+            memset(h + 48, 0, 16);
             kvx_wire_run_put(h + KVX_WIRE_WRITE_LEN, 0, &run);
             n = KVX_WIRE_WRITE_LEN + KVX_WIRE_RUN_LEN;
         }
@@ -373,7 +376,8 @@ static int sum(void)
             kvx_put64(h + 16, 1000 + i);
             memset(h + 24, 0, 16);
             kvx_put32(h + 40, 1);
-            kvx_put32(h + 44, 0);
+            kvx_put32(h + 44, KVX_REGION_MAIN); /* wire 3: the main region, capability field zero */
+            memset(h + 48, 0, 16);
             kvx_wire_run_put(h + KVX_WIRE_WRITE_LEN, 0, &run);
             send_raw(h, KVX_WIRE_WRITE_LEN + KVX_WIRE_RUN_LEN, &byte, 1);
             ucp_worker_progress(wsend);
@@ -619,6 +623,8 @@ static int replay(void)
         kvx_put64(h + 16, 5);
         memset(h + 24, 0, 24);
         kvx_put32(h + 40, 1);
+        kvx_put32(h + 44, KVX_REGION_MAIN); /* wire 3: the main region, capability field zero */
+        memset(h + 48, 0, 16);
         kvx_wire_run_put(h + KVX_WIRE_WRITE_LEN, 0, &run);
         send_raw(h, KVX_WIRE_WRITE_LEN + KVX_WIRE_RUN_LEN, data, BL);
         progress_both(200);
@@ -660,6 +666,8 @@ static int replay(void)
         kvx_put64(h + 16, 6);
         memset(h + 24, 0, 24);
         kvx_put32(h + 40, 1);
+        kvx_put32(h + 44, KVX_REGION_MAIN); /* wire 3: the main region, capability field zero */
+        memset(h + 48, 0, 16);
         kvx_wire_run_put(h + KVX_WIRE_WRITE_LEN, 0, &run);
         send_raw(h, KVX_WIRE_WRITE_LEN + KVX_WIRE_RUN_LEN, data, BL);
         progress_both(200);

@@ -25,6 +25,10 @@
  *     the close drives UCX until it lets go of them (no crash, nothing left behind);
  *  8. a target made with KVX_RNDV_EAGER: its handshake says it takes no rendezvous payload, and
  *     one sent anyway is refused at its header (-EPROTO, counted), while an eager write lands;
+ *  3b. messages naming regions (wire 3): an unknown region, a deregistered one, another
+ *     region's capability (and the main region with one), access the region does not grant, out
+ *     of its bounds, lengths that disagree, eager and by rendezvous: each refused with its status
+ *     and counted, the regions' bytes and canaries intact; legitimate ones land;
  *  4. kvx itself with forged metadata (num_blocks doubled, base moved): writes and reads beyond
  *     the real region are refused.
  * Afterwards the target still serves a real kvx peer. argv[1]: shm, tcp, or netns (the target in
@@ -274,7 +278,8 @@ static size_t write_hdr(uint8_t *h, uint32_t conn, uint64_t token, unsigned flag
     kvx_put64(h + 24, 0);
     kvx_put64(h + 32, seen.epoch);
     kvx_put32(h + 40, 1);
-    kvx_put32(h + 44, 0);
+    kvx_put32(h + 44, KVX_REGION_MAIN); /* wire 3: the main region, capability field zero */
+    memset(h + 48, 0, 16);
     kvx_wire_run_put(h + KVX_WIRE_WRITE_LEN, 0, &run);
     return KVX_WIRE_WRITE_LEN + KVX_WIRE_RUN_LEN;
 }
@@ -287,6 +292,8 @@ static size_t read_hdr(uint8_t *h, uint64_t off, uint32_t len)
     kvx_put64(h + 24, 0);
     kvx_put32(h + 32, 1);
     kvx_put32(h + 36, 0);
+    kvx_put32(h + 40, KVX_REGION_MAIN); /* wire 3: the main region, capability field zero */
+    memset(h + 44, 0, 20);
     kvx_wire_run_put(h + KVX_WIRE_READ_REQ_LEN, 0, &run);
     return KVX_WIRE_READ_REQ_LEN + KVX_WIRE_RUN_LEN;
 }
@@ -458,6 +465,156 @@ static void message_attacks(const kvx_md_t *md)
     KT_EQ(c1.bytes_landed - c0.bytes_landed, BL + sizeof(data));
     KT_EQ(c1.rndv_landed - c0.rndv_landed, 1);
     KT_EQ(c1.rndv_failed - c0.rndv_failed, 0);
+}
+
+/* ---- 3b: messages naming regions (wire 3) -------------------------------------------------- */
+
+/* The message in h (a WRITE or READ_REQ of write_hdr, read_hdr) names region id with cap. */
+static void name_region(uint8_t *h, uint32_t id, const uint8_t *cap)
+{
+    static const uint8_t zero[16];
+    kvx_put32(h + (h[1] == KVX_MSG_WRITE ? 44 : 40), id);
+    memcpy(h + 48, cap != NULL ? cap : zero, 16);
+}
+
+static const uint8_t *blob_cap(const uint8_t *blob, size_t len)
+{
+    static kvx_region_blob_t rb[8];
+    static int k;
+    kvx_region_blob_t *b = &rb[k++ % 8];
+    KT_OK(kvx_region_blob_decode(blob, len, b));
+    return b->capability;
+}
+
+/* A write of len bytes at off of region id (cap), eager or by rendezvous: its ack's status. */
+static int32_t region_write(uint32_t id, const uint8_t *cap, uint64_t off, uint32_t len,
+                            const uint8_t *data, bool rndv)
+{
+    uint8_t h[256];
+    int before = seen.acks;
+    size_t n = write_hdr(h, seen.rconn_id, seen.token, 0, off, len, 0);
+    name_region(h, id, cap);
+    send_raw(h, n, data, len,
+             rndv ? UCP_AM_SEND_FLAG_RNDV | UCP_AM_SEND_FLAG_REPLY : UCP_AM_SEND_FLAG_EAGER);
+    settle(&seen.acks, before + 1);
+    KT_EQ(seen.acks, before + 1);
+    return seen.last_ack_status;
+}
+
+/* A read of len (<= BL) bytes at off of region id (cap): its READ_DATA's status (the bytes in
+ * seen.read_buf). */
+static int32_t region_read(uint32_t id, const uint8_t *cap, uint64_t off, uint32_t len)
+{
+    uint8_t h[256];
+    int before = seen.read_data;
+    size_t n = read_hdr(h, off, len);
+    name_region(h, id, cap);
+    send_raw(h, n, NULL, 0, UCP_AM_SEND_FLAG_EAGER);
+    settle(&seen.read_data, before + 1);
+    KT_EQ(seen.read_data, before + 1);
+    return seen.last_read_status;
+}
+
+/* With its connection, a peer names regions: unknown, deregistered, with another region's
+ * capability (and the main region with one), without the access the region grants, out of its
+ * bounds, with lengths that disagree; each refused with its status and counted, nothing lands
+ * (the regions' bytes and canaries checked), and a legitimate write and read of each kind land. */
+static void region_attacks(void)
+{
+    static uint8_t data[2 * BL];
+    uint8_t ba[KVX_REGION_BLOB_MAX], bb[KVX_REGION_BLOB_MAX], br[KVX_REGION_BLOB_MAX],
+        bw[KVX_REGION_BLOB_MAX], bd[KVX_REGION_BLOB_MAX];
+    size_t la, lb, lr, lw, ld;
+    uint32_t a, b, ro, wo, dead;
+    const uint8_t *ca, *cb, *cro, *cwo, *cdead;
+    kvx_region_counters_t g0, g1;
+    kvx_recv_counters_t c0, c1;
+    const uint32_t RL = 3 * BL + 5; /* an odd length */
+
+    for (size_t i = 0; i < sizeof(data); i++)
+        data[i] = (uint8_t)(i * 29 + 3);
+    a = kt_target_add_region(&tg, RL, KVX_REGION_WRITE | KVX_REGION_READ, 0x10, ba, &la);
+    b = kt_target_add_region(&tg, RL, KVX_REGION_WRITE | KVX_REGION_READ, 0x20, bb, &lb);
+    ro = kt_target_add_region(&tg, RL, KVX_REGION_READ, 0x30, br, &lr);
+    wo = kt_target_add_region(&tg, RL, KVX_REGION_WRITE, 0x40, bw, &lw);
+    dead = kt_target_add_region(&tg, RL, KVX_REGION_WRITE | KVX_REGION_READ, 0x50, bd, &ld);
+    ca = blob_cap(ba, la), cb = blob_cap(bb, lb), cro = blob_cap(br, lr);
+    cwo = blob_cap(bw, lw), cdead = blob_cap(bd, ld);
+    KT_OK(kt_target_deregister(&tg, dead));
+    kt_target_region_counters(&tg, &g0);
+    kt_target_counters(&tg, &c0);
+
+    KT_ERR(region_write(999999, ca, 0, 64, data, false), -ENOENT);  /* unknown */
+    KT_ERR(region_write(dead, cdead, 0, 64, data, false), -ENOENT); /* deregistered */
+    KT_ERR(region_read(dead, cdead, 0, 64), -ENOENT);
+    KT_ERR(region_write(a, cb, 0, 64, data, false), -EACCES); /* another's capability */
+    KT_ERR(region_read(a, cb, 0, 64), -EACCES);
+    KT_ERR(region_write(a, NULL, 0, 64, data, false), -EACCES);             /* none */
+    KT_ERR(region_write(KVX_REGION_MAIN, ca, 0, 64, data, false), -EACCES); /* main: zero only */
+    KT_ERR(region_write(ro, cro, 0, 64, data, false), -EACCES);             /* read only */
+    KT_ERR(region_read(wo, cwo, 0, 64), -EACCES);                           /* write only */
+    KT_ERR(region_write(a, ca, RL - 10, 64, data, false), -EINVAL);         /* straddles its end */
+    KT_ERR(region_write(a, ca, RL, 1, data, false), -EINVAL);               /* just past it */
+    KT_ERR(region_write(a, ca, UINT64_MAX - 10, 64, data, false), -EINVAL); /* wraps */
+    KT_ERR(region_read(a, ca, RL - 8, 64), -EINVAL);
+    /* by rendezvous: refused at the header, the payload never moves */
+    KT_ERR(region_write(999999, ca, 0, BL, data, true), -ENOENT);
+    KT_ERR(region_write(dead, cdead, 0, BL, data, true), -ENOENT);
+    KT_ERR(region_write(a, cb, 0, BL, data, true), -EACCES);
+    KT_ERR(region_write(ro, cro, 0, BL, data, true), -EACCES);
+    KT_ERR(region_write(a, ca, RL - BL + 1, BL, data, true), -EINVAL);
+    /* lengths that disagree (the run says 64, 63 or 65 come): malformed, unanswered */
+    {
+        uint8_t h[256];
+        size_t n = write_hdr(h, seen.rconn_id, seen.token, 0, 0, 64, 0);
+        name_region(h, a, ca);
+        send_raw(h, n, data, 63, UCP_AM_SEND_FLAG_EAGER);
+        send_raw(h, n, data, 65, UCP_AM_SEND_FLAG_EAGER);
+        name_region(h, 0, ca); /* region 0 names none: malformed */
+        send_raw(h, n, data, 64, UCP_AM_SEND_FLAG_EAGER);
+        progress_for(100);
+    }
+    kt_target_region_counters(&tg, &g1);
+    kt_target_counters(&tg, &c1);
+    kt_log("regions: refused %llu unknown or deregistered, %llu capabilities, %llu accesses, "
+           "%llu out of bounds, %llu malformed",
+           (unsigned long long)(g1.drop_region - g0.drop_region),
+           (unsigned long long)(g1.drop_region_capability - g0.drop_region_capability),
+           (unsigned long long)(g1.drop_access - g0.drop_access),
+           (unsigned long long)(c1.drop_range - c0.drop_range),
+           (unsigned long long)(c1.drop_malformed - c0.drop_malformed));
+    KT_EQ(g1.drop_region - g0.drop_region, 3 + 2);
+    KT_EQ(g1.drop_region_capability - g0.drop_region_capability, 4 + 1);
+    KT_EQ(g1.drop_access - g0.drop_access, 2 + 1);
+    KT_EQ(c1.drop_range - c0.drop_range, 4 + 1);
+    KT_EQ(c1.drop_malformed - c0.drop_malformed, 3);
+    KT_EQ(c1.bytes_landed, c0.bytes_landed);
+    KT_EQ(kt_target_canaries(&tg), 0);
+    /* nothing landed: every region still holds its own bytes, all of it read back */
+    {
+        const uint32_t ids[3] = {a, b, ro};
+        const uint8_t *caps[3] = {ca, cb, cro};
+        const uint8_t salts[3] = {0x10, 0x20, 0x30};
+        for (int k = 0; k < 3; k++)
+            for (uint64_t off = 0; off < RL; off += BL) {
+                uint32_t len = RL - off < BL ? (uint32_t)(RL - off) : BL;
+                KT_EQ(region_read(ids[k], caps[k], off, len), 0);
+                for (uint32_t i = 0; i < len; i++)
+                    if (seen.read_buf[i] != (uint8_t)(salts[k] + 7 * (off + i)))
+                        KT_FAIL("region %u byte %llu changed", ids[k],
+                                (unsigned long long)(off + i));
+            }
+    }
+    /* and the legitimate ones land: eager at an odd offset, by rendezvous in the write-only
+     * region, read back where the region allows it */
+    KT_EQ(region_write(a, ca, 1001, 333, data, false), 0);
+    KT_EQ(region_read(a, ca, 1001, 333), 0);
+    KT_CHECK(memcmp(seen.read_buf, data, 333) == 0);
+    KT_EQ(region_write(wo, cwo, 7, BL, data, true), 0);
+    KT_EQ(region_write(b, cb, 5, BL, data + 1, true), 0);
+    KT_EQ(region_read(b, cb, 5, BL), 0);
+    KT_CHECK(memcmp(seen.read_buf, data + 1, BL) == 0);
+    KT_EQ(kt_target_canaries(&tg), 0);
 }
 
 /* ---- 5: rendezvous writes whose payload never comes ---------------------------------------- */
@@ -1051,6 +1208,7 @@ static int attack(void)
     KT_EQ(kt_target_canaries(&tg), 0);
     message_attacks(&md);
     KT_EQ(kt_target_canaries(&tg), 0);
+    region_attacks();
     rndv_stall(&md, 1, false); /* the attacker's second endpoint: its stall limit */
     KT_EQ(kt_target_canaries(&tg), 0);
     rndv_stall(&md, 2, true); /* its third: a fence */

@@ -50,9 +50,9 @@ static void ids_never_repeat(void)
     first = write_blocks(0, 1, NULL);
     drain(1);
     /* jump the sequence past 2^44: 0.1's ids wrapped here onto the first ones */
-    kvx_lock(t);
-    t->next_seq = first + (1ull << 44);
-    kvx_unlock(t);
+    kvx_lock(&t->core);
+    t->core.next_seq = first + (1ull << 44);
+    kvx_unlock(&t->core);
     second = write_blocks(1, 1, NULL);
     kt_log("ids %llu then, 2^44 transfers later, %llu", (unsigned long long)first,
            (unsigned long long)second);
@@ -88,20 +88,20 @@ static void pool(void)
         for (uint32_t i = 0; i < 2000; i++)
             write_blocks(i, 1, NULL);
         if (b == 0) {
-            kvx_lock(t);
-            mallocs = t->xfer_mallocs;
-            kvx_unlock(t);
+            kvx_lock(&t->core);
+            mallocs = t->core.xfer_mallocs;
+            kvx_unlock(&t->core);
         }
         kt_cont(&tg.proc);
         drain(2000);
     }
-    kvx_lock(t);
+    kvx_lock(&t->core);
     kt_log("5 bursts of 2,000 transfers: %llu transfer objects allocated after the first, %zu "
            "pooled",
-           (unsigned long long)(t->xfer_mallocs - mallocs), t->nfree);
-    KT_EQ(t->xfer_mallocs, mallocs);
-    KT_CHECK(t->nfree >= 2000);
-    kvx_unlock(t);
+           (unsigned long long)(t->core.xfer_mallocs - mallocs), t->core.nfree);
+    KT_EQ(t->core.xfer_mallocs, mallocs);
+    KT_CHECK(t->core.nfree >= 2000);
+    kvx_unlock(&t->core);
     /* idle for two whole pool periods (1 s each, checked at the idle thread's 1 s wake-ups):
      * the pool shrinks back */
     {
@@ -109,10 +109,10 @@ static void pool(void)
         size_t nfree;
         do {
             usleep(100000);
-            kvx_lock(t);
-            nfree = t->nfree;
-            KT_EQ(t->nlive, 0);
-            kvx_unlock(t);
+            kvx_lock(&t->core);
+            nfree = t->core.nfree;
+            KT_EQ(t->core.nlive, 0);
+            kvx_unlock(&t->core);
         } while (nfree > 64 && kt_now_ns() - t0 < 10000000000ull);
         kt_log("idle: %zu transfer objects pooled after %.1f s", nfree,
                (double)(kt_now_ns() - t0) / 1e9);
@@ -125,10 +125,10 @@ static void runs_memory(void)
     /* one transfer of 8,192 single-block runs: its object must not keep 8,192 runs once idle */
     write_blocks(0, NB, NULL);
     drain(1);
-    kvx_lock(t);
-    for (kvx_xfer_t *x = t->free_xfers; x != NULL; x = x->next_free)
+    kvx_lock(&t->core);
+    for (kvx_xfer_t *x = t->core.free_xfers; x != NULL; x = x->next_free)
         KT_CHECK(x->runs_cap <= 1024);
-    kvx_unlock(t);
+    kvx_unlock(&t->core);
 }
 
 static void largest_deadline(void)

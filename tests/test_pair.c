@@ -406,7 +406,7 @@ static int lazy_client(const char *addr, int sock)
     KT_CHECK(ucp_worker_create(ctx, &wp, &w) == UCS_OK);
     ucp_am_handler_param_t hp = {.field_mask =
                                      UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB,
-                                 .id = 0x4b, /* kvx's (src/ucx_int.h) */
+                                 .id = 0x4b, /* kvx's (src/ucx/ucx_int.h) */
                                  .cb = lazy_am};
     KT_CHECK(ucp_worker_set_am_recv_handler(w, &hp) == UCS_OK);
     ucp_ep_params_t ep_params = {

@@ -7,7 +7,7 @@
  *
  * Three processes per round, each its own image (UCX does not survive a fork):
  *  - the listener ("test_pair_close listen FD"): a kvx transport (for real metadata of its own)
- *    and a bare UCX listener that speaks kvx's pairing (CHALLENGE, MD_REQ, MD, src/listen.c);
+ *    and a bare UCX listener that speaks kvx's pairing (CHALLENGE, MD_REQ, MD, src/peer/);
  *    on MD_REQ it tells the test, waits until the test has stopped the dialer, answers, and exits;
  *  - the dialer ("test_pair_close dial ADDR THREADS FD"): kvx_peer_connect, its result sent back;
  *  - the test: stops the dialer (SIGSTOP) before the answer, resumes it 350 ms after the listener
@@ -30,7 +30,7 @@
 #define BL 65536
 #define NB 16
 #define ROUNDS 20
-#define AM_ID 0x4b /* kvx's (src/ucx_int.h) */
+#define AM_ID 0x4b /* kvx's (src/ucx/ucx_int.h) */
 
 /* ---- the listener: bare UCX speaking kvx's pairing ---------------------------------------- */
 
@@ -165,7 +165,7 @@ static int listener_main(int sock)
 
 /* ---- the dialer ----------------------------------------------------------------------------- */
 
-/* The dialer's log: did the answer come in the step that closed its endpoint? (src/listen.c says
+/* The dialer's log: did the answer come in the step that closed its endpoint? (src/peer/dial.c says
  * so at debug level.) Errors still go to stderr. */
 static volatile int same_step;
 

@@ -30,9 +30,9 @@ int main(void)
     kt_fill_all(&rt, 1, 0);
     kt_fill_all(&rw, 2, 0);
     tgt = kt_transport(&rt, "rewire-target", 1);
-    kvx_lock(tgt);
-    tgt->spin_ns = 1000;
-    kvx_unlock(tgt);
+    kvx_lock(&tgt->core);
+    tgt->engine.spin_ns = 1000;
+    kvx_unlock(&tgt->core);
     w = kt_transport(&rw, "rewire-writer", 1);
     md = kt_metadata(tgt, &md_len);
     for (int i = 0; i < 10; i++) {

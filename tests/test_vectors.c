@@ -302,11 +302,12 @@ static void recorded(void)
         /* a recorded blob is format 2: refused by name (a kvx of format 3 says in its
          * handshake which payload paths it takes, which format 2's decoder refuses) */
         KT_ERR(kvx_md_decode(vec_blobs[k], vec_blob_lens[k], &dec), -EPROTONOSUPPORT);
-        /* format 3 is format 2's bytes with the version 3: the recorded blob, so changed and
-         * its CRC (and, signed, its MAC) made again, decodes to its inputs and verifies with its
-         * secret, and encoding the same inputs now gives those bytes */
+        /* formats 3 and 4 (wire 3: regions) are format 2's bytes with their version: the
+         * recorded blob, so changed and its CRC (and, signed, its MAC) made again, decodes to
+         * its inputs and verifies with its secret, and encoding the same inputs now gives those
+         * bytes */
         memcpy(v3, vec_blobs[k], vec_blob_lens[k]);
-        kvx_put16(v3 + 4, 3);
+        kvx_put16(v3 + 4, KVX_MD_VERSION);
         if (secret != NULL) {
             size_t body = vec_blob_lens[k] - KVX_MAC_LEN;
             kvx_iov_t parts[3] = {{v3, 12}, {(void *)zero4, 4}, {v3 + 16, body - 16}};

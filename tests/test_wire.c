@@ -111,8 +111,16 @@ int main(void)
                     .flags = KVX_MSGF_CRC,
                     .conn_id = 2,
                     .token = 8,
-                    .u.write = {.xfer_id = 11, .tag = 12, .epoch = 13, .nruns = 2, .runs = runs}};
+                    .u.write = {.xfer_id = 11,
+                                .tag = 12,
+                                .epoch = 13,
+                                .nruns = 2,
+                                .region = 7,
+                                .region_cap = seg,
+                                .runs = runs}};
     round_trip(&m, 65536 + 4096, KVX_WIRE_WRITE_LEN + 2 * KVX_WIRE_RUN_LEN, &d);
+    KT_EQ(d.u.write.region, 7);
+    KT_CHECK(memcmp(d.u.write.region_cap, seg, 16) == 0);
     KT_EQ(d.u.write.xfer_id, 11);
     KT_EQ(d.u.write.tag, 12);
     KT_EQ(d.u.write.epoch, 13);
@@ -128,13 +136,19 @@ int main(void)
     KT_EQ(d.u.ack.n, 3);
     KT_CHECK(memcmp(d.u.ack.entries, entries, sizeof(entries)) == 0);
 
-    m = (kvx_msg_t){
-        .type = KVX_MSG_READ_REQ,
-        .conn_id = 1,
-        .token = 2,
-        .u.read_req = {
-            .xfer_id = 21, .stream_off = 22, .nruns = 1, .prio = KVX_PRIO_HIGH, .runs = runs}};
+    m = (kvx_msg_t){.type = KVX_MSG_READ_REQ,
+                    .conn_id = 1,
+                    .token = 2,
+                    .u.read_req = {.xfer_id = 21,
+                                   .stream_off = 22,
+                                   .nruns = 1,
+                                   .prio = KVX_PRIO_HIGH,
+                                   .region = 9,
+                                   .region_cap = nonce,
+                                   .runs = runs}};
     round_trip(&m, 0, KVX_WIRE_READ_REQ_LEN + KVX_WIRE_RUN_LEN, &d);
+    KT_EQ(d.u.read_req.region, 9);
+    KT_CHECK(memcmp(d.u.read_req.region_cap, nonce, 16) == 0);
     KT_EQ(d.u.read_req.xfer_id, 21);
     KT_EQ(d.u.read_req.stream_off, 22);
     KT_EQ(d.u.read_req.prio, KVX_PRIO_HIGH);

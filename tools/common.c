@@ -7,6 +7,7 @@
 #include "common.h"
 
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #define KVX_PATTERN_STEP 0x9e3779b97f4a7c15ull
@@ -54,6 +55,30 @@ static uint64_t kvx_pattern_seed(uint64_t salt, uint64_t src, uint64_t round)
         return 0;                                                                                  \
     } while (0)
 
+/* Byte by byte only at the run's unaligned ends; whole words in between. */
+#define KVX_PATTERN_CHECK_RUN(p, len, salt, src, round, off)                                       \
+    do {                                                                                           \
+        uint64_t s_ = kvx_pattern_seed(salt, src, round), k_ = 0;                                  \
+        while (k_ < (len)) {                                                                       \
+            uint64_t x_ = (off) + k_, w_ = s_ + (x_ / 8) * KVX_PATTERN_STEP;                       \
+            if (x_ % 8 == 0 && (len)-k_ >= 8) {                                                    \
+                if (memcmp((p) + k_, &w_, 8) != 0)                                                 \
+                    break;                                                                         \
+                k_ += 8;                                                                           \
+                continue;                                                                          \
+            }                                                                                      \
+            if ((p)[k_] != ((const uint8_t *)&w_)[x_ % 8])                                         \
+                return k_ + 1;                                                                     \
+            k_++;                                                                                  \
+        }                                                                                          \
+        for (; k_ < (len); k_++) { /* the word that differed: its first wrong byte */              \
+            uint64_t x_ = (off) + k_, w_ = s_ + (x_ / 8) * KVX_PATTERN_STEP;                       \
+            if ((p)[k_] != ((const uint8_t *)&w_)[x_ % 8])                                         \
+                return k_ + 1;                                                                     \
+        }                                                                                          \
+        return 0;                                                                                  \
+    } while (0)
+
 void kvx_pattern_fill(uint8_t *block, uint64_t block_len, uint64_t salt, uint64_t src,
                       uint64_t round)
 {
@@ -76,6 +101,19 @@ KVX_PATTERN_UNCHECKED uint64_t kvx_pattern_check_target(const uint8_t *block, ui
                                                         uint64_t salt, uint64_t src, uint64_t round)
 {
     KVX_PATTERN_CHECK(block, block_len, salt, src, round);
+}
+
+uint64_t kvx_pattern_check_run(const uint8_t *p, uint64_t len, uint64_t salt, uint64_t src,
+                               uint64_t round, uint64_t off)
+{
+    KVX_PATTERN_CHECK_RUN(p, len, salt, src, round, off);
+}
+
+KVX_PATTERN_UNCHECKED uint64_t kvx_pattern_check_run_target(const uint8_t *p, uint64_t len,
+                                                            uint64_t salt, uint64_t src,
+                                                            uint64_t round, uint64_t off)
+{
+    KVX_PATTERN_CHECK_RUN(p, len, salt, src, round, off);
 }
 
 static uint64_t kvx_gcd(uint64_t a, uint64_t b)

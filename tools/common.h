@@ -21,6 +21,16 @@ void kvx_pattern_fill_target(uint8_t *block, uint64_t block_len, uint64_t salt, 
 uint64_t kvx_pattern_check_target(const uint8_t *block, uint64_t block_len, uint64_t salt,
                                   uint64_t src, uint64_t round);
 
+/* A run of len bytes at byte offset off of a region filled with kvx_pattern_fill (salt, src,
+ * round) as one block: byte x of that region is byte x % 8 of its word x / 8, so a range that
+ * travelled at any offset and length names where it came from. 0 when p holds those bytes, else
+ * 1 + the index of the first wrong byte. The _target form is unchecked under ThreadSanitizer, as
+ * kvx_pattern_check_target. */
+uint64_t kvx_pattern_check_run(const uint8_t *p, uint64_t len, uint64_t salt, uint64_t src,
+                               uint64_t round, uint64_t off);
+uint64_t kvx_pattern_check_run_target(const uint8_t *p, uint64_t len, uint64_t salt, uint64_t src,
+                                      uint64_t round, uint64_t off);
+
 /* Index maps shared by kvx-bench and kvx-memcpy, so both move the very same blocks. */
 enum kvx_pattern_kind { PAT_CONTIG, PAT_SCATTER, PAT_RANDOM };
 

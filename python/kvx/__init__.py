@@ -34,10 +34,14 @@ from ._lib import load as _load
 _TRANSPORT_NAMES = ("KvxTransport", "PollResult", "Notice", "Failure", "KvxError",
                     "PeerUnreachableError", "config_fingerprint", "FAILURES_KEPT")
 
+# regions and ranges (kvx.regions; KvxTransport's register_region, write_ranges, ...)
+_REGION_NAMES = ("Range", "range_dtype", "RANGE_FIELDS", "REGION_READ", "REGION_WRITE",
+                 "REGION_MAIN")
+
 #: This package's version: libkvx's it is made for (kvx_version(), CMake's project version).
 __version__ = "0.1.0"
 
-__all__ = list(_TRANSPORT_NAMES) + ["version", "EFENCED", "EINCOMPAT", "PRIO_LOW", "PRIO_NORMAL",
+__all__ = list(_TRANSPORT_NAMES) + list(_REGION_NAMES) + ["version", "EFENCED", "EINCOMPAT", "PRIO_LOW", "PRIO_NORMAL",
                                     "PRIO_HIGH"]
 
 
@@ -46,11 +50,15 @@ def __getattr__(name):
         import importlib
         transport = importlib.import_module(".transport", __name__)
         return transport if name == "transport" else getattr(transport, name)
+    if name in _REGION_NAMES or name == "regions":
+        import importlib
+        regions = importlib.import_module(".regions", __name__)
+        return regions if name == "regions" else getattr(regions, name)
     raise AttributeError(f"module 'kvx' has no attribute {name!r}")
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_TRANSPORT_NAMES))
+    return sorted(set(globals()) | set(_TRANSPORT_NAMES) | set(_REGION_NAMES))
 
 
 def version() -> str:

@@ -40,6 +40,16 @@ PEER_ATTR_ALL = (1 << 7) - 1
 TRANSPORT_ATTR_REGION = 1 << 2
 TRANSPORT_ATTR_RECV = 1 << 8
 TRANSPORT_ATTR_LISTEN = 1 << 9
+TRANSPORT_ATTR_MAPS_REFUSED = 1 << 10
+TRANSPORT_ATTR_REGIONS = 1 << 11
+# regions and ranges (kvx.h, "Regions and ranges")
+REGION_MAIN = 1
+REGION_WRITE = 1 << 0
+REGION_READ = 1 << 1
+REGION_PARAM_ACCESS = 1 << 0
+REGION_BLOB_MAX = 256
+REGIONS_MAX = 1 << 20
+RANGES_MAX = 2**32 - 1  # kvx_xfer_write_ranges: count at most 2^32 - 1
 ADDR_MAX = 96
 XFER_PARAM_DEADLINE = 1 << 0
 XFER_PARAM_TAG = 1 << 1
@@ -113,6 +123,30 @@ class RecvCounters(ctypes.Structure):
     _fields_ = [(name, ctypes.c_uint64) for name in RECV_COUNTERS]
 
 
+REGION_COUNTERS = ("registered", "registrations", "drop_region", "drop_region_capability",
+                   "drop_access", "dereg_closed")
+
+
+class RegionCounters(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_uint64) for name in REGION_COUNTERS]
+
+
+class RegionParams(ctypes.Structure):
+    _fields_ = [("field_mask", ctypes.c_uint64), ("access", ctypes.c_uint)]
+
+
+class Range(ctypes.Structure):
+    """kvx_range_t: 32 bytes."""
+
+    _fields_ = [
+        ("local_region", ctypes.c_uint32),
+        ("remote_region", ctypes.c_uint32),
+        ("local_offset", ctypes.c_uint64),
+        ("remote_offset", ctypes.c_uint64),
+        ("len", ctypes.c_uint64),
+    ]
+
+
 class TransportAttr(ctypes.Structure):
     _fields_ = [
         ("field_mask", ctypes.c_uint64),
@@ -128,6 +162,8 @@ class TransportAttr(ctypes.Structure):
         ("stall_ms", ctypes.c_uint64),
         ("recv", RecvCounters),
         ("listen_addr", ctypes.c_char * ADDR_MAX),
+        ("maps_refused", ctypes.c_uint64),
+        ("regions", RegionCounters),
     ]
 
 
@@ -291,6 +327,26 @@ def _declare(lib):
         f = getattr(lib, name)
         f.restype = res
         f.argtypes = args
+    # the region calls: a libkvx without them still loads (the region methods then say so)
+    rp = ctypes.POINTER(Range)
+    for name, (res, args) in {
+        "kvx_region_register": (ctypes.c_int, [t, ctypes.c_void_p, ctypes.c_uint64,
+                                               ctypes.POINTER(RegionParams), c_uint32_p]),
+        "kvx_region_deregister": (ctypes.c_int, [t, ctypes.c_uint32]),
+        "kvx_region_blob": (ctypes.c_int, [t, ctypes.c_uint32, ctypes.c_void_p,
+                                           ctypes.POINTER(ctypes.c_size_t)]),
+        "kvx_region_load": (ctypes.c_int, [t, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t,
+                                           c_uint32_p]),
+        "kvx_region_unload": (ctypes.c_int, [t, ctypes.c_char_p, ctypes.c_uint32]),
+        "kvx_xfer_write_ranges": (ctypes.c_int, [t, ctypes.c_char_p, rp, ctypes.c_size_t,
+                                                 ctypes.POINTER(XferParams), c_uint64_p]),
+        "kvx_xfer_read_ranges": (ctypes.c_int, [t, ctypes.c_char_p, rp, ctypes.c_size_t,
+                                                ctypes.POINTER(XferParams), c_uint64_p]),
+    }.items():
+        f = getattr(lib, name, None)
+        if f is not None:
+            f.restype = res
+            f.argtypes = args
 
 
 KVX_ERRNO_NAMES = {EINCOMPAT: "KVX_EINCOMPAT", EFENCED: "KVX_EFENCED"}

@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from typing import Any, NamedTuple, Optional
 
 from . import _lib
+from .regions import RegionsMixin
 
 try:  # the serving engine's interface, when it is installed
     from vllm.v1.kv_offload.tiering.p2p.data.base import (  # type: ignore
@@ -83,9 +84,16 @@ _VALUE_ERRORS = {errno.EINVAL, errno.EBADMSG, errno.EPROTONOSUPPORT, errno.EEXIS
 class KvxError(RuntimeError):
     """A kvx call failed; errno is the positive error code."""
 
-    def __init__(self, what: str, rc: int):
-        super().__init__(f"{what}: {_lib.strerror(rc)} ({rc})")
+    def __init__(self, what: str, rc: int, text: Optional[str] = None):
+        # text: what the error means for this call, when kvx_strerror's general one would
+        # mislead (ENOENT of a region call is no unknown peer)
+        super().__init__(f"{what}: {text or _lib.strerror(rc)} ({_lib.errno_name(rc)}, {rc})"
+                         if text else f"{what}: {_lib.strerror(rc)} ({rc})")
         self.errno = -rc
+        self._args = (what, rc, text)
+
+    def __reduce__(self):  # picklable (multiprocessing), with its errno
+        return (type(self), self._args)
 
 
 class PeerUnreachableError(ConnectionError, ValueError):
@@ -288,7 +296,7 @@ def _index_array(idxs) -> Optional[tuple]:
     return (ctypes.c_uint32 * n).from_buffer(a), n
 
 
-class KvxTransport(_Base):  # type: ignore[misc, valid-type]
+class KvxTransport(RegionsMixin, _Base):  # type: ignore[misc, valid-type]
     """Registers one region (a 2-D memoryview, num_blocks x block_len bytes) with kvx and moves
     blocks of it to and from peers.
 
@@ -386,6 +394,7 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
         self._pending: set = set()  # futures of add_remote_peer_async not finished yet
         self._failures: "collections.OrderedDict[int, int]" = collections.OrderedDict()
         self._failures_lock = threading.Lock()
+        self._regions_init(self._num_blocks * self._block_len)  # regions.py
         if _Base is not object and owned is None:
             try:
                 super().__init__(view, config_fields=config_fields)
@@ -1093,12 +1102,15 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
         drop_range, drop_fenced, drop_crc, drop_other, conns_overflow, conns_evicted,
         drop_unproven, drop_hello_limit, drop_replayed, rndv_landed, rndv_failed, rndv_served,
         catchup_over (include/kvx.h, kvx_recv_counters_t; docs/security.md, "Resource
-        bounds")."""
+        bounds"); and of its regions (kvx_region_counters_t, region_counters()): registered,
+        registrations, drop_region, drop_region_capability, drop_access, dereg_closed."""
         h = self._h()
         a = _lib.TransportAttr()
-        a.field_mask = _lib.TRANSPORT_ATTR_RECV
+        a.field_mask = _lib.TRANSPORT_ATTR_RECV | _lib.TRANSPORT_ATTR_REGIONS
         self._check("counters", self._lib.kvx_transport_query(h, ctypes.byref(a)))
-        return {name: getattr(a.recv, name) for name in _lib.RECV_COUNTERS}
+        c = {name: getattr(a.recv, name) for name in _lib.RECV_COUNTERS}
+        c.update((name, getattr(a.regions, name)) for name in _lib.REGION_COUNTERS)
+        return c
 
     def fileno(self) -> int:
         """A descriptor readable while poll(), poll_notices() or poll_peer_events() has
@@ -1179,6 +1191,7 @@ class KvxTransport(_Base):  # type: ignore[misc, valid-type]
                 # The handle itself is freed only when this object is (__del__): another thread
                 # may still be about to pass it to libkvx, which then answers -ESHUTDOWN.
                 self._lib.kvx_transport_close(self._handle)
+            self._regions_forget()  # every region deregistered: their buffers are free
             if not self._owned_region:
                 # drop our hold on the caller's buffer, so that it can be released (an mmap
                 # closed); an owned region stays mapped, and readable, until the handle goes

@@ -1,5 +1,5 @@
 /*
- * libFuzzer harness for the "host:port" parser of pairing by address (src/listen.c): the split
+ * libFuzzer harness for the "host:port" parser of pairing by address (src/peer/addr.c): the split
  * into host and port (brackets for IPv6, the port's digits and range, port 0 only where any port
  * is allowed), and, for numeric hosts (no name lookups while fuzzing), the resolution and the
  * numeric form kvx remembers for a peer, which must parse back to the same address. Input: one

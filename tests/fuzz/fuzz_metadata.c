@@ -13,7 +13,7 @@
 
 static void check(const uint8_t *data, size_t size)
 {
-    static kvx_transport_t self = {
+    static kvx_core_t self = {
         .log.name = "fuzz-self", .fingerprint = "0123456789abcdef", .block_len = 65536};
     static uint8_t again[1 << 16];
     kvx_md_t md;

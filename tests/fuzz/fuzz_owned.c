@@ -9,7 +9,8 @@
  * what the kernel would say of the mapping UCX gave for the blob's key (creator, size, offset,
  * the segment's last bytes) and the token the peer's HELLO_ACK brings. UCX's own part (unpacking
  * the key, ucp_rkey_ptr) is left out: UCX parses packed keys without a length, so junk keys
- * crash inside UCX; that is why the decision is kvx's own code in segment.c, apart from ucx_mem.c.
+ * crash inside UCX; that is why the decision is kvx's own code in src/wire/segment.c, apart from
+ * src/ucx/mem.c.
  *
  * Checked: a blob kvx accepts (decoded, verified, compatible) is mapped exactly when every rule
  * holds, recomputed here from the facts: not this process, the segment's creator is the
@@ -94,7 +95,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static uint8_t blob[1 << 16];
-    static kvx_transport_t self = {.log.name = "fuzz-self"};
+    static kvx_core_t self = {.log.name = "fuzz-self"};
     const uint8_t *ctl = data;
     uint8_t tail[KVX_SEG_TRAILER_LEN], token[KVX_SEG_TOKEN_LEN], ack[KVX_WIRE_HELLO_ACK_LEN];
     uint32_t me = (uint32_t)getpid(), owner;

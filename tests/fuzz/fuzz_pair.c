@@ -1,10 +1,11 @@
 /*
- * libFuzzer harness for the pairing messages (src/listen.c): decoded CHALLENGE, MD_REQ and MD
- * handed to kvx_listen_on_message, in either role (the listener's side of an accepted exchange,
- * or the connecting side's), with or without a shared secret, and the work kvx_listen_work then
- * does (the proof check, the answer, the metadata taken, closing). A pairing object is built by
- * hand, as fuzz_wire.c builds its transport; its endpoint is a zeroed stand-in with no UCP
- * endpoint behind it (sends fail -ENOTCONN, as on an endpoint UCX has closed), or none at all.
+ * libFuzzer harness for the pairing messages (src/peer/listen.c, dial.c): decoded CHALLENGE,
+ * MD_REQ and MD handed to kvx_pair_on_message, in either role (the listener's side of an accepted
+ * exchange, or the connecting side's), with or without a shared secret, and the work
+ * kvx_pairings_work then does (the proof check, the answer, the metadata taken, closing). A
+ * pairing object is built by hand, as fuzz_wire.c builds its transport; its endpoint is a zeroed
+ * stand-in with no UCP endpoint behind it (sends fail -ENOTCONN, as on an endpoint UCX has
+ * closed), or none at all.
  *
  * Input: one byte of options, then up to 8 messages, each a u16 header length, a u16 payload
  * length (little-endian), the header, the payload. Options: bit 0 the listener's side; bit 1 a
@@ -57,19 +58,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         free(pg);
         return 0;
     }
-    pthread_mutex_init(&t->lock, NULL);
-    kvx_list_init(&t->pairings);
-    kvx_list_init(&t->reconnects);
-    snprintf(t->log.name, sizeof(t->log.name), "fuzz");
+    pthread_mutex_init(&t->core.lock, NULL);
+    kvx_peers_init(&t->peers, &t->core, &t->conns);
+    snprintf(t->core.log.name, sizeof(t->core.log.name), "fuzz");
     memset(metadata, 0x6d, sizeof(metadata));
-    t->metadata = metadata;
-    t->metadata_len = sizeof(metadata);
+    kvx_peers_metadata(&t->peers, metadata, sizeof(metadata));
     if (opt & 2) {
-        t->secret = (uint8_t *)secret;
-        t->secret_len = strlen(secret);
+        t->core.secret = (uint8_t *)secret;
+        t->core.secret_len = strlen(secret);
     }
-    pg->t = t;
+    pg->peers = &t->peers;
     pg->accepted = opt & 1;
+    pg->side = pg->accepted ? &kvx_listen_side : &kvx_dial_side;
     /* a stand-in larger than kvx_ucx_ep_t, zeroed: no UCP endpoint (ASan would see a read past
      * it); kvx_ucx_ep_free frees it with the pairing */
     pg->ucx = (opt & 16) ? NULL : calloc(1, 4096);
@@ -77,11 +77,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     memset(pg->cnonce, 0x22, sizeof(pg->cnonce)); /* the connecting side's */
     pg->expires_ns = UINT64_MAX;
     pg->asked = (opt & 32) != 0;
-    kvx_list_add_tail(&t->pairings, &pg->link);
+    kvx_list_add_tail(&t->peers.pairings, &pg->link);
     if (pg->accepted)
-        t->naccepted = 1;
+        t->peers.naccepted = 1;
 
-    for (int i = 0; i < 8 && off + 4 <= size && !kvx_list_empty(&t->pairings); i++) {
+    for (int i = 0; i < 8 && off + 4 <= size && !kvx_list_empty(&t->peers.pairings); i++) {
         size_t hlen = get16(data + off), dlen = get16(data + off + 2);
         uint8_t *hdr, *payload;
         kvx_msg_t m;
@@ -101,7 +101,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         memcpy(hdr, data + off, hlen);
         memcpy(payload, data + off + hlen, dlen);
         off += hlen + dlen;
-        if (hlen >= KVX_WIRE_MD_REQ_LEN && hdr[1] == KVX_MSG_MD_REQ && (opt & 4) && t->secret) {
+        if (hlen >= KVX_WIRE_MD_REQ_LEN && hdr[1] == KVX_MSG_MD_REQ && (opt & 4) &&
+            t->core.secret) {
             /* the proof over the listener's nonce and the one this MD_REQ carries */
             mac(req_label, pg->nonce, hdr + KVX_WIRE_HDR_LEN + KVX_PROOF_LEN, NULL, 0,
                 hdr + KVX_WIRE_HDR_LEN);
@@ -110,13 +111,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (hlen >= KVX_WIRE_MD_LEN && hdr[1] == KVX_MSG_MD) {
             if (opt & 8)
                 memcpy(hdr + 24, pg->cnonce, KVX_WIRE_NONCE_LEN);
-            if ((opt & 4) && t->secret) {
+            if ((opt & 4) && t->core.secret) {
                 mac(md_label, pg->nonce, hdr + 24, payload, dlen, hdr + 40);
                 hdr[2] |= KVX_MSGF_PROOF;
             }
         }
         if (kvx_wire_decode(hdr, hlen, dlen, &m) == 0) {
-            kvx_listen_on_message(pg, &m, payload, dlen);
+            kvx_pair_on_message(pg, &m, payload, dlen);
             if (!pg->accepted && !had_md && pg->md != NULL) {
                 /* metadata taken: it must answer this exchange */
                 uint8_t want[32];
@@ -124,26 +125,26 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                     memcmp(pg->md, payload, dlen) != 0 ||
                     memcmp(m.u.md.cnonce, pg->cnonce, KVX_WIRE_NONCE_LEN) != 0)
                     abort();
-                if (t->secret != NULL) {
+                if (t->core.secret != NULL) {
                     mac(md_label, pg->nonce, pg->cnonce, payload, dlen, want);
                     if (m.u.md.mac == NULL || memcmp(m.u.md.mac, want, sizeof(want)) != 0)
                         abort();
                 }
             }
-            if (t->pair_work) {
-                t->pair_work = false;
-                kvx_listen_work(t); /* may free an accepted pairing once closed */
+            if (t->peers.pair_work) {
+                t->peers.pair_work = false;
+                kvx_pairings_work(&t->peers); /* may free an accepted pairing once closed */
             }
         }
         free(hdr);
         free(payload);
     }
-    if (!kvx_list_empty(&t->pairings)) {
+    if (!kvx_list_empty(&t->peers.pairings)) {
         /* as kvx_peer_connect and close leave it: abandoned, closed, freed */
         pg->abandoned = true;
-        kvx_listen_free_all(t);
+        kvx_pairings_free_all(&t->peers);
     }
-    pthread_mutex_destroy(&t->lock);
+    pthread_mutex_destroy(&t->core.lock);
     free(t);
     return 0;
 }

@@ -1,7 +1,8 @@
 /*
  * libFuzzer harness for what kvx does with a peer's messages before they touch anything: the
  * strict header decoder (src/wire.c) and the receiving side that acts on what it decoded
- * (src/recv.c, hello.c, fence.c: token check, fences, region bounds, applying writes into a region,
+ * (src/recv.c, hello.c, fence.c: token check, fences, the region named (id, capability,
+ * access) and its bounds, applying writes into a region,
  * queueing read requests, notices, handshakes, a retired capability's). Each input is one message:
  * a byte choosing where the header ends, the header, the payload. Messages naming connection 1 get
  * that connection's token when the input asks, so that the fuzzer reaches what a peer holding the
@@ -22,25 +23,31 @@ static kvx_transport_t *setup(bool unproven)
 {
     kvx_transport_t *t = calloc(1, sizeof(*t));
     kvx_writer_t *w = calloc(1, sizeof(*w));
-    kvx_rconn_t *rc = calloc(1, sizeof(*rc));
+    kvx_rconn_t *rc;
 
-    pthread_mutex_init(&t->lock, NULL);
-    t->base = malloc(REGION);
-    t->region_len = REGION;
-    t->block_len = 4096;
-    t->num_blocks = REGION / 4096;
-    memset(t->capability, 0x42, sizeof(t->capability));
-    memset(t->retired[0], 0x43, sizeof(t->retired[0])); /* a HELLO with it is kept, to refuse */
-    t->nretired = 1;
-    kvx_list_init(&t->refusing);
-    t->notice_cap = 4;
-    t->notices = calloc(t->notice_cap, sizeof(*t->notices));
-    kvx_list_init(&t->rwork);
-    kvx_list_init(&t->hellos);
-    kvx_list_init(&t->rconns);
-    kvx_list_init(&t->conns);
-    kvx_list_init(&t->work);
+    pthread_mutex_init(&t->core.lock, NULL);
+    kvx_conns_init(&t->conns, &t->core);
+    kvx_recv_init(&t->recv, &t->core, 4);
+    t->core.base = malloc(REGION);
+    t->core.region_len = REGION;
+    t->core.block_len = 4096;
+    t->core.num_blocks = REGION / 4096;
+    memset(t->core.capability, 0x42, sizeof(t->core.capability));
+    {
+        /* wire 3: the main region (1, capability field zero), and region 2 (write only, its
+         * capability 0x55...) over the same bytes, so that the checks of each field are reached */
+        kvx_region_t *g;
+        uint8_t cap[16];
+        memset(cap, 0, sizeof(cap));
+        kvx_region_add(&t->core, t->core.base, REGION, KVX_REGION_WRITE | KVX_REGION_READ, cap,
+                       true, &g);
+        memset(cap, 0x55, sizeof(cap));
+        kvx_region_add(&t->core, t->core.base, REGION / 2, KVX_REGION_WRITE, cap, false, &g);
+    }
+    memset(t->recv.retired[0], 0x43, sizeof(t->recv.retired[0])); /* a HELLO with it is kept */
+    t->recv.nretired = 1;
     snprintf(w->name, sizeof(w->name), "writer");
+    w->by_name.name = w->name;
     kvx_list_init(&w->rconns);
     w->epoch = 2;
     w->ftags = calloc(1, sizeof(*w->ftags));
@@ -48,33 +55,23 @@ static kvx_transport_t *setup(bool unproven)
     w->ftags[0].tag = 7;
     w->ftags[0].at_epoch = 2; /* writes of tag 7 stamped before epoch 2 are fenced */
     w->live = 1;
-    t->nftags = 1;
-    rc->t = t;
-    rc->w = w;
+    t->recv.conns.nftags = 1;
+    rc = kvx_rconn_alloc(&t->recv.conns, w, &(kvx_msg_t){.type = KVX_MSG_HELLO});
     rc->token = TOKEN;
     rc->state = KVX_CONN_OPEN;
-    kvx_list_init(&rc->serve);
-    kvx_list_init(&rc->ctl);
-    kvx_list_init(&rc->work_link);
-    kvx_list_init(&rc->w_link);
-    kvx_list_init(&rc->all_link);
-    kvx_list_init(&rc->slot_link);
     rc->proven = !unproven;
     if (unproven) {
         static uint8_t secret[] = "fuzz";
-        t->secret = secret;
-        t->secret_len = 4;
+        t->core.secret = secret;
+        t->core.secret_len = 4;
     }
     w->nopen = 1;
     w->live = 1;
     kvx_list_add_tail(&w->rconns, &rc->w_link);
-    kvx_list_add_tail(&t->rconns, &rc->all_link);
-    kvx_idtab_alloc(&t->rconn_ids, rc, &rc->id); /* id 1 */
-    t->nrconns = 1;
-    t->wtab_cap = 1;
-    t->wtab = calloc(1, sizeof(*t->wtab));
-    t->wtab[0] = w;
-    t->nwriters = 1;
+    kvx_list_add_tail(&t->recv.conns.all, &rc->all_link);
+    kvx_idtab_alloc(&t->recv.conns.ids, rc, &rc->id); /* id 1 */
+    t->recv.conns.nopen = 1;
+    kvx_names_add(&t->recv.conns.writers, &w->by_name);
     return t;
 }
 
@@ -119,20 +116,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         /* to the side that takes it, by the codecs' table (as the backend's dispatch) */
         switch (kvx_wire_type(m.type)->to) {
         case KVX_TO_RECEIVER:
-            kvx_recv_on_message(t, &m, hdr, hdr_len, payload, size - 2 - hdr_len);
+            kvx_recv_on_message(&t->recv, &m, hdr, hdr_len, payload, size - 2 - hdr_len);
             break;
         case KVX_TO_INITIATOR:
-            kvx_xfer_on_message(t, &m, payload, size - 2 - hdr_len);
+            kvx_xfer_on_message(&t->conns, &m, payload, size - 2 - hdr_len);
             break;
         default: /* a pairing's: taken only on a pairing's endpoint (fuzz_pair) */
             break;
         }
     }
-    kvx_recv_free_all(t);
-    free(t->conn_ids.slots);
-    free(t->notices);
-    free(t->base);
-    pthread_mutex_destroy(&t->lock);
+    kvx_recv_free_all(&t->recv);
+    kvx_region_free_all(&t->core);
+    free(t->conns.ids.slots);
+    kvx_recv_fini(&t->recv);
+    free(t->core.base);
+    pthread_mutex_destroy(&t->core.lock);
     free(t);
     free(hdr);
     return 0;

@@ -173,6 +173,60 @@ uint64_t ctl_verify(int fd, const verify_req_t *q, const uint32_t *dst, const ui
     return bad;
 }
 
+void ctl_regions(int fd, uint64_t block_len, uint64_t num_blocks, uint32_t count, uint64_t bytes,
+                 uint8_t *blobs, size_t *lens)
+{
+    regions_req_t q = {block_len, num_blocks, count, bytes};
+    msg_hdr_t h;
+    uint8_t *rep;
+    size_t at = 0;
+
+    msg_send(fd, MSG_REGIONS, &q, sizeof(q));
+    rep = msg_recv(fd, &h);
+    for (uint32_t k = 0; k < count; k++) {
+        uint32_t len;
+        if (at + sizeof(len) > h.len)
+            die("server: a REGIONS answer of %u bytes for %u regions", h.len, count);
+        memcpy(&len, rep + at, sizeof(len));
+        at += sizeof(len);
+        if (len > RR_BLOB_MAX || at + len > h.len)
+            die("server: a REGIONS answer with a blob of %u bytes", len);
+        memcpy(blobs + (size_t)k * RR_BLOB_MAX, rep + at, len);
+        lens[k] = len;
+        at += len;
+    }
+    free(rep);
+}
+
+uint64_t ctl_verify_ranges(int fd, const verify_ranges_req_t *q, const range_check_t *c, size_t n)
+{
+    uint64_t bad = 0;
+
+    for (size_t done = 0; done < n;) {
+        verify_ranges_req_t part = *q;
+        size_t k = n - done < RANGE_CHECKS_MAX ? n - done : RANGE_CHECKS_MAX;
+        size_t len = sizeof(part) + k * sizeof(*c);
+        uint8_t *buf = malloc(len), *rep;
+        msg_hdr_t h;
+        uint64_t b = 0;
+
+        if (buf == NULL)
+            die("out of memory");
+        part.n = (uint32_t)k;
+        memcpy(buf, &part, sizeof(part));
+        memcpy(buf + sizeof(part), c + done, k * sizeof(*c));
+        msg_send(fd, MSG_VERIFY_RANGES, buf, (uint32_t)len);
+        rep = msg_recv(fd, &h);
+        if (h.len == sizeof(b))
+            memcpy(&b, rep, sizeof(b));
+        free(rep);
+        free(buf);
+        bad += b;
+        done += k;
+    }
+    return bad;
+}
+
 void ctl_bye(int fd)
 {
     msg_send(fd, MSG_BYE, NULL, 0);

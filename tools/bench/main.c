@@ -4,13 +4,16 @@
  * Every run verifies the bytes that landed unless --no-verify. This file only dispatches: the
  * processes of --loopback, and which mode an initiator runs. opts.c parses the options, ctl.c
  * is the control channel, server.c the targets, client.c the initiator, load.c --load, hol.c
- * --hol, report.c the results, util.c what several of them use.
+ * --hol, ranges.c --regions, regcost.c --reg-cost, report.c the results, util.c what several of
+ * them use.
  */
 #include "client.h"
 #include "ctl.h"
 #include "hol.h"
 #include "load.h"
 #include "opts.h"
+#include "ranges.h"
+#include "regcost.h"
 #include "report.h"
 #include "server.h"
 
@@ -40,8 +43,10 @@ static int initiator_run(const struct opts *o)
             fprintf(stderr, "kvx-bench: verification FAILED\n");
         return bad;
     }
-    for (int s = 0; s < o->nsizes; s++) {
-        if (o->load_s > 0)
+    for (int s = 0; s < (o->regions > 0 ? 1 : o->nsizes); s++) {
+        if (o->regions > 0)
+            ranges_run(o, ctl, res, &nres);
+        else if (o->load_s > 0)
             load_run(o, ctl, o->sizes[s], res, &nres);
         else
             client_run_size(o, ctl, o->sizes[s], res, &nres);
@@ -147,6 +152,8 @@ int main(int argc, char **argv)
     if (rc >= 0)
         return rc;
     signal(SIGPIPE, SIG_IGN);
+    if (o.reg_cost > 0) /* no server, no peer */
+        return regcost_run(&o);
     if (o.loopback)
         return loopback(&o);
     if (o.naddrs == 0) {

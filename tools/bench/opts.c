@@ -28,46 +28,24 @@ static const struct opts defaults = {
     .hol_every_us = 1000,
     .hol_seconds = 3,
     .hol_prio = 1,
+    .seed = 1,
 };
 
-static const struct option long_opts[] = {{"sizes", 1, 0, 's'},
-                                          {"region", 1, 0, 'r'},
-                                          {"blocks", 1, 0, 'b'},
-                                          {"pattern", 1, 0, 'P'},
-                                          {"op", 1, 0, 'o'},
-                                          {"iters", 1, 0, 'n'},
-                                          {"warmup", 1, 0, 'w'},
-                                          {"inflight", 1, 0, 'q'},
-                                          {"threads", 1, 0, 't'},
-                                          {"target-threads", 1, 0, 'T'},
-                                          {"peers", 1, 0, 'N'},
-                                          {"port", 1, 0, 'p'},
-                                          {"loopback", 0, 0, 'L'},
-                                          {"json", 0, 0, 'J'},
-                                          {"no-verify", 0, 0, 'V'},
-                                          {"same-block", 0, 0, 'S'},
-                                          {"quiet", 0, 0, 'Q'},
-                                          {"help", 0, 0, 'h'},
-                                          {"client-index", 1, 0, 'K'},
-                                          {"clients", 1, 0, 'C'},
-                                          {"initiators", 1, 0, 'C'},
-                                          {"wait", 0, 0, 'W'},
-                                          {"wait-fd", 0, 0, 'F'},
-                                          {"load", 1, 0, 'D'},
-                                          {"bind", 1, 0, 'B'},
-                                          {"max-region", 1, 0, 'M'},
-                                          {"integrity", 0, 0, 'G'},
-                                          {"owned", 0, 0, 'O'},
-                                          {"listen", 2, 0, 'l'},
-                                          {"rndv", 1, 0, 'R'},
-                                          {"hol", 0, 0, 1001},
-                                          {"hol-op", 1, 0, 1002},
-                                          {"hol-every-us", 1, 0, 1003},
-                                          {"hol-seconds", 1, 0, 1004},
-                                          {"hol-bulk", 1, 0, 1005},
-                                          {"hol-blocks", 1, 0, 1006},
-                                          {"hol-prio", 1, 0, 1007},
-                                          {0, 0, 0, 0}};
+static const struct option long_opts[] = {
+    {"sizes", 1, 0, 's'},          {"region", 1, 0, 'r'},     {"blocks", 1, 0, 'b'},
+    {"pattern", 1, 0, 'P'},        {"op", 1, 0, 'o'},         {"iters", 1, 0, 'n'},
+    {"warmup", 1, 0, 'w'},         {"inflight", 1, 0, 'q'},   {"threads", 1, 0, 't'},
+    {"target-threads", 1, 0, 'T'}, {"peers", 1, 0, 'N'},      {"port", 1, 0, 'p'},
+    {"loopback", 0, 0, 'L'},       {"json", 0, 0, 'J'},       {"no-verify", 0, 0, 'V'},
+    {"same-block", 0, 0, 'S'},     {"quiet", 0, 0, 'Q'},      {"help", 0, 0, 'h'},
+    {"client-index", 1, 0, 'K'},   {"clients", 1, 0, 'C'},    {"initiators", 1, 0, 'C'},
+    {"wait", 0, 0, 'W'},           {"wait-fd", 0, 0, 'F'},    {"load", 1, 0, 'D'},
+    {"bind", 1, 0, 'B'},           {"max-region", 1, 0, 'M'}, {"integrity", 0, 0, 'G'},
+    {"owned", 0, 0, 'O'},          {"listen", 2, 0, 'l'},     {"rndv", 1, 0, 'R'},
+    {"hol", 0, 0, 1001},           {"hol-op", 1, 0, 1002},    {"hol-every-us", 1, 0, 1003},
+    {"hol-seconds", 1, 0, 1004},   {"hol-bulk", 1, 0, 1005},  {"hol-blocks", 1, 0, 1006},
+    {"hol-prio", 1, 0, 1007},      {"regions", 1, 0, 1101},   {"ranges", 1, 0, 1102},
+    {"seed", 1, 0, 1103},          {"reg-cost", 1, 0, 1104},  {0, 0, 0, 0}};
 
 const char *opts_pattern_name(int p)
 {
@@ -140,10 +118,22 @@ static void usage(const struct opts *o)
            "      --hol-prio P      on (default): urgent transfers KVX_PRIO_HIGH, bulk\n"
            "                        KVX_PRIO_LOW; high: urgent high, bulk the default; off:\n"
            "                        both the default (as before kvx had priorities)\n"
+           "      --regions N       the ranges mode: N regions on each side (at most %d), each\n"
+           "                        --region / N bytes, registered (kvx_region_register) beside\n"
+           "                        a small main region; transfers are lists of -b ranges\n"
+           "                        (default 64) between them (kvx_xfer_write_ranges), every\n"
+           "                        byte of every range moved checked\n"
+           "      --ranges MIN[-MAX]  each range's length, log-uniform in MIN..MAX at any byte\n"
+           "                        offset (default 4K-4M); MIN alone: block-aligned ranges of\n"
+           "                        that length, the same bytes as blocks of that size\n"
+           "      --seed S          the ranges' layout and choice (default 1)\n"
+           "      --reg-cost N      time N kvx_region_register/kvx_region_deregister pairs of a\n"
+           "                        region of the first --sizes (default 64K), then N regions at\n"
+           "                        once; no server\n"
            "      --json            one JSON object per result line\n"
            "      --no-verify       skip checking the bytes that landed\n"
            "      --quiet           no progress display\n",
-           o->port, o->port);
+           o->port, o->port, MAX_RREGIONS);
 }
 
 static void parse_sizes(struct opts *o, const char *arg)
@@ -314,6 +304,44 @@ static bool set_hol_opt(struct opts *o, int c, const char *arg)
     }
 }
 
+/* "4K-4M" or "64K" */
+static void parse_ranges(struct opts *o, const char *arg)
+{
+    char lo[64];
+    const char *dash = strchr(arg, '-');
+
+    snprintf(lo, sizeof(lo), "%.*s", (int)(dash != NULL ? (size_t)(dash - arg) : strlen(arg)), arg);
+    o->ranges_min = parse_size(lo);
+    o->ranges_max = dash != NULL ? parse_size(dash + 1) : o->ranges_min;
+    if (o->ranges_max < o->ranges_min)
+        die("--ranges: MIN-MAX with MIN <= MAX, not '%s'", arg);
+}
+
+/* --regions, --ranges, --seed, --reg-cost. False: not one of these options. */
+static bool set_region_opt(struct opts *o, int c, const char *arg)
+{
+    switch (c) {
+    case 1101:
+        o->regions = atoi(arg);
+        if (o->regions < 1 || o->regions > MAX_RREGIONS)
+            die("--regions: 1..%d, not '%s'", MAX_RREGIONS, arg);
+        return true;
+    case 1102:
+        parse_ranges(o, arg);
+        return true;
+    case 1103:
+        o->seed = strtoull(arg, NULL, 0);
+        return true;
+    case 1104:
+        o->reg_cost = atoi(arg);
+        if (o->reg_cost < 1)
+            die("--reg-cost: at least 1 pair, not '%s'", arg);
+        return true;
+    default:
+        return false;
+    }
+}
+
 static void check_counts(const struct opts *o)
 {
     if (o->iters < 1 || o->warmup < 0 || o->inflight < 1 || o->peers < 1 || o->peers > MAX_PEERS ||
@@ -359,7 +387,7 @@ int opts_parse(struct opts *o, int argc, char **argv)
     host_sample(&o->host);
     while ((c = getopt_long(argc, argv, "s:r:b:P:o:n:w:q:t:T:N:I:p:h", long_opts, NULL)) != -1) {
         if (set_transfer_opt(o, c, optarg) || set_run_opt(o, c, optarg) ||
-            set_hol_opt(o, c, optarg))
+            set_hol_opt(o, c, optarg) || set_region_opt(o, c, optarg))
             continue;
         if (c == 'l') {
             listen_mode = true;
@@ -373,6 +401,18 @@ int opts_parse(struct opts *o, int argc, char **argv)
         o->sizes[o->nsizes++] = 64ull << 10;
         o->sizes[o->nsizes++] = 1ull << 20;
     }
+    if (o->ranges_min != 0 && o->regions == 0)
+        o->regions = 1;
+    if (o->regions > 0 && o->ranges_min == 0) {
+        o->ranges_min = 4ull << 10;
+        o->ranges_max = 4ull << 20;
+    }
+    if (o->regions > 0 && (o->hol || o->load_s > 0))
+        die("--regions is a mode of its own: not with --hol or --load");
+    if (o->regions > 0 && o->ranges_max > o->region / (uint64_t)o->regions / (uint64_t)o->clients)
+        die("--ranges: a range of up to %llu bytes does not fit a region of --region / --regions "
+            "/ initiators bytes",
+            (unsigned long long)o->ranges_max);
     check_counts(o);
     for (int i = optind; i < argc; i++) {
         if (o->naddrs == MAX_PEERS)

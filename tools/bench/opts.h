@@ -13,6 +13,7 @@
 #define MAX_SIZES 16
 #define MAX_PEERS 16
 #define MAX_INITIATORS 64
+#define MAX_RREGIONS 64 /* --regions: regions per side */
 
 enum { OP_WRITE = 1, OP_READ = 2 };
 
@@ -47,6 +48,11 @@ struct opts {
                           * default; 0: both the default */
     double hol_every_us; /* one urgent transfer submitted every ... */
     double hol_seconds;  /* per phase */
+    int regions;         /* --regions N: the ranges mode over N regions per side (ranges.c) */
+    uint64_t ranges_min; /* --ranges MIN-MAX: each range's length, log-uniform, seeded */
+    uint64_t ranges_max; /* (MIN == MAX: block-aligned ranges of that length, as blocks) */
+    uint64_t seed;       /* --seed: the ranges' layout and choice */
+    int reg_cost;        /* --reg-cost N: N register/deregister pairs timed (regcost.c) */
     bench_host_t host;   /* the host's load when kvx-bench started, and its cores */
 };
 

@@ -19,7 +19,8 @@ static void print_json(const struct opts *o, const result_t *r)
            "\"target_cpu_s_per_gb\":%.4f,\"create_ms\":%.3f,"
            "\"metadata_bytes\":%zu,\"peer_add_ms\":%.3f,\"transport\":\"%s\","
            "\"start_ns\":%llu,\"end_ns\":%llu,\"xfers\":%llu,\"load_avg_1m\":%.2f,"
-           "\"cores\":%d,\"host_busy\":%s,\"verified\":%s,\"bad_blocks\":%llu}\n",
+           "\"cores\":%d,\"host_busy\":%s,\"regions\":%d,\"ranges_min\":%llu,\"ranges_max\":%llu,"
+           "\"verified\":%s,\"bad_blocks\":%llu}\n",
            r->op, (unsigned long long)r->size, (unsigned long long)r->blocks,
            (unsigned long long)o->region, opts_pattern_name(o->pattern), o->iters, o->inflight,
            o->naddrs, o->clients, r->initiator, o->threads, (unsigned long long)r->bytes, r->gbps,
@@ -28,7 +29,8 @@ static void print_json(const struct opts *o, const result_t *r)
            r->target_cpu_s_per_gb, r->create_ms, r->md_bytes, r->peer_add_ms, r->transport,
            (unsigned long long)r->start_ns, (unsigned long long)r->end_ns,
            (unsigned long long)r->xfers, o->host.load_1m, o->host.cores,
-           host_busy(&o->host) ? "true" : "false",
+           host_busy(&o->host) ? "true" : "false", o->regions, (unsigned long long)o->ranges_min,
+           (unsigned long long)o->ranges_max,
            !o->verify ? "null"
            : r->bad   ? "false"
                       : "true",
@@ -37,11 +39,22 @@ static void print_json(const struct opts *o, const result_t *r)
 
 static void print_title(const struct opts *o)
 {
-    char rg[24];
+    char rg[24], lo[24], hi[24], rg2[64], each[24];
 
     busy_warning(stdout, &o->host);
     fmt_size(o->region, rg, sizeof(rg));
-    if (o->load_s > 0)
+    snprintf(rg2, sizeof(rg2), "%s-%s", fmt_size(o->ranges_min, lo, sizeof(lo)),
+             fmt_size(o->ranges_max, hi, sizeof(hi)));
+    if (o->regions > 0)
+        printf("kvx-bench %s: ranges of %s bytes (%s, seed %llu) between %d region(s) of %s on "
+               "each side, %d iteration(s) after %d warm-up, %d in flight per peer, %d peer(s), "
+               "%d initiator(s), progress thread %s\n",
+               kvx_version(), o->ranges_min == o->ranges_max ? lo : rg2,
+               o->ranges_min == o->ranges_max ? "block-aligned" : "log-uniform, any offset",
+               (unsigned long long)o->seed, o->regions,
+               fmt_size(o->region / (uint64_t)o->regions / 4096 * 4096, each, sizeof(each)),
+               o->iters, o->warmup, o->inflight, o->naddrs, o->clients, o->threads ? "on" : "off");
+    else if (o->load_s > 0)
         printf("kvx-bench %s: load for %.0f s, random writes each read back and compared, a %s "
                "region on each side, %d peer(s), %d initiator(s), progress thread %s\n",
                kvx_version(), o->load_s, rg, o->naddrs, o->clients, o->threads ? "on" : "off");
@@ -112,6 +125,10 @@ static void print_notes(const struct opts *o, const result_t *res, int n)
     if (o->clients > 1)
         printf("rows op#k: initiator k; op*: all initiators together (their bytes over the span "
                "from the first start to the last end; latency: the worst initiator's)\n");
+    if (o->regions > 0)
+        printf("wranges, rranges: kvx_xfer_write_ranges / read_ranges between the regions; "
+               "block: the mean range length, blocks: ranges per transfer, sub ns/blk: per range; "
+               "verified: every byte of every range moved\n");
     for (int i = 0; i < n; i++)
         if (strcmp(res[i].op, "load") == 0 && (o->clients == 1 || res[i].initiator < 0))
             printf("load: %llu transfers (half writes, half reads of them back), %llu bytes, "

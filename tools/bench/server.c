@@ -29,6 +29,11 @@ typedef struct srv_region {
     uint8_t *base;
     kvx_transport_t *t;
     uint32_t port; /* where its transport listens for initiators (kvx_transport_listen) */
+    /* the regions registered beside it for the ranges mode (MSG_REGIONS) */
+    uint32_t nrr;
+    uint64_t rr_bytes;
+    uint8_t *rr_base[MAX_RREGIONS];
+    uint32_t rr_id[MAX_RREGIONS];
 } srv_region_t;
 
 /* One connected client and the message it is in the middle of sending. */
@@ -67,6 +72,8 @@ static void srv_region_fill(const srv_region_t *r)
 {
     for (uint64_t i = 0; i < r->num_blocks; i++)
         kvx_pattern_fill_target(r->base + i * r->block_len, r->block_len, SERVER_SALT, i, 0);
+    for (uint32_t k = 0; k < r->nrr; k++)
+        kvx_pattern_fill_target(r->rr_base[k], r->rr_bytes, SERVER_SALT, RR_SRC + k, 0);
 }
 
 /* Initiators pair with r's transport by address: at the control channel's address, any port. */
@@ -171,7 +178,10 @@ static uint64_t srv_max_len(uint32_t type)
         return 2 * sizeof(uint64_t);
     case MSG_BARRIER:
         return 2 * sizeof(uint32_t);
+    case MSG_REGIONS:
+        return sizeof(regions_req_t);
     case MSG_VERIFY:
+    case MSG_VERIFY_RANGES:
         return MSG_MAX;
     case MSG_BYE:
     case MSG_CPU:
@@ -207,6 +217,90 @@ static const char *srv_on_verify(server_t *s, srv_client_t *c)
             bad++;
     }
     srv_send(c, MSG_VERIFY, &bad, sizeof(bad));
+    return NULL;
+}
+
+/* MSG_REGIONS: the ranges mode's regions beside a region's transport, made on first use. */
+static const char *srv_on_regions(server_t *s, srv_client_t *c)
+{
+    regions_req_t q;
+    srv_region_t *r;
+    uint8_t *rep;
+    size_t at = 0;
+
+    if (c->h.len != sizeof(q))
+        return "bad REGIONS length";
+    memcpy(&q, c->buf, sizeof(q));
+    r = srv_region_find(s, q.block_len, q.num_blocks);
+    if (r == NULL)
+        return "REGIONS beside an unknown region";
+    if (q.count == 0 || q.count > MAX_RREGIONS || q.bytes == 0 || q.bytes > MAX_BLOCK_LEN * 4)
+        return "REGIONS count or size out of bounds";
+    if (r->nrr != 0 && (r->nrr != q.count || r->rr_bytes != q.bytes))
+        return "REGIONS of another count or size than before";
+    if (r->nrr == 0) {
+        if (q.count * q.bytes > s->o->max_region - s->bytes)
+            return "REGIONS beyond --max-region";
+        for (uint32_t k = 0; k < q.count; k++) {
+            kvx_region_params_t rp = {0};
+            uint8_t *m =
+                mmap(NULL, q.bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            if (m == MAP_FAILED)
+                return "out of memory";
+            kvx_pattern_fill_target(m, q.bytes, SERVER_SALT, RR_SRC + k, 0);
+            if (kvx_region_register(r->t, m, q.bytes, &rp, &r->rr_id[k]) < 0) {
+                munmap(m, q.bytes);
+                return "kvx_region_register failed";
+            }
+            r->rr_base[r->nrr++] = m;
+        }
+        r->rr_bytes = q.bytes;
+        s->bytes += q.count * q.bytes;
+    }
+    rep = malloc(q.count * (sizeof(uint32_t) + RR_BLOB_MAX));
+    if (rep == NULL)
+        return "out of memory";
+    for (uint32_t k = 0; k < q.count; k++) {
+        size_t len = RR_BLOB_MAX;
+        uint32_t len32;
+        if (kvx_region_blob(r->t, r->rr_id[k], rep + at + sizeof(len32), &len) < 0) {
+            free(rep);
+            return "kvx_region_blob failed";
+        }
+        len32 = (uint32_t)len;
+        memcpy(rep + at, &len32, sizeof(len32));
+        at += sizeof(len32) + len;
+    }
+    srv_send(c, MSG_REGIONS, rep, (uint32_t)at);
+    free(rep);
+    return NULL;
+}
+
+static const char *srv_on_verify_ranges(server_t *s, srv_client_t *c)
+{
+    verify_ranges_req_t q;
+    const uint8_t *runs = c->buf + sizeof(q);
+    uint64_t bad = 0;
+    srv_region_t *r;
+
+    if (c->h.len < sizeof(q))
+        return "VERIFY_RANGES too short";
+    memcpy(&q, c->buf, sizeof(q));
+    if ((uint64_t)c->h.len != sizeof(q) + sizeof(range_check_t) * (uint64_t)q.n)
+        return "VERIFY_RANGES length disagrees with its count";
+    r = srv_region_find(s, q.block_len, q.num_blocks);
+    if (r == NULL)
+        return "VERIFY_RANGES of an unknown region";
+    for (uint32_t i = 0; i < q.n; i++) {
+        range_check_t k;
+        memcpy(&k, runs + sizeof(k) * i, sizeof(k));
+        if (k.region >= r->nrr || k.len > r->rr_bytes || k.off > r->rr_bytes - k.len)
+            return "VERIFY_RANGES of a run out of range";
+        if (kvx_pattern_check_run_target(r->rr_base[k.region] + k.off, k.len, q.salt,
+                                         RR_SRC + k.src, q.round, k.src_off) != 0)
+            bad++;
+    }
+    srv_send(c, MSG_VERIFY_RANGES, &bad, sizeof(bad));
     return NULL;
 }
 
@@ -271,6 +365,10 @@ static const char *srv_handle(server_t *s, srv_client_t *c)
         return NULL;
     case MSG_BARRIER:
         return srv_on_barrier(s, c);
+    case MSG_REGIONS:
+        return srv_on_regions(s, c);
+    case MSG_VERIFY_RANGES:
+        return srv_on_verify_ranges(s, c);
     case MSG_CPU:
         ns = kvx_tool_process_cpu_ns();
         if (c->h.len != 0)
@@ -367,9 +465,11 @@ static void srv_close(server_t *s)
 {
     for (int i = 0; i < s->nregions; i++) {
         srv_region_t *r = &s->regions[i];
-        kvx_transport_destroy(r->t); /* an owned region goes with it */
+        kvx_transport_destroy(r->t); /* an owned region goes with it, and every registration */
         if (!s->o->owned)
             munmap(r->base, r->block_len * r->num_blocks);
+        for (uint32_t k = 0; k < r->nrr; k++)
+            munmap(r->rr_base[k], r->rr_bytes);
     }
 }
 
