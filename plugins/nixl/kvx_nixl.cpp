@@ -4,7 +4,8 @@
 // and statuses turned into NIXL's. Built by CMakeLists.txt beside it (README.md there).
 #include "backend/backend_plugin.h"
 
-#include "kvx_next.h"
+#include "kvx.h"
+#include "kvx_next.h" // notices with payloads, until kvx.h declares them
 
 #include <atomic>
 #include <cerrno>
@@ -327,8 +328,12 @@ class kvxEngine : public nixlBackendEngine
                            const nixl_opt_b_args_t *opt) const override
     {
         auto *r = static_cast<kvxReqH *>(handle);
-        kvx_nixl_xfer_params_t p{};
+        kvx_xfer_params_t p{};
         if (opt != nullptr && opt->hasNotif) {
+#ifdef KVX_NIXL_DRAFT_NOTICES
+            NIXL_ERROR << "KVX: this kvx carries no notification with a transfer yet";
+            return NIXL_ERR_NOT_SUPPORTED;
+#else
             if (opt->notifMsg.empty() || opt->notifMsg.size() > KVX_NOTICE_DATA_MAX) {
                 NIXL_ERROR << "KVX: a notification of " << opt->notifMsg.size()
                            << " bytes: kvx carries 1.." << KVX_NOTICE_DATA_MAX;
@@ -337,10 +342,11 @@ class kvxEngine : public nixlBackendEngine
             p.field_mask = KVX_XFER_PARAM_NOTICE_DATA;
             p.notice_data = opt->notifMsg.data();
             p.notice_len = opt->notifMsg.size();
+#endif
         }
         uint64_t id;
         const int rc = (op == NIXL_WRITE ? kvx_xfer_write_ranges : kvx_xfer_read_ranges)(
-            t_, r->peer.c_str(), r->plan.data(), r->plan.size(), KVX_NIXL_XFER_PARAMS(&p), &id);
+            t_, r->peer.c_str(), r->plan.data(), r->plan.size(), &p, &id);
         if (rc < 0)
             return fail(op == NIXL_WRITE ? "kvx_xfer_write_ranges" : "kvx_xfer_read_ranges", rc);
         std::lock_guard g(doneLock_);
@@ -388,6 +394,10 @@ class kvxEngine : public nixlBackendEngine
     {
         // What waits now, in rounds (the buffer bounds a round's payloads), not what keeps
         // arriving: callers spin on this.
+#ifdef KVX_NIXL_DRAFT_NOTICES
+        (void)list; // nothing can arrive: this kvx carries no notices with payloads yet
+        return NIXL_SUCCESS;
+#else
         std::lock_guard g(noticeLock_);
         kvx_notice_data_t out[32];
         for (int round = 0; round < 64; round++) {
@@ -402,6 +412,7 @@ class kvxEngine : public nixlBackendEngine
                     std::string(static_cast<const char *>(out[i].data), out[i].data_len));
         }
         return NIXL_SUCCESS;
+#endif
     }
 
     nixl_status_t genNotif(const std::string &agent, const std::string &msg) const override
@@ -473,13 +484,23 @@ class kvxEngine : public nixlBackendEngine
             p.secret = secret.data();
             p.secret_len = secret.size();
         }
-        // No KVX_PARAM_REGION: a transport of regions registered later (kvx_region_register).
+        // kvx_transport_create still requires a main region (KVX_PARAM_REGION; NIXL's memory
+        // comes later, as regions of kvx_region_register): the engine gives it one block of its
+        // own and deregisters it at once, so that no peer holding the conn info can write or
+        // read there. To go once kvx creates transports without a main region.
+        p.field_mask |= KVX_PARAM_REGION;
+        p.base = mainRegion_;
+        p.num_blocks = 1;
+        p.block_len = sizeof(mainRegion_);
         int rc = kvx_transport_create(&p, &t_);
         if (rc < 0) {
             err = std::string("kvx_transport_create: ") + kvx_strerror(rc);
-#ifdef KVX_NIXL_DRAFT_API
-            err += " (this libkvx has no transports without a main region yet: kvx_next.h)";
-#endif
+            return false;
+        }
+        rc = kvx_region_deregister(t_, KVX_REGION_MAIN);
+        if (rc < 0) {
+            err = std::string("kvx_region_deregister of the placeholder main region: ") +
+                  kvx_strerror(rc);
             return false;
         }
         size_t len = 0;
@@ -622,6 +643,7 @@ class kvxEngine : public nixlBackendEngine
     }
 
     kvx_transport_t *t_ = nullptr;
+    alignas(64) char mainRegion_[64] = {}; // the placeholder main region (create())
     std::string connInfo_;
     std::chrono::milliseconds releaseBound_{0};
 
