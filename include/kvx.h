@@ -315,7 +315,8 @@ typedef struct kvx_recv_counters {
     uint64_t drop_crc;        /**< data whose checksum did not match */
     uint64_t drop_other;      /**< rendezvous payloads this transport takes none of
                                *   (KVX_RNDV_EAGER), HELLOs it could make no connection for,
-                               *   notices over the queue, overflows */
+                               *   notices over the queue or over KVX_NOTICE_QUEUE_BYTES of
+                               *   payload, overflows */
     /** Connections closed because their replies could not leave (docs/security.md, "Resource
      *  bounds"): acknowledgements, read requests or control messages over their bound, per
      *  connection or per transport. Their writers' transfers on them fail. */
@@ -684,7 +685,10 @@ enum kvx_xfer_params_field {
     /** flags: KVX_XFER_NOTIFY */
     KVX_XFER_PARAM_FLAGS = 1u << 2,
     /** priority: one of enum kvx_priority (default KVX_PRIO_NORMAL) */
-    KVX_XFER_PARAM_PRIORITY = 1u << 3
+    KVX_XFER_PARAM_PRIORITY = 1u << 3,
+    /** notice_data, notice_len: a notice with this payload once every byte moved (reads too;
+     *  see "Notices with a payload" below) */
+    KVX_XFER_PARAM_NOTICE_DATA = 1u << 4
 };
 
 /**
@@ -735,6 +739,10 @@ typedef struct kvx_xfer_params {
     uint64_t tag;
     uint32_t flags;
     uint32_t priority; /**< enum kvx_priority */
+    /** KVX_XFER_PARAM_NOTICE_DATA: notice_len bytes (0..KVX_NOTICE_DATA_MAX; NULL only with 0),
+     *  copied during the call */
+    const void *notice_data;
+    size_t notice_len;
 } kvx_xfer_params_t;
 
 /**
@@ -1100,6 +1108,88 @@ typedef struct kvx_notice {
  * it drives may).
  */
 KVX_API int kvx_notice_poll(kvx_transport_t *transport, kvx_notice_t *out, size_t max);
+
+/* ---------------------------------------------------------------------------------------------
+ * Notices with a payload (what NIXL calls notifications)
+ *
+ * A notice may carry a payload: bytes the sender chose, 0 to KVX_NOTICE_DATA_MAX of them (an
+ * empty payload is a notice all the same, as a NIXL notification may be empty). Three ways send
+ * one, each on the connection to the peer, and the peer takes them with kvx_notice_poll_data:
+ *
+ *  - A write (kvx_xfer_write, kvx_xfer_write_ranges) with KVX_XFER_PARAM_NOTICE_DATA: as
+ *    KVX_XFER_NOTIFY (which it implies; both may be set), its notice goes once the receiver has
+ *    acknowledged every byte of the write, so the receiver finds the bytes in its region before
+ *    the notice in its queue; the write completes once the receiver answered the notice:
+ *    -ENOSPC when its queue was full or the payload would exceed KVX_NOTICE_QUEUE_BYTES, and
+ *    -KVX_EFENCED when the receiver fenced the write.
+ *  - A read (kvx_xfer_read, kvx_xfer_read_ranges) with KVX_XFER_PARAM_NOTICE_DATA: once every
+ *    byte of the read arrived here, the notice goes to the peer read from (it is the receiver
+ *    of this connection, as for a write), and the read completes once that peer answered it:
+ *    0, or -ENOSPC (its queue was full: the read's bytes are here all the same, but the peer
+ *    was not told) or -KVX_EFENCED. A read failing before its bytes arrived sends no notice.
+ *    (KVX_XFER_NOTIFY stays for writes only: a read takes the payload form, possibly empty.)
+ *  - kvx_notice_send: a notice on its own, xfer_id 0.
+ *
+ * The payload is copied at the call (the caller's buffer may go at once). Tag and epoch are the
+ * transfer's: a fence of the writer (and tag) refuses the notice as it refuses the write's bytes.
+ * The receiver checks every length a peer sends: a NOTICE whose lengths disagree, or whose payload
+ * is over KVX_NOTICE_DATA_MAX, is dropped as malformed (stats drop_malformed; its sender's
+ * transfer then fails by its deadline or the stall limit), and one that would take the payloads
+ * queued here over KVX_NOTICE_QUEUE_BYTES, or the queue over notice_queue notices, is refused
+ * with -ENOSPC (drop_other). A receiver older than payloads drops such a NOTICE as malformed.
+ * ------------------------------------------------------------------------------------------- */
+
+/** The largest notice payload, in bytes (1 MiB). */
+#define KVX_NOTICE_DATA_MAX (1u << 20)
+/** The most payload bytes that wait in a transport's notice queue at once (64 MiB). */
+#define KVX_NOTICE_QUEUE_BYTES (64u << 20)
+
+/**
+ * Send a notice with len bytes of payload at data (copied; data may be NULL when len is 0) to
+ * peer_id, on its own: the receiver sees xfer_id 0 and tag 0. Returns 0 once queued here, or
+ * -ENOENT (unknown peer), -EINVAL (len over KVX_NOTICE_DATA_MAX, data NULL with len > 0, a NULL
+ * transport or peer_id), -ENOTCONN (the peer's connection failed: remove or re-add it), -ENOMEM,
+ * -ENOSPC (too many transfers in flight: it travels as one), -ESHUTDOWN. Never blocks.
+ *
+ * Order: notices sent to one peer arrive in the order of the calls, and after the notice of any
+ * transfer to that peer that completed before the call. It is NOT ordered with the bytes of
+ * transfers still in flight: it may overtake them. Wait for their completion first when the
+ * receiver must see their bytes before it (NIXL's rule for genNotif: a notification sent after
+ * a transfer completed). A peer pairing again holds it until it is back, as a transfer.
+ * Delivery: the receiver answers it, and kvx counts that answer (the peer's transfer
+ * statistics, as a write of 0 bytes) but reports nothing to the caller: no id, no completion.
+ * A notice the receiver refused (its queue full: -ENOSPC), or lost with its connection or by
+ * the transport's deadline, is lost silently; the receiver counts what it refused (drop_other).
+ */
+KVX_API int kvx_notice_send(kvx_transport_t *transport, const char *peer_id, const void *data,
+                            size_t len);
+
+/** A notice as kvx_notice_poll_data returns it. */
+typedef struct kvx_notice_data {
+    char writer[KVX_NAME_MAX + 1]; /**< the sender's agent name */
+    uint64_t xfer_id;              /**< the sender's transfer id; 0 for kvx_notice_send's */
+    uint64_t tag;                  /**< the transfer's tag (0 for kvx_notice_send's) */
+    size_t data_len;               /**< payload bytes (0: empty, or no payload: data NULL) */
+    void *data; /**< into the buf given to kvx_notice_poll_data; NULL for a notice without a
+                 *   payload (KVX_XFER_NOTIFY alone) */
+} kvx_notice_data_t;
+
+/**
+ * Take up to max notices, with or without a payload, oldest first (the order they arrived: per
+ * sender, the order they were sent), each payload copied into buf one after another (cap bytes
+ * in all; out[i].data points at its copy). Returns how many were taken (0: none waiting), or
+ * -ENOSPC when the oldest notice's payload alone is over cap: nothing is taken, and
+ * out[0].data_len (and the rest of out[0]) tells that notice, so a buffer of data_len bytes (at
+ * most KVX_NOTICE_DATA_MAX) takes it. Later notices whose payload does not fit in what remains
+ * of buf wait for the next call. -EINVAL (NULL transport or out, max 0, buf NULL with cap > 0),
+ * -ESHUTDOWN. Drives progress like kvx_transport_poll.
+ *
+ * kvx_notice_poll takes the same queue: a notice with a payload comes out of it too (writer and
+ * tag; blocks and bytes those of its transfer, 0 for kvx_notice_send's), its payload dropped.
+ * Use one of the two calls per transport.
+ */
+KVX_API int kvx_notice_poll_data(kvx_transport_t *transport, kvx_notice_data_t *out, size_t max,
+                                 void *buf, size_t cap);
 
 /* ---------------------------------------------------------------------------------------------
  * Statistics and an event descriptor for event loops

@@ -58,6 +58,7 @@ int main(void)
     uint8_t entries[3 * KVX_WIRE_ACK_ENTRY_LEN], waddr[40];
     kvx_wire_run_t r = {1 << 20, 65536, 0xabcd}, r2;
     kvx_msg_t m, d;
+    size_t n;
 
     memset(cap, 0x11, sizeof(cap));
     memset(nonce, 0x22, sizeof(nonce));
@@ -175,6 +176,31 @@ int main(void)
     round_trip(&m, 0, KVX_WIRE_NOTICE_LEN, &d);
     KT_CHECK(d.u.notice.xfer_id == 51 && d.u.notice.tag == 52 && d.u.notice.epoch == 53 &&
              d.u.notice.blocks == 54 && d.u.notice.bytes == 55);
+    /* a payload: its length in the tail, which must be the payload's, at most the max; 0 too */
+    m.flags = KVX_MSGF_DATA;
+    m.u.notice.data_len = 4096;
+    round_trip(&m, 4096, KVX_WIRE_NOTICE_LEN + KVX_WIRE_NOTICE_DATA_LEN, &d);
+    KT_CHECK(d.u.notice.xfer_id == 51 && d.u.notice.data_len == 4096);
+    n = kvx_wire_encode(&m, buf);
+    KT_EQ(kvx_wire_decode(buf, n, 4095, &d), -EBADMSG); /* lengths disagree */
+    KT_EQ(kvx_wire_decode(buf, n, 0, &d), -EBADMSG);
+    KT_EQ(kvx_wire_decode(buf, KVX_WIRE_NOTICE_LEN, 4096, &d), -EBADMSG); /* no tail */
+    buf[KVX_WIRE_NOTICE_LEN + 4] = 1;                                     /* its reserved word */
+    KT_EQ(kvx_wire_decode(buf, n, 4096, &d), -EBADMSG);
+    m.u.notice.data_len = KVX_NOTICE_DATA_MAX + 1; /* over the max, though the payload agrees */
+    n = kvx_wire_encode(&m, buf);
+    KT_EQ(kvx_wire_decode(buf, n, KVX_NOTICE_DATA_MAX + 1, &d), -EBADMSG);
+    m.u.notice.data_len = KVX_NOTICE_DATA_MAX;
+    round_trip(&m, KVX_NOTICE_DATA_MAX, KVX_WIRE_NOTICE_LEN + KVX_WIRE_NOTICE_DATA_LEN, &d);
+    m.u.notice.data_len = 0; /* empty, and still a payload */
+    round_trip(&m, 0, KVX_WIRE_NOTICE_LEN + KVX_WIRE_NOTICE_DATA_LEN, &d);
+    KT_EQ(d.flags, KVX_MSGF_DATA);
+    m.flags = 0; /* without the flag: neither a tail nor a payload */
+    n = kvx_wire_encode(&m, buf);
+    KT_EQ(n, KVX_WIRE_NOTICE_LEN);
+    KT_EQ(kvx_wire_decode(buf, n, 1, &d), -EBADMSG);
+    memset(buf + n, 0, 8);
+    KT_EQ(kvx_wire_decode(buf, n + 8, 0, &d), -EBADMSG);
     m = (kvx_msg_t){.type = KVX_MSG_NOTICE_ACK, .u.notice_ack = {.xfer_id = 61, .status = -ENOSPC}};
     round_trip(&m, 0, KVX_WIRE_NOTICE_ACK_LEN, &d);
     KT_CHECK(d.u.notice_ack.xfer_id == 61 && d.u.notice_ack.status == -ENOSPC);

@@ -136,3 +136,21 @@ int kvx_notice_poll(kvx_transport_t *t, kvx_notice_t *out, size_t max)
     kvx_unlock(&t->core);
     return (int)n;
 }
+
+int kvx_notice_poll_data(kvx_transport_t *t, kvx_notice_data_t *out, size_t max, void *buf,
+                         size_t cap)
+{
+    int n;
+
+    if (t == NULL || out == NULL || max == 0 || (buf == NULL && cap > 0))
+        return -EINVAL;
+    if (max > INT32_MAX)
+        max = INT32_MAX;
+    if (kvx_enter(&t->core) < 0)
+        return -ESHUTDOWN;
+    kvx_progress_step(&t->engine);
+    n = kvx_notice_take_data(&t->recv, out, max, buf, cap);
+    kvx_events_update(&t->engine);
+    kvx_unlock(&t->core);
+    return n;
+}

@@ -25,7 +25,10 @@ static int kvx_submit(kvx_transport_t *t, int op, const char *peer_id, const kvx
         (src->ranges == NULL && t->core.block_len != 0 && count > UINT64_MAX / t->core.block_len) ||
         ((fm & KVX_XFER_PARAM_DEADLINE) && params->deadline_ms > KVX_MS_MAX) ||
         ((fm & KVX_XFER_PARAM_PRIORITY) && params->priority >= KVX_PRIO_LEVELS) ||
-        (flags & ~(uint32_t)KVX_XFER_NOTIFY) || ((flags & KVX_XFER_NOTIFY) && op != KVX_OP_WRITE))
+        (flags & ~(uint32_t)KVX_XFER_NOTIFY) || ((flags & KVX_XFER_NOTIFY) && op != KVX_OP_WRITE) ||
+        ((fm & KVX_XFER_PARAM_NOTICE_DATA) &&
+         (params->notice_len > KVX_NOTICE_DATA_MAX ||
+          (params->notice_data == NULL && params->notice_len > 0))))
         return -EINVAL;
     if (kvx_enter(&t->core) < 0)
         return -ESHUTDOWN;
@@ -36,6 +39,33 @@ static int kvx_submit(kvx_transport_t *t, int op, const char *peer_id, const kvx
         goto out;
     }
     rc = kvx_xfer_submit(&t->core, p, op, src, params, id_p);
+out:
+    kvx_unlock(&t->core);
+    return rc;
+}
+
+/* A standalone notice: a transfer of nothing with the payload, whose end nobody is told of
+ * (purged: counted, then freed). It waits in its connection's queue as any transfer, so notices
+ * go in the order of the calls. */
+int kvx_notice_send(kvx_transport_t *t, const char *peer_id, const void *data, size_t len)
+{
+    kvx_xfer_params_t params = {
+        .field_mask = KVX_XFER_PARAM_NOTICE_DATA, .notice_data = data, .notice_len = len};
+    kvx_xfer_src_t src = {.count = 0, .unreported = true};
+    uint64_t id;
+    kvx_peer_t *p;
+    int rc;
+
+    if (t == NULL || peer_id == NULL || len > KVX_NOTICE_DATA_MAX || (data == NULL && len > 0))
+        return -EINVAL;
+    if (kvx_enter(&t->core) < 0)
+        return -ESHUTDOWN;
+    p = kvx_peer_lookup(&t->core, peer_id);
+    if (p == NULL || p->conn == NULL) {
+        rc = -ENOENT;
+        goto out;
+    }
+    rc = kvx_xfer_submit(&t->core, p, KVX_OP_WRITE, &src, &params, &id);
 out:
     kvx_unlock(&t->core);
     return rc;

@@ -116,8 +116,10 @@ struct kvx_xfer {
     uint8_t prio; /* enum kvx_priority: its queue on its connection */
     bool canceled;
     bool purged;          /* never reported (kvx_xfer_purge) */
-    bool notify;          /* a write whose receiver is told when all of it landed */
+    bool notify;          /* its receiver is told when all of it landed (a read: arrived) */
     bool noticed;         /* its notice was sent; NOTICE_ACK ends it */
+    bool has_data;        /* its notice carries notice_len bytes at notice_data (its own copy) */
+    bool alone;           /* kvx_notice_send's: nothing but the notice, never reported */
     uint32_t cancel_call; /* the kvx_xfer_cancel call that last reported it (dedupes ids) */
     kvx_peer_t *peer;
     kvx_conn_t *conn;
@@ -134,6 +136,8 @@ struct kvx_xfer {
     /* its messages UCX still holds (their iov points into its local blocks), and the rendezvous
      * receives of its read data in flight */
     uint32_t sending;
+    void *notice_data; /* has_data: the payload (malloc'd; NULL when empty), freed with it */
+    uint32_t notice_len;
     uint64_t tag;
     uint64_t epoch; /* the receiver's fence epoch this transfer was submitted under */
     int status;

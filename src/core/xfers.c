@@ -127,6 +127,10 @@ int kvx_xfer_alloc(kvx_core_t *c, kvx_xfer_t **x_p)
     x->purged = false;
     x->notify = false;
     x->noticed = false;
+    x->has_data = false;
+    x->alone = false;
+    x->notice_data = NULL;
+    x->notice_len = 0;
     x->status = 0;
     x->nruns = x->next_run = 0;
     x->nrregs = 0;
@@ -171,6 +175,8 @@ void kvx_xfer_free(kvx_xfer_t *x)
     x->state = KVX_XS_FREE;
     x->conn = NULL;
     x->peer = NULL;
+    free(x->notice_data);
+    x->notice_data = NULL;
     /* an idle object keeps a run array of the common size, not that of an unusual transfer */
     if (x->runs_cap > KVX_POOL_RUNS_KEEP) {
         free(x->runs);

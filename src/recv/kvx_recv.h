@@ -21,11 +21,21 @@ typedef struct kvx_recv {
     /* capabilities kvx_fence_ex retired, newest first: a HELLO with one is refused, answered */
     uint8_t retired[KVX_RETIRED_MAX][16];
     unsigned nretired;
-    struct kvx_seen_proof *seen; /* with a secret: HELLO proofs of the last seconds (hello.c) */
-    kvx_list_t refusing;         /* connections made only to answer such a HELLO (at most 16) */
-    kvx_notice_t *notices;       /* arrival notices for kvx_notice_poll: a ring of notice_cap */
+    struct kvx_seen_proof *seen;     /* with a secret: HELLO proofs of the last seconds (hello.c) */
+    kvx_list_t refusing;             /* connections made only to answer such a HELLO (at most 16) */
+    struct kvx_notice_slot *notices; /* notices for kvx_notice_poll(_data): a ring of notice_cap */
     size_t notice_cap, notice_head, notice_count;
+    size_t notice_bytes; /* their payloads' bytes (at most KVX_NOTICE_QUEUE_BYTES) */
 } kvx_recv_t;
+
+/* A notice waiting, with its payload (its own copy; NULL when empty or none). */
+typedef struct kvx_notice_slot {
+    kvx_notice_t n;
+    uint64_t xfer_id;
+    void *data;
+    uint32_t len;
+    bool has_data;
+} kvx_notice_slot_t;
 
 /* The receiving side of a transport with room for notice_cap notices: 0 or -ENOMEM. */
 int kvx_recv_init(kvx_recv_t *r, kvx_core_t *core, size_t notice_cap);
@@ -64,8 +74,12 @@ void kvx_recv_region_dead(kvx_recv_t *r, kvx_region_t *g);
  * close, which makes UCX let go: how many. */
 unsigned kvx_recv_region_close(kvx_recv_t *r, kvx_region_t *g);
 
-/* Take up to max arrival notices into out, oldest first (kvx_notice_poll): how many. */
+/* Take up to max notices into out, oldest first (kvx_notice_poll; payloads dropped): how many.
+ * (notice.c) */
 size_t kvx_notice_take(kvx_recv_t *r, kvx_notice_t *out, size_t max);
+/* kvx_notice_poll_data: up to max notices, payloads copied into buf (cap bytes): how many, or
+ * -ENOSPC when the oldest one's payload alone is over cap (out[0] tells it; nothing taken). */
+int kvx_notice_take_data(kvx_recv_t *r, kvx_notice_data_t *out, size_t max, void *buf, size_t cap);
 /* Notices waiting for kvx_notice_poll. */
 static inline size_t kvx_notices_pending(const kvx_recv_t *r) { return r->notice_count; }
 

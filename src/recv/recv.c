@@ -2,7 +2,7 @@
  * Where a peer's bytes land: the receiving side's messages. Every message after a HELLO
  * (hello.c) must carry its connection's id and token (rconn.c). A write is checked against the
  * region and the writer's fences (fence.c), then copied in and acknowledged; a read is served
- * from the region; an arrival notice is queued for kvx_notice_poll (query.c). Nothing a peer
+ * from the region; a notice goes to notice.c. Nothing a peer
  * sends is used before it is checked. Messages arrive inside UCX progress (kvx_recv_on_message);
  * what must be sent in return waits for kvx_recv_work, after it.
  */
@@ -272,41 +272,6 @@ static void kvx_recv_read_req(kvx_recv_t *r, const kvx_msg_t *m)
     kvx_rq_add(rc, sizeof(*s) + n * sizeof(s->runs[0]));
 }
 
-static void kvx_recv_notice(kvx_recv_t *r, const kvx_msg_t *m)
-{
-    kvx_rconn_t *rc = kvx_rconn_of(&r->conns, m);
-    uint8_t hdr[KVX_WIRE_NOTICE_ACK_LEN];
-    int32_t status = 0;
-
-    if (rc == NULL)
-        return;
-    if (kvx_writer_fenced(rc->w, m->u.notice.epoch, m->u.notice.tag)) {
-        kvx_count(r->core, rc->w, KVX_CNT(drop_fenced));
-        status = -KVX_EFENCED;
-    } else if (r->notice_count == r->notice_cap) {
-        kvx_count(r->core, rc->w, KVX_CNT(drop_other));
-        status = -ENOSPC;
-    } else {
-        kvx_notice_t *n = &r->notices[(r->notice_head + r->notice_count) % r->notice_cap];
-        memset(n, 0, sizeof(*n));
-        snprintf(n->writer, sizeof(n->writer), "%s", rc->w->name);
-        n->tag = m->u.notice.tag;
-        n->blocks = m->u.notice.blocks;
-        n->bytes = m->u.notice.bytes;
-        r->notice_count++;
-        kvx_count(r->core, rc->w, KVX_CNT(notices));
-        kvx_rconn_active(rc);
-        kvx_core_arrived(r->core);
-    }
-    kvx_wire_encode(
-        &(kvx_msg_t){.type = KVX_MSG_NOTICE_ACK,
-                     .conn_id = rc->peer_conn_id,
-                     .token = rc->peer_token,
-                     .u.notice_ack = {.xfer_id = m->u.notice.xfer_id, .status = status}},
-        hdr);
-    kvx_rconn_ctl(rc, hdr, sizeof(hdr));
-}
-
 void kvx_recv_on_message(kvx_recv_t *r, const kvx_msg_t *m, const void *hdr, size_t hdr_len,
                          const uint8_t *data, size_t data_len)
 {
@@ -323,7 +288,7 @@ void kvx_recv_on_message(kvx_recv_t *r, const kvx_msg_t *m, const void *hdr, siz
         kvx_recv_read_req(r, m);
         break;
     case KVX_MSG_NOTICE:
-        kvx_recv_notice(r, m);
+        kvx_recv_notice(r, m, data, data_len);
         break;
     case KVX_MSG_BYE:
         if ((rc = kvx_rconn_of(&r->conns, m)) != NULL)
@@ -534,11 +499,7 @@ int kvx_recv_init(kvx_recv_t *r, kvx_core_t *core, size_t notice_cap)
     return r->notices != NULL ? 0 : -ENOMEM;
 }
 
-void kvx_recv_fini(kvx_recv_t *r)
-{
-    free(r->notices);
-    r->notices = NULL;
-}
+void kvx_recv_fini(kvx_recv_t *r) { kvx_notices_free(r); }
 
 bool kvx_recv_has_work(const kvx_recv_t *r)
 {
@@ -564,17 +525,4 @@ void kvx_recv_free_all(kvx_recv_t *r)
     kvx_rconns_free_all(&r->conns);
     free(r->seen);
     r->seen = NULL;
-}
-
-/* Take up to max arrival notices into out, oldest first (kvx_notice_poll): how many. */
-size_t kvx_notice_take(kvx_recv_t *r, kvx_notice_t *out, size_t max)
-{
-    size_t n = 0;
-
-    while (n < max && r->notice_count > 0) {
-        out[n++] = r->notices[r->notice_head];
-        r->notice_head = (r->notice_head + 1) % r->notice_cap;
-        r->notice_count--;
-    }
-    return n;
 }

@@ -1,6 +1,6 @@
 /*
- * What the receiving side's handshake (hello.c) and fences (fence.c) give the files of the
- * receiving side above them (fence.c, recv.c), and no other file needs.
+ * What the receiving side's handshake (hello.c), fences (fence.c) and notices (notice.c) give the
+ * files of the receiving side above them (fence.c, notice.c, recv.c), and no other file needs.
  */
 #ifndef KVX_RECV_INT_H
 #define KVX_RECV_INT_H
@@ -33,5 +33,13 @@ bool kvx_writer_fenced(const kvx_writer_t *w, uint64_t e, uint64_t tag);
 /* Refuse a read request (its transfer and stream offset) with err: a READ_DATA that fails the
  * reader's transfer (fence.c). */
 void kvx_recv_refuse(kvx_rconn_t *rc, uint64_t xfer_id, uint64_t stream_off, int err);
+
+/* ---- notice.c: the notices ------------------------------------------------------------------ */
+
+/* A NOTICE arrived (with data_len bytes of payload, checked by the decoder): queued, or refused
+ * (fenced, over the queue's bounds), and answered. */
+void kvx_recv_notice(kvx_recv_t *r, const kvx_msg_t *m, const uint8_t *data, size_t data_len);
+/* The notices' ring and every payload in it go (kvx_recv_fini). */
+void kvx_notices_free(kvx_recv_t *r);
 
 #endif

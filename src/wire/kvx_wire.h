@@ -130,6 +130,11 @@ enum kvx_msg_type {
 /* HELLO: the writer takes READ_DATA payloads by rendezvous; HELLO_ACK: the receiver takes WRITE
  * payloads by rendezvous. A sender sends by rendezvous only what its peer said it takes. */
 #define KVX_MSGF_RNDV 8u
+/* NOTICE: a payload follows (its length at 56, 0 allowed); without it, no tail and no payload */
+#define KVX_MSGF_DATA 16u
+/* NOTICE: a notice on its own (kvx_notice_send): its transfer id is for NOTICE_ACK only, and the
+ * receiver reports 0 */
+#define KVX_MSGF_ALONE 32u
 #define KVX_WIRE_HDR_LEN 16
 #define KVX_WIRE_HELLO_LEN 64
 #define KVX_WIRE_HELLO_ACK_LEN 72
@@ -141,6 +146,7 @@ enum kvx_msg_type {
 #define KVX_WIRE_READ_DATA_LEN 48
 #define KVX_WIRE_FENCE_LEN 24
 #define KVX_WIRE_NOTICE_LEN 56
+#define KVX_WIRE_NOTICE_DATA_LEN 8 /* a NOTICE's tail with KVX_MSGF_DATA */
 #define KVX_WIRE_NOTICE_ACK_LEN 32
 #define KVX_WIRE_CHALLENGE_LEN 32
 #define KVX_WIRE_RUN_LEN 16
@@ -228,6 +234,7 @@ typedef struct kvx_msg {
         } fence;
         struct {
             uint64_t xfer_id, tag, epoch, blocks, bytes;
+            uint32_t data_len; /* with KVX_MSGF_DATA: the payload's length (checked) */
         } notice;
         struct {
             uint64_t xfer_id;
@@ -258,8 +265,8 @@ typedef struct kvx_wire_type {
     unsigned flags; /* the KVX_MSGF_* it may carry */
     uint8_t to;     /* enum kvx_wire_to */
     bool rndv;      /* its payload may come by rendezvous (WRITE, READ_DATA) */
-    bool payload;   /* it may carry a payload at all (WRITE, READ_DATA, MD) */
-    bool tail;      /* its header goes on past the fixed part (HELLO, WRITE, ACK, READ_REQ) */
+    bool payload;   /* it may carry a payload at all (WRITE, READ_DATA, MD, NOTICE) */
+    bool tail; /* its header goes on past the fixed part (HELLO, WRITE, ACK, READ_REQ, NOTICE) */
     const char *name;
     /* its decoder (the common header checked already, the fixed part whole, tail bytes after
      * it) and its encoder (the common header written; returns the tail's length): wire.c's,

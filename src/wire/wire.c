@@ -12,7 +12,9 @@
  * on WRITE, READ_REQ and READ_DATA: checksums are set; PROOF (2) on HELLO and MD_REQ, MD: a proof
  * of the secret ends it; SECRET (4) on CHALLENGE; RNDV (8) on HELLO: the writer takes READ_DATA
  * payloads by rendezvous, on HELLO_ACK: the receiver takes WRITE payloads by rendezvous (each
- * side sends by rendezvous only what the other said it takes). Then, by type:
+ * side sends by rendezvous only what the other said it takes); DATA (16) on NOTICE: a payload
+ * follows, ALONE (32) on NOTICE: kvx_notice_send's (the receiver reports transfer id 0). Then, by
+ * type:
  *   HELLO      16 capability[16] 32 u32 conn id 36 u32 endpoint sequence 40 u64 token
  *              48 u64 generation
  *              56 u8 name length 57 u8[3] 0 60 u32 worker address length 64 name, address
@@ -34,6 +36,9 @@
  *              40 i32 status 44 u32 0; the payload is length bytes (none when status < 0)
  *   FENCE      16 u64 epoch
  *   NOTICE     16 u64 transfer id 24 u64 tag 32 u64 epoch 40 u64 blocks 48 u64 bytes
+ *              [with flag DATA (16): 56 u32 payload length (0..1 MiB) 60 u32 0; the payload is
+ *              that many bytes, always eager. Without it, no more bytes and no payload: a
+ *              notice without a payload is the same 56 bytes as before payloads]
  *   NOTICE_ACK 16 u64 transfer id 24 i32 status 28 u32 0
  *   BYE        (nothing more)
  * and, on an endpoint of UCX's connection manager only (pairing by address, peer/):
@@ -328,9 +333,20 @@ static size_t kvx_fence_enc(const kvx_msg_t *m, uint8_t *p)
     return 0;
 }
 
+/* Without KVX_MSGF_DATA, the 56 bytes of old and no payload; with it, a tail of the payload's
+ * length, which must be the payload's and at most KVX_NOTICE_DATA_MAX (0: an empty payload). */
 static int kvx_notice_dec(const uint8_t *p, size_t tail, size_t data_len, kvx_msg_t *m)
 {
-    (void)tail, (void)data_len;
+    if (!(m->flags & KVX_MSGF_DATA)) {
+        if (tail != 0 || data_len != 0)
+            return -EBADMSG;
+    } else {
+        if (tail != KVX_WIRE_NOTICE_DATA_LEN || kvx_get32(p + KVX_WIRE_NOTICE_LEN + 4) != 0)
+            return -EBADMSG;
+        m->u.notice.data_len = kvx_get32(p + KVX_WIRE_NOTICE_LEN);
+        if (m->u.notice.data_len != data_len || data_len > KVX_NOTICE_DATA_MAX)
+            return -EBADMSG;
+    }
     m->u.notice.xfer_id = kvx_get64(p + 16);
     m->u.notice.tag = kvx_get64(p + 24);
     m->u.notice.epoch = kvx_get64(p + 32);
@@ -345,7 +361,11 @@ static size_t kvx_notice_enc(const kvx_msg_t *m, uint8_t *p)
     kvx_put64(p + 32, m->u.notice.epoch);
     kvx_put64(p + 40, m->u.notice.blocks);
     kvx_put64(p + 48, m->u.notice.bytes);
-    return 0;
+    if (!(m->flags & KVX_MSGF_DATA))
+        return 0;
+    kvx_put32(p + KVX_WIRE_NOTICE_LEN, m->u.notice.data_len);
+    kvx_put32(p + KVX_WIRE_NOTICE_LEN + 4, 0);
+    return KVX_WIRE_NOTICE_DATA_LEN;
 }
 
 static int kvx_notice_ack_dec(const uint8_t *p, size_t tail, size_t data_len, kvx_msg_t *m)
@@ -457,7 +477,8 @@ static const kvx_wire_type_t kvx_wire_types[] = {
     KVX_TYPE(READ_DATA, KVX_WIRE_READ_DATA_LEN, KVX_MSGF_CRC, KVX_TO_INITIATOR, true, true, false,
              read_data),
     KVX_TYPE(FENCE, KVX_WIRE_FENCE_LEN, 0, KVX_TO_INITIATOR, false, false, false, fence),
-    KVX_TYPE(NOTICE, KVX_WIRE_NOTICE_LEN, 0, KVX_TO_RECEIVER, false, false, false, notice),
+    KVX_TYPE(NOTICE, KVX_WIRE_NOTICE_LEN, KVX_MSGF_DATA | KVX_MSGF_ALONE, KVX_TO_RECEIVER, false,
+             true, true, notice),
     KVX_TYPE(NOTICE_ACK, KVX_WIRE_NOTICE_ACK_LEN, 0, KVX_TO_INITIATOR, false, false, false,
              notice_ack),
     KVX_TYPE(BYE, KVX_WIRE_HDR_LEN, 0, KVX_TO_RECEIVER, false, false, false, bye),
@@ -493,7 +514,8 @@ int kvx_wire_decode(const void *hdr, size_t hdr_len, size_t data_len, kvx_msg_t 
     m->token = kvx_get64(p + 8);
     ty = kvx_wire_type(m->type);
     /* a known type, its fixed part whole and nothing after it but a tail where one may come,
-     * only the flags it may carry, a payload only where one may come (WRITE, READ_DATA, MD) */
+     * only the flags it may carry, a payload only where one may come (WRITE, READ_DATA, MD,
+     * NOTICE) */
     if (ty->fixed == 0 || hdr_len < ty->fixed || (!ty->tail && hdr_len != ty->fixed) ||
         (m->flags & ~ty->flags) || (data_len != 0 && !ty->payload))
         return -EBADMSG;

@@ -67,6 +67,7 @@ typedef struct kvx_xfer_src {
     const uint32_t *local, *remote; /* block indices (ranges NULL) */
     const kvx_range_t *ranges;      /* ... or ranges */
     size_t count;
+    bool unreported; /* kvx_notice_send's: purged from birth, its end never reported */
 } kvx_xfer_src_t;
 int kvx_xfer_submit(kvx_core_t *core, kvx_peer_t *p, int op, const kvx_xfer_src_t *src,
                     const kvx_xfer_params_t *params, uint64_t *id_p);
@@ -78,8 +79,9 @@ void kvx_xfer_unpark(kvx_peer_t *p, kvx_conn_t *c, int err);
 
 /* Hand queued transfers' messages to UCX (or copy them, mapped), at most budget bytes. */
 void kvx_xfer_post(kvx_conn_t *c, size_t budget_bytes);
-/* All of a write's bytes were acknowledged: it ends, or first the receiver's notice goes. */
-void kvx_xfer_write_landed(kvx_conn_t *c, kvx_xfer_t *x);
+/* All of a write's bytes were acknowledged, or a read's arrived: it ends, or first its notice
+ * goes (KVX_XFER_NOTIFY, KVX_XFER_PARAM_NOTICE_DATA), and NOTICE_ACK ends it. */
+void kvx_xfer_landed(kvx_conn_t *c, kvx_xfer_t *x);
 
 /* ---- replies (reply.c) ---------------------------------------------------------------------- */
 

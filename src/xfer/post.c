@@ -297,42 +297,63 @@ void kvx_xfer_post(kvx_conn_t *c, size_t budget)
         kvx_list_add_tail(&c->waiting, &x->conn_link);
         if (x->canceled && x->sending == 0) { /* canceled: nothing more of it will move */
             kvx_xfer_end(x, -ECANCELED);
-        } else if (c->mapped != NULL) { /* copied: it has landed (a notice may follow) */
+        } else if (c->mapped != NULL || x->bytes == 0) { /* copied (or nothing to move): it
+                                                          * has landed (a notice may follow) */
             atomic_thread_fence(memory_order_release);
-            if (x->op == KVX_OP_WRITE)
-                kvx_xfer_write_landed(c, x);
-            else
-                kvx_xfer_end(x, 0);
+            kvx_xfer_landed(c, x);
         }
     }
 }
 
-/* All of a write's bytes were acknowledged: done, or first the receiver's notice. */
-void kvx_xfer_write_landed(kvx_conn_t *c, kvx_xfer_t *x)
+/* A transfer's NOTICE, with its payload (always eager: UCX reads the transfer's copy, counted in
+ * x->sending until it let go) or without: 0 (sent or in UCX's hands) or a negative errno. */
+static int kvx_xfer_send_notice(kvx_conn_t *c, kvx_xfer_t *x)
 {
-    uint8_t hdr[KVX_WIRE_NOTICE_LEN];
+    kvx_send_t *s = kvx_ucx_send_get(c->ucx);
+    size_t hdr_len;
     int rc;
 
-    if (!x->notify || x->canceled) { /* no notice for a canceled write */
+    if (s == NULL)
+        return -ENOMEM;
+    hdr_len = kvx_wire_encode(
+        &(kvx_msg_t){.type = KVX_MSG_NOTICE,
+                     .flags = (x->has_data ? KVX_MSGF_DATA : 0) | (x->alone ? KVX_MSGF_ALONE : 0),
+                     .conn_id = c->rconn_id,
+                     .token = c->rconn_token,
+                     .u.notice = {.xfer_id = x->id,
+                                  .tag = x->tag,
+                                  .epoch = x->epoch,
+                                  .blocks = x->pieces,
+                                  .bytes = x->bytes,
+                                  .data_len = x->notice_len}},
+        s->hdr);
+    s->iov[0].base = x->notice_data;
+    s->iov[0].len = x->notice_len;
+    s->xfer_id = x->id;
+    rc = kvx_ucx_send(s, hdr_len, x->notice_len > 0 ? 1 : 0, &c->ucx_refs);
+    if (rc < 0)
+        return rc;
+    if (rc == 1) {
+        c->reqs++;
+        x->sending++;
+    }
+    return 0;
+}
+
+/* All of a write's bytes were acknowledged (a read's arrived): done, or first the notice. */
+void kvx_xfer_landed(kvx_conn_t *c, kvx_xfer_t *x)
+{
+    int rc;
+
+    if (!x->notify || x->canceled) { /* no notice for a canceled transfer */
         kvx_xfer_end(x, 0);
         return;
     }
-    kvx_wire_encode(&(kvx_msg_t){.type = KVX_MSG_NOTICE,
-                                 .conn_id = c->rconn_id,
-                                 .token = c->rconn_token,
-                                 .u.notice = {.xfer_id = x->id,
-                                              .tag = x->tag,
-                                              .epoch = x->epoch,
-                                              .blocks = x->pieces,
-                                              .bytes = x->bytes}},
-                    hdr);
-    rc = kvx_ucx_send_ctl(c->ucx, hdr, sizeof(hdr), &c->ucx_refs);
+    rc = kvx_xfer_send_notice(c, x);
     if (rc < 0) {
         kvx_xfer_end(x, rc);
         return;
     }
-    if (rc == 1)
-        c->reqs++;
     x->noticed = true;
     c->notices++;
 }

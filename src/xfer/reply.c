@@ -36,7 +36,7 @@ static void kvx_xfer_on_ack(kvx_conn_t *c, const kvx_msg_t *m)
         x->done += bytes;
         kvx_conn_unacked_sub(c, x, bytes);
         if (x->done == x->bytes && !x->noticed)
-            kvx_xfer_write_landed(c, x);
+            kvx_xfer_landed(c, x);
     }
     /* writes of a windowed level wait for room in their window (kvx_xfer_pick) */
     if (c->state == KVX_CONN_OPEN && kvx_conn_queued(c))
@@ -101,7 +101,7 @@ static void kvx_xfer_read_rndv_end(kvx_conn_t *c, kvx_read_rndv_t *rr, int statu
     if (c->state == KVX_CONN_OPEN && kvx_conn_queued(c))
         kvx_conn_want_work(c);
     if (x->done == x->bytes && x->posted == x->bytes)
-        kvx_xfer_end(x, 0);
+        kvx_xfer_landed(c, x);
 }
 
 void kvx_xfer_on_received(kvx_conn_t *c, kvx_read_rndv_t *rr, int status)
@@ -224,7 +224,7 @@ static void kvx_xfer_on_read_data(kvx_conn_t *c, const kvx_msg_t *m, const uint8
     kvx_conn_unacked_sub(c, x, len);
     kvx_read_req_check_done(c, q);
     if (x->done == x->bytes && x->posted == x->bytes)
-        kvx_xfer_end(x, 0);
+        kvx_xfer_landed(c, x);
 }
 
 void kvx_xfer_on_message(kvx_conns_t *cs, const kvx_msg_t *m, const uint8_t *data, size_t data_len)

@@ -197,7 +197,8 @@ static void kvx_xfer_fill(kvx_core_t *core, kvx_xfer_t *x, kvx_peer_t *p, int op
     x->conn = p->reconnecting ? NULL : c;
     x->pieces = count;
     x->tag = (fm & KVX_XFER_PARAM_TAG) ? params->tag : 0;
-    x->notify = (flags & KVX_XFER_NOTIFY) != 0;
+    x->notify = (flags & KVX_XFER_NOTIFY) != 0 || (fm & KVX_XFER_PARAM_NOTICE_DATA);
+    x->has_data = (fm & KVX_XFER_PARAM_NOTICE_DATA) != 0;
     /* stamped with the fence epoch the receiver gave us; before the handshake, with the one its
      * HELLO_ACK brings (kvx_conn_hello_ack) */
     x->epoch = c->wired ? c->epoch : UINT64_MAX;
@@ -240,6 +241,21 @@ static void kvx_xfer_queue(kvx_core_t *core, kvx_xfer_t *x, uint64_t now)
     }
 }
 
+/* The notice's payload, the transfer's own copy (the caller's buffer may go at once): 0 or
+ * -ENOMEM. Its length was checked by the call (at most KVX_NOTICE_DATA_MAX). */
+static int kvx_xfer_copy_notice(kvx_xfer_t *x, const kvx_xfer_params_t *params)
+{
+    if (params == NULL || !(params->field_mask & KVX_XFER_PARAM_NOTICE_DATA) ||
+        params->notice_len == 0)
+        return 0;
+    x->notice_data = malloc(params->notice_len);
+    if (x->notice_data == NULL)
+        return -ENOMEM;
+    memcpy(x->notice_data, params->notice_data, params->notice_len);
+    x->notice_len = (uint32_t)params->notice_len;
+    return 0;
+}
+
 int kvx_xfer_submit(kvx_core_t *core, kvx_peer_t *p, int op, const kvx_xfer_src_t *src,
                     const kvx_xfer_params_t *params, uint64_t *id_p)
 {
@@ -258,10 +274,19 @@ int kvx_xfer_submit(kvx_core_t *core, kvx_peer_t *p, int op, const kvx_xfer_src_
         kvx_xfer_free(x);
         return rc;
     }
+    rc = kvx_xfer_copy_notice(x, params);
+    if (rc < 0) {
+        kvx_xfer_free(x);
+        return rc;
+    }
     now = kvx_now_ns();
     kvx_xfer_fill(core, x, p, op, src->count, params, now);
+    if (src->unreported) {
+        x->alone = true;
+        kvx_xfer_purge(x);
+    }
     *id_p = x->id;
-    if (x->bytes == 0) { /* nothing to move: done at once */
+    if (x->bytes == 0 && !x->notify) { /* nothing to move, nobody to tell: done at once */
         kvx_list_add_tail(&core->active, &x->active_link);
         kvx_xfer_done(x, 0);
         return 0;
