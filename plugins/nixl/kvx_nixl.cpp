@@ -5,7 +5,6 @@
 #include "backend/backend_plugin.h"
 
 #include "kvx.h"
-#include "kvx_next.h" // notices with payloads, until kvx.h declares them
 
 #include <atomic>
 #include <cerrno>
@@ -70,11 +69,23 @@ uint64_t fnv1a64(const std::string &s)
     return h;
 }
 
-// A NIXL agent name as kvx's agent name and peer id: itself when kvx takes it, else a prefix of
-// it (other bytes as '_') and a hash of all of it, the same in every process.
+// Whether a kvx name has the form kvxName gives a mapped name: "<prefix>~<16 hex digits>".
+bool mappedForm(const std::string &k)
+{
+    if (k.size() < 17 || k[k.size() - 17] != '~')
+        return false;
+    for (size_t i = k.size() - 16; i < k.size(); i++)
+        if (!((k[i] >= '0' && k[i] <= '9') || (k[i] >= 'a' && k[i] <= 'f')))
+            return false;
+    return true;
+}
+
+// A NIXL agent name as kvx's agent name and peer id: itself when kvx takes it, else (over 63
+// bytes, bytes kvx refuses, or itself of the mapped form) a prefix of it (other bytes as '_')
+// and a hash of all of it, the same in every process.
 std::string kvxName(const std::string &nixl)
 {
-    bool ok = !nixl.empty() && nixl.size() <= KVX_NAME_MAX;
+    bool ok = !nixl.empty() && nixl.size() <= KVX_NAME_MAX && !mappedForm(nixl);
     for (unsigned char c : nixl)
         ok = ok && c >= 0x21 && c <= 0x7e;
     if (ok)
@@ -87,6 +98,38 @@ std::string kvxName(const std::string &nixl)
     char hash[18];
     std::snprintf(hash, sizeof(hash), "~%016" PRIx64, fnv1a64(nixl));
     return out + hash;
+}
+
+// Notifications name their sender by its NIXL name, which a receiver that never loaded the
+// sender's conn info cannot know from kvx's (mapped) writer name. So an engine whose name is
+// mapped puts its NIXL name before each payload: 4 bytes of length (little-endian), the name,
+// then the message. A writer name of the mapped form says a payload has it (kvxName maps every
+// name of that form), and the name is taken only if it maps to that writer name.
+std::string noticeFrame(const std::string &nixlName, const std::string &msg)
+{
+    std::string f(4, '\0');
+    for (int i = 0; i < 4; i++)
+        f[i] = static_cast<char>((nixlName.size() >> (8 * i)) & 0xff);
+    return f + nixlName + msg;
+}
+
+// The sender's NIXL name and the message of a framed payload, or false.
+bool noticeUnframe(const std::string &writer, const char *data, size_t len, std::string &name,
+                   std::string &msg)
+{
+    if (!mappedForm(writer) || data == nullptr || len < 4)
+        return false;
+    size_t n = 0;
+    for (int i = 0; i < 4; i++)
+        n |= static_cast<size_t>(static_cast<unsigned char>(data[i])) << (8 * i);
+    if (n > len - 4)
+        return false;
+    std::string nm(data + 4, n);
+    if (kvxName(nm) != writer)
+        return false;
+    name = std::move(nm);
+    msg.assign(data + 4 + n, len - 4 - n);
+    return true;
 }
 
 // ---- backend parameters: kvx's options, listed with their defaults
@@ -329,20 +372,14 @@ class kvxEngine : public nixlBackendEngine
     {
         auto *r = static_cast<kvxReqH *>(handle);
         kvx_xfer_params_t p{};
+        std::string framed;
         if (opt != nullptr && opt->hasNotif) {
-#ifdef KVX_NIXL_DRAFT_NOTICES
-            NIXL_ERROR << "KVX: this kvx carries no notification with a transfer yet";
-            return NIXL_ERR_NOT_SUPPORTED;
-#else
-            if (opt->notifMsg.empty() || opt->notifMsg.size() > KVX_NOTICE_DATA_MAX) {
-                NIXL_ERROR << "KVX: a notification of " << opt->notifMsg.size()
-                           << " bytes: kvx carries 1.." << KVX_NOTICE_DATA_MAX;
+            const std::string *msg = notice(opt->notifMsg, framed);
+            if (msg == nullptr)
                 return NIXL_ERR_INVALID_PARAM;
-            }
             p.field_mask = KVX_XFER_PARAM_NOTICE_DATA;
-            p.notice_data = opt->notifMsg.data();
-            p.notice_len = opt->notifMsg.size();
-#endif
+            p.notice_data = msg->data();
+            p.notice_len = msg->size();
         }
         uint64_t id;
         const int rc = (op == NIXL_WRITE ? kvx_xfer_write_ranges : kvx_xfer_read_ranges)(
@@ -394,10 +431,6 @@ class kvxEngine : public nixlBackendEngine
     {
         // What waits now, in rounds (the buffer bounds a round's payloads), not what keeps
         // arriving: callers spin on this.
-#ifdef KVX_NIXL_DRAFT_NOTICES
-        (void)list; // nothing can arrive: this kvx carries no notices with payloads yet
-        return NIXL_SUCCESS;
-#else
         std::lock_guard g(noticeLock_);
         kvx_notice_data_t out[32];
         for (int round = 0; round < 64; round++) {
@@ -406,13 +439,18 @@ class kvxEngine : public nixlBackendEngine
                 return fail("kvx_notice_poll_data", n);
             if (n == 0)
                 break;
-            for (int i = 0; i < n; i++)
-                list.emplace_back(
-                    nixlNameOf(out[i].writer),
-                    std::string(static_cast<const char *>(out[i].data), out[i].data_len));
+            for (int i = 0; i < n; i++) {
+                const char *data = static_cast<const char *>(out[i].data);
+                std::string name, msg;
+                if (!noticeUnframe(out[i].writer, data, out[i].data_len, name, msg)) {
+                    name = nixlNameOf(out[i].writer);
+                    if (data != nullptr) // else a notice without a payload
+                        msg.assign(data, out[i].data_len);
+                }
+                list.emplace_back(std::move(name), std::move(msg));
+            }
         }
         return NIXL_SUCCESS;
-#endif
     }
 
     nixl_status_t genNotif(const std::string &agent, const std::string &msg) const override
@@ -420,7 +458,11 @@ class kvxEngine : public nixlBackendEngine
         const std::string id = peerOf(agent);
         if (id.empty())
             return NIXL_ERR_NOT_FOUND;
-        const int rc = kvx_notice_send(t_, id.c_str(), msg.data(), msg.size());
+        std::string framed;
+        const std::string *m = notice(msg, framed);
+        if (m == nullptr)
+            return NIXL_ERR_INVALID_PARAM;
+        const int rc = kvx_notice_send(t_, id.c_str(), m->data(), m->size());
         return rc < 0 ? fail("kvx_notice_send", rc) : NIXL_SUCCESS;
     }
 
@@ -484,10 +526,13 @@ class kvxEngine : public nixlBackendEngine
             p.secret = secret.data();
             p.secret_len = secret.size();
         }
-        // kvx_transport_create still requires a main region (KVX_PARAM_REGION; NIXL's memory
-        // comes later, as regions of kvx_region_register): the engine gives it one block of its
-        // own and deregisters it at once, so that no peer holding the conn info can write or
-        // read there. To go once kvx creates transports without a main region.
+        // kvx_transport_create still requires a main region (KVX_PARAM_REGION), while NIXL's
+        // memory comes later, as regions of kvx_region_register: the engine gives it a
+        // placeholder of one 64-byte block of its own, which nothing reads. It stays
+        // registered because kvx_notice_send (genNotif) fails -ENOENT on a transport whose main
+        // region is deregistered (it is built as a block call). A peer holding the conn info
+        // can write those 64 bytes and nothing else. To go once kvx creates transports without
+        // a main region.
         p.field_mask |= KVX_PARAM_REGION;
         p.base = mainRegion_;
         p.num_blocks = 1;
@@ -495,12 +540,6 @@ class kvxEngine : public nixlBackendEngine
         int rc = kvx_transport_create(&p, &t_);
         if (rc < 0) {
             err = std::string("kvx_transport_create: ") + kvx_strerror(rc);
-            return false;
-        }
-        rc = kvx_region_deregister(t_, KVX_REGION_MAIN);
-        if (rc < 0) {
-            err = std::string("kvx_region_deregister of the placeholder main region: ") +
-                  kvx_strerror(rc);
             return false;
         }
         size_t len = 0;
@@ -518,6 +557,23 @@ class kvxEngine : public nixlBackendEngine
                                                   p.stall_ms + 1200);
         noticeBuf_.resize(KVX_NOTICE_DATA_MAX);
         return true;
+    }
+
+    // What travels for a notification: msg itself, or framed (noticeFrame) into f when this
+    // engine's name is mapped; nullptr (logged) when it is over kvx's bound.
+    const std::string *notice(const std::string &msg, std::string &f) const
+    {
+        const std::string *m = &msg;
+        if (kvxName(localAgent) != localAgent) {
+            f = noticeFrame(localAgent, msg);
+            m = &f;
+        }
+        if (m->size() > KVX_NOTICE_DATA_MAX) {
+            NIXL_ERROR << "KVX: a notification of " << msg.size() << " bytes: kvx carries "
+                       << KVX_NOTICE_DATA_MAX - (m->size() - msg.size()) << " at most";
+            return nullptr;
+        }
+        return m;
     }
 
     std::string option(const char *name) const
