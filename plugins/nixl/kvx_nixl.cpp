@@ -551,6 +551,17 @@ class kvxEngine : public nixlBackendEngine
             return false;
         }
         connInfo_.resize(len);
+        // NIXL's users spin on checkXfer, from Python too, with gaps between checks: kvx's
+        // thread steps aside for an application that polls kvx_transport_poll (its polls drive
+        // UCX), so kvx moved data only as fast as the checks came (the seed's class on shm:
+        // 1.4 GB/s, against 6 for kvx-bench). An application that asked for an event descriptor
+        // is not stepped aside for: kvx's thread keeps driving, and each check's poll still
+        // drives too (keeping small transfers' latency that of the spinning caller; checks gated
+        // on the descriptor's readiness instead waited on the thread's wake-ups: nixlbench's 4
+        // KiB writes took milliseconds). The descriptor itself is not used.
+        int fd;
+        if (p.num_threads > 0)
+            kvx_transport_event_fd_ex(t_, KVX_EVENT_COMPLETIONS, &fd); // kvx's: kept until destroy
         // kvx reports every transfer by its deadline + 200 ms, and a canceled one once UCX
         // let go of it, which the stall limit bounds: wait that long at most, and a second.
         releaseBound_ = std::chrono::milliseconds((p.deadline_ms ? p.deadline_ms : p.stall_ms) +
