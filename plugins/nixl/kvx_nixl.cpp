@@ -526,17 +526,14 @@ class kvxEngine : public nixlBackendEngine
             p.secret = secret.data();
             p.secret_len = secret.size();
         }
-        // kvx_transport_create still requires a main region (KVX_PARAM_REGION), while NIXL's
-        // memory comes later, as regions of kvx_region_register: the engine gives it a
-        // placeholder of one 64-byte block of its own, which nothing reads. It stays
-        // registered because kvx_notice_send (genNotif) fails -ENOENT on a transport whose main
-        // region is deregistered (it is built as a block call). A peer holding the conn info
-        // can write those 64 bytes and nothing else. To go once kvx creates transports without
-        // a main region.
+        // No main region: NIXL's memory comes later, as regions of kvx_region_register, and a
+        // transport made with KVX_PARAM_REGION and base NULL, 0 blocks of 0 bytes has none (its
+        // block calls fail -ENOENT; notices alone need none). A peer holding the conn info can
+        // address no memory until it loads a region's blob.
         p.field_mask |= KVX_PARAM_REGION;
-        p.base = mainRegion_;
-        p.num_blocks = 1;
-        p.block_len = sizeof(mainRegion_);
+        p.base = nullptr;
+        p.num_blocks = 0;
+        p.block_len = 0;
         int rc = kvx_transport_create(&p, &t_);
         if (rc < 0) {
             err = std::string("kvx_transport_create: ") + kvx_strerror(rc);
@@ -710,7 +707,6 @@ class kvxEngine : public nixlBackendEngine
     }
 
     kvx_transport_t *t_ = nullptr;
-    alignas(64) char mainRegion_[64] = {}; // the placeholder main region (create())
     std::string connInfo_;
     std::chrono::milliseconds releaseBound_{0};
 
