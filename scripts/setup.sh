@@ -2,7 +2,8 @@
 # Installs the Debian packages kvx needs, when they are missing: `kvx_setup` (or `kvx_setup test`)
 # what scripts/test needs, `kvx_setup build` only what building the library and its tools needs,
 # `kvx_setup bench` what scripts/bench needs (the build's packages: kvx-bench needs nothing more),
-# `kvx_setup compare` what bench/compare needs on top (ucx_perftest, matplotlib). Sourced by
+# `kvx_setup compare` what bench/compare needs on top (ucx_perftest, matplotlib), `kvx_setup nixl`
+# what building NIXL for the NIXL plugin needs (scripts/nixl.sh; `test` includes it). Sourced by
 # scripts/bench, scripts/test and bench/compare; safe to run again (it installs nothing twice).
 set -euo pipefail
 
@@ -24,6 +25,17 @@ KVX_PACKAGES_TEST=(
   valgrind                           # the leak check
   autoconf automake libtool g++      # building UCX 1.19.1 from source (kvx_ucx119)
 )
+# NIXL 1.4.0, its Python binding and nixlbench built from source (scripts/nixl.sh, kvx_nixl140),
+# for kvx's NIXL backend plugin (plugins/nixl) and its tests; scripts/test installs them too.
+# libabsl-dev must stay uninstalled: NIXL builds its own Abseil, and an older system one makes
+# NIXL's meson stop. etcd is not needed (nixlbench runs with --runtime_type=ASIO).
+KVX_PACKAGES_NIXL=(
+  g++ meson ninja-build              # the build (cmake, pkg-config: the build's list)
+  python3-dev python3-numpy          # the Python binding (nixl._api imports NumPy)
+  pybind11-dev python3-pybind11      # the binding's C++ side
+  libgflags-dev                      # nixlbench's command line
+  patch                              # the no-CUDA patches and nixlbench's KVX entry
+)
 # bench/compare, on top of the build. matplotlib is the heavy one: on a minimal Debian 12 these
 # two add 100 packages, 574 MiB installed (105 MB to download: SciPy, SymPy, OpenBLAS and Boost
 # headers come with python3-fonttools and python3-scipy), which scripts/bench does not need.
@@ -32,14 +44,15 @@ KVX_PACKAGES_COMPARE=(
   python3-matplotlib                 # bench/compare's plot
 )
 
-# The packages of one purpose (build, test, bench, compare; test when none is given). bench is
-# the main job, scripts/bench: kvx-bench needs what the build needs and nothing more.
+# The packages of one purpose (build, test, bench, compare, nixl; test when none is given). bench
+# is the main job, scripts/bench: kvx-bench needs what the build needs and nothing more.
 kvx_packages() {
   case "${1:-test}" in
     build | bench) echo "${KVX_PACKAGES_BUILD[@]}" ;;
-    test) echo "${KVX_PACKAGES_BUILD[@]}" "${KVX_PACKAGES_TEST[@]}" ;;
+    test) echo "${KVX_PACKAGES_BUILD[@]}" "${KVX_PACKAGES_TEST[@]}" "${KVX_PACKAGES_NIXL[@]}" ;;
     compare) echo "${KVX_PACKAGES_BUILD[@]}" "${KVX_PACKAGES_COMPARE[@]}" ;;
-    *) echo "kvx: kvx_packages build|test|bench|compare, not $1" >&2; return 1 ;;
+    nixl) echo "${KVX_PACKAGES_BUILD[@]}" "${KVX_PACKAGES_NIXL[@]}" ;;
+    *) echo "kvx: kvx_packages build|test|bench|compare|nixl, not $1" >&2; return 1 ;;
   esac
 }
 
