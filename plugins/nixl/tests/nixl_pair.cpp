@@ -419,6 +419,13 @@ int initiatorSilent()
                  bound_ms < 0 ? "shown"
                  : pass       ? ("PASS (bound " + std::to_string(bound_ms) + " ms)").c_str()
                               : ("FAIL (bound " + std::to_string(bound_ms) + " ms)").c_str());
+    if (bound_ms < 0) {
+        // A run that only shows what a backend does (NIXL's UCX one) ends here: its agent's
+        // teardown towards the killed peer hung once past the 150 s bound (CI), which is NIXL's
+        // to fix, not what this run shows
+        std::fflush(nullptr);
+        _exit(0);
+    }
     return pass ? 0 : 1;
 }
 
