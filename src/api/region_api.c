@@ -71,18 +71,14 @@ static void kvx_dereg_hold(kvx_dereg_t *d, kvx_conn_t *c)
         d->any = true;
 }
 
-/* Whether connection c (a pointer only: it may be freed meanwhile) still lingers with messages
- * UCX holds. */
+/* Whether connection c (a pointer only: it may be freed meanwhile), or with c NULL any of ours,
+ * still lingers with messages UCX holds. */
 static bool kvx_dereg_lingers(kvx_transport_t *t, const kvx_conn_t *c)
 {
     for (kvx_list_t *n = t->conns.all.next; n != &t->conns.all; n = n->next) {
         const kvx_conn_t *o = kvx_container_of(n, kvx_conn_t, all_link);
-        if (o == c || c == NULL) {
-            if (o->lingering && o->reqs > 0)
-                return true;
-            if (o == c)
-                return false;
-        }
+        if ((c == NULL || o == c) && o->lingering && o->reqs > 0)
+            return true;
     }
     return false;
 }
