@@ -134,7 +134,8 @@ enum kvx_params_field {
     KVX_PARAM_INTEGRITY = 1u << 11,   /**< default: off */
     KVX_PARAM_NOTICES = 1u << 12,     /**< default: 1024 */
     KVX_PARAM_OWN_REGION = 1u << 13,  /**< default: the application provides the region */
-    KVX_PARAM_RNDV = 1u << 14         /**< default: KVX_RNDV_AUTO, each lane's threshold */
+    KVX_PARAM_RNDV = 1u << 14,        /**< default: KVX_RNDV_AUTO, each lane's threshold */
+    KVX_PARAM_THREAD_MODE = 1u << 15  /**< default: KVX_THREAD_YIELDS */
 };
 
 /** How a transfer's data travels (kvx_params_t.rndv_mode). By rendezvous, the receiving side
@@ -156,6 +157,23 @@ enum kvx_rndv_mode {
     /** Every run of at least rndv_thresh bytes (every run, with 0) by rendezvous, on every lane,
      *  to peers that take them. Takes rendezvous payloads. */
     KVX_RNDV_ALWAYS = 2
+};
+
+/** How the progress thread (num_threads > 0) shares UCX with an application that polls
+ *  (kvx_params_t.thread_mode). Only one thread at a time can drive UCX's worker: two that take
+ *  turns slow each other down, and one that waits for the other adds its wait to every
+ *  transfer. */
+enum kvx_thread_mode {
+    /** The thread steps aside for a millisecond after each kvx_transport_poll (or
+     *  kvx_transport_wait) of the application's, and for as long as the polls keep coming: an
+     *  application that spins on kvx_transport_poll drives UCX alone, at its own pace. An
+     *  application that polls with gaps of its own (once per step of a serving loop, from Python)
+     *  leaves UCX undriven for up to a millisecond after each poll: use KVX_THREAD_DRIVES. A
+     *  transport whose application asked for an event descriptor (kvx_transport_event_fd) polls
+     *  when woken, and the thread never steps aside for it. */
+    KVX_THREAD_YIELDS = 0,
+    /** The thread always drives UCX; the application's polls add progress steps of their own. */
+    KVX_THREAD_DRIVES = 1
 };
 
 /** Largest value accepted for a duration in milliseconds (deadline_ms, keepalive_ms, stall_ms):
@@ -273,6 +291,10 @@ typedef struct kvx_params {
      *  see docs/security.md, "Rendezvous and remote keys", for what it covers. */
     int rndv_mode;
     uint64_t rndv_thresh;
+
+    /** How the progress thread shares UCX with the application's polls (KVX_PARAM_THREAD_MODE):
+     *  a kvx_thread_mode. No effect without a progress thread. */
+    int thread_mode;
 } kvx_params_t;
 
 /** The longest shared secret, in bytes. */
@@ -369,7 +391,8 @@ enum kvx_transport_attr_field {
     KVX_TRANSPORT_ATTR_RECV = 1u << 8,
     KVX_TRANSPORT_ATTR_LISTEN = 1u << 9,
     KVX_TRANSPORT_ATTR_MAPS_REFUSED = 1u << 10,
-    KVX_TRANSPORT_ATTR_REGIONS = 1u << 11
+    KVX_TRANSPORT_ATTR_REGIONS = 1u << 11,
+    KVX_TRANSPORT_ATTR_THREAD = 1u << 12
 };
 
 /** Regions of this transport and what kvx refused peers' messages naming them (cumulative;
@@ -417,6 +440,10 @@ typedef struct kvx_transport_attr {
     uint64_t maps_refused;
     /** Regions, and peers' messages refused by them (KVX_TRANSPORT_ATTR_REGIONS). */
     kvx_region_counters_t regions;
+    /** The progress thread's mode (a kvx_thread_mode), and how many times it stepped aside for
+     *  the application's polls, life long (KVX_TRANSPORT_ATTR_THREAD). */
+    int thread_mode;
+    uint64_t thread_asides;
 } kvx_transport_attr_t;
 
 /** Fill the attributes named in attr->field_mask. Returns 0, -EINVAL or -ESHUTDOWN. */

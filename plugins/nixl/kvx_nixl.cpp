@@ -147,6 +147,7 @@ constexpr kvxOption kvxOptions[] = {
     {"net_devices", "", "KVX_NET_DEVICES"},       {"rndv_mode", "auto", "KVX_RNDV_MODE"},
     {"rndv_thresh", "0", "KVX_RNDV_THRESH"},      {"progress_thread", "1", "KVX_PROGRESS_THREAD"},
     {"integrity", "0", "KVX_INTEGRITY"},          {"notice_queue", "1024", "KVX_NOTICE_QUEUE"},
+    {"thread_mode", "drives", "KVX_THREAD_MODE"},
 };
 
 nixl_b_params_t kvxDefaultParams()
@@ -496,6 +497,18 @@ class kvxEngine : public nixlBackendEngine
         p.num_threads = n[4] != 0 ? 1 : 0; // kvx's thread, whatever NIXL's enableProgTh says
         p.integrity = n[5] != 0;
         p.notice_queue = n[6];
+        // NIXL's users check transfers with gaps between checks (vLLM once per engine step, the
+        // seed's class from Python per peer): a thread that stepped aside for each check left UCX
+        // undriven in the gaps (the seed's class on shm moved 1.4 GB/s, against 6 for kvx-bench).
+        // kvx's thread drives throughout; each checkXfer's poll drives too, so a spinning caller
+        // still sees small transfers at its own latency.
+        v = option("thread_mode");
+        p.field_mask |= KVX_PARAM_THREAD_MODE;
+        p.thread_mode = v == "drives" ? KVX_THREAD_DRIVES : v == "yields" ? KVX_THREAD_YIELDS : -1;
+        if (p.thread_mode < 0) {
+            err = "backend parameter thread_mode = '" + v + "': drives or yields";
+            return false;
+        }
         v = option("rndv_mode");
         p.rndv_mode = v == "auto"     ? KVX_RNDV_AUTO
                       : v == "eager"  ? KVX_RNDV_EAGER
@@ -548,17 +561,6 @@ class kvxEngine : public nixlBackendEngine
             return false;
         }
         connInfo_.resize(len);
-        // NIXL's users spin on checkXfer, from Python too, with gaps between checks: kvx's
-        // thread steps aside for an application that polls kvx_transport_poll (its polls drive
-        // UCX), so kvx moved data only as fast as the checks came (the seed's class on shm:
-        // 1.4 GB/s, against 6 for kvx-bench). An application that asked for an event descriptor
-        // is not stepped aside for: kvx's thread keeps driving, and each check's poll still
-        // drives too (keeping small transfers' latency that of the spinning caller; checks gated
-        // on the descriptor's readiness instead waited on the thread's wake-ups: nixlbench's 4
-        // KiB writes took milliseconds). The descriptor itself is not used.
-        int fd;
-        if (p.num_threads > 0)
-            kvx_transport_event_fd_ex(t_, KVX_EVENT_COMPLETIONS, &fd); // kvx's: kept until destroy
         // kvx reports every transfer by its deadline + 200 ms, and a canceled one once UCX
         // let go of it, which the stall limit bounds: wait that long at most, and a second.
         releaseBound_ = std::chrono::milliseconds((p.deadline_ms ? p.deadline_ms : p.stall_ms) +

@@ -23,7 +23,9 @@ PARAM_INTEGRITY = 1 << 11
 PARAM_NOTICES = 1 << 12
 PARAM_OWN_REGION = 1 << 13
 PARAM_RNDV = 1 << 14
+PARAM_THREAD_MODE = 1 << 15
 RNDV_MODES = {"auto": 0, "eager": 1, "always": 2}  # kvx_rndv_mode
+THREAD_MODES = {"yields": 0, "drives": 1}  # kvx_thread_mode
 MS_MAX = 10**12
 PEER_REMOVE_PURGE = 1 << 0
 PEER_PARAM_EXPECT_REGION = 1 << 0
@@ -109,6 +111,7 @@ class Params(ctypes.Structure):
         ("notice_queue", ctypes.c_size_t),
         ("rndv_mode", ctypes.c_int),
         ("rndv_thresh", ctypes.c_uint64),
+        ("thread_mode", ctypes.c_int),
     ]
 
 
@@ -164,6 +167,8 @@ class TransportAttr(ctypes.Structure):
         ("listen_addr", ctypes.c_char * ADDR_MAX),
         ("maps_refused", ctypes.c_uint64),
         ("regions", RegionCounters),
+        ("thread_mode", ctypes.c_int),
+        ("thread_asides", ctypes.c_uint64),
     ]
 
 

@@ -332,6 +332,10 @@ class KvxTransport(RegionsMixin, _Base):  # type: ignore[misc, valid-type]
     the header, then UCX moves the run into its place; on an RDMA lane UCX gives the peer a
     remote key for the memory it registered for that transfer (docs/security.md).
     rndv_thresh: the smallest run in bytes that goes by rendezvous.
+    thread_mode: "yields" (kvx's default: the progress thread steps aside for a millisecond after
+    each poll()/wait(), for a caller that spins on poll()) or "drives" (it drives throughout: for
+    a caller that polls with gaps, once per step of a serving loop; docs/guide.md, "Threading
+    model").
 
     Unavailable (UCX could not start, or libkvx is missing; available is False): the
     constructor warns (RuntimeWarning) with the cause, which unavailable_reason holds;
@@ -355,6 +359,7 @@ class KvxTransport(RegionsMixin, _Base):  # type: ignore[misc, valid-type]
         notice_queue: Optional[int] = None,
         rndv: Optional[str] = None,
         rndv_thresh: Optional[int] = None,
+        thread_mode: Optional[str] = None,
     ) -> None:
         owned = getattr(self, "_owned", None)  # set by KvxTransport.owned()
         self._owned_region = owned is not None
@@ -401,7 +406,7 @@ class KvxTransport(RegionsMixin, _Base):  # type: ignore[misc, valid-type]
             except Exception:  # the base's own bookkeeping is optional to kvx
                 pass
         self._init(deadline_ms, stall_ms, keepalive_ms, secret, net_devices, integrity,
-                   notice_queue, rndv, rndv_thresh)
+                   notice_queue, rndv, rndv_thresh, thread_mode)
         if self._handle is None:
             warnings.warn(f"KvxTransport {agent_name!r} is unavailable: {self.unavailable_reason}",
                           RuntimeWarning, stacklevel=3 if owned is not None else 2)
@@ -471,7 +476,7 @@ class KvxTransport(RegionsMixin, _Base):  # type: ignore[misc, valid-type]
 
     def _init(self, deadline_ms: Optional[int], stall_ms: Optional[int],
               keepalive_ms: Optional[int], secret, net_devices, integrity, notice_queue,
-              rndv=None, rndv_thresh=None) -> None:
+              rndv=None, rndv_thresh=None, thread_mode=None) -> None:
         # every argument kvx_transport_create would refuse (-EINVAL) is refused here first, by
         # name and rule, whether or not libkvx can be loaded
         if self._num_blocks > _lib.BLOCKS_MAX:
@@ -505,6 +510,9 @@ class KvxTransport(RegionsMixin, _Base):  # type: ignore[misc, valid-type]
                                  f"{rndv!r}")
             thresh = 0 if rndv_thresh is None else \
                 _int_arg("KvxTransport: rndv_thresh", rndv_thresh, 0, 0xFFFFFFFF)
+        if thread_mode is not None and thread_mode not in _lib.THREAD_MODES:
+            raise ValueError(f"KvxTransport: thread_mode: one of {sorted(_lib.THREAD_MODES)}, "
+                             f"got {thread_mode!r}")
         lib = _lib.load()
         if lib is None:
             # available stays False, as the NIXL transport does when NIXL is missing
@@ -547,6 +555,9 @@ class KvxTransport(RegionsMixin, _Base):  # type: ignore[misc, valid-type]
             p.field_mask |= _lib.PARAM_RNDV
             p.rndv_mode = _lib.RNDV_MODES[mode]
             p.rndv_thresh = thresh
+        if thread_mode is not None:
+            p.field_mask |= _lib.PARAM_THREAD_MODE
+            p.thread_mode = _lib.THREAD_MODES[thread_mode]
         h = ctypes.c_void_p()
         rc = lib.kvx_transport_create(ctypes.byref(p), ctypes.byref(h))
         if rc == -errno.EINVAL:  # every rule is checked above: a libkvx with other rules

@@ -104,6 +104,9 @@ region_ok:
         (p->rndv_mode < KVX_RNDV_AUTO || p->rndv_mode > KVX_RNDV_ALWAYS ||
          p->rndv_thresh > UINT32_MAX))
         return -EINVAL;
+    if ((p->field_mask & KVX_PARAM_THREAD_MODE) && p->thread_mode != KVX_THREAD_YIELDS &&
+        p->thread_mode != KVX_THREAD_DRIVES)
+        return -EINVAL;
     return 0;
 }
 
@@ -213,6 +216,8 @@ static int kvx_transport_settings(kvx_transport_t *t, const kvx_params_t *params
     if ((fm & KVX_PARAM_FINGERPRINT) && params->fingerprint != NULL)
         snprintf(core->fingerprint, sizeof(core->fingerprint), "%s", params->fingerprint);
     t->num_threads = (fm & KVX_PARAM_NUM_THREADS) ? params->num_threads : 1;
+    t->engine.thread_drives =
+        (fm & KVX_PARAM_THREAD_MODE) && params->thread_mode == KVX_THREAD_DRIVES;
     /* every duration is at most KVX_MS_MAX (checked above): in ns, it cannot overflow */
     core->deadline_ns =
         ((fm & KVX_PARAM_DEADLINE) ? params->deadline_ms : KVX_DEFAULT_DEADLINE_MS) * 1000000ull;
@@ -483,6 +488,10 @@ int kvx_transport_query(kvx_transport_t *t, kvx_transport_attr_t *attr)
         attr->maps_refused = t->core.maps_refused;
     if (attr->field_mask & KVX_TRANSPORT_ATTR_REGIONS)
         attr->regions = t->core.regions.counters;
+    if (attr->field_mask & KVX_TRANSPORT_ATTR_THREAD) {
+        attr->thread_mode = t->engine.thread_drives ? KVX_THREAD_DRIVES : KVX_THREAD_YIELDS;
+        attr->thread_asides = t->engine.thread_asides;
+    }
     kvx_unlock(&t->core);
     return 0;
 }

@@ -170,11 +170,8 @@ int kvx_transport_poll(kvx_transport_t *t, const char *peer_id, kvx_completion_t
     if (kvx_enter(&t->core) < 0)
         return -ESHUTDOWN;
     kvx_progress_step(&t->engine);
-    /* An application that polls in a loop drives UCX itself, and the progress thread steps
-     * aside; one that waits on the event fd polls once per wake-up and sleeps: the thread must
-     * not step aside for it (it would add up to a millisecond to every wake-up). */
-    if (!t->engine.ev_used)
-        atomic_store_explicit(&t->engine.app_poll_ns, kvx_now_ns(), memory_order_relaxed);
+    /* an application that polls in a loop drives UCX itself: the thread may step aside */
+    kvx_engine_app_polled(&t->engine, kvx_now_ns());
     if (peer_id != NULL) {
         kvx_peer_t *p = kvx_peer_lookup(&t->core, peer_id);
         if (p != NULL)

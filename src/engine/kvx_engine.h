@@ -27,6 +27,8 @@ typedef struct kvx_engine {
     /* the progress thread */
     uint64_t spin_ns; /* how long a progress loop polls on after the last work (KVX_SPIN_NS) */
     _Atomic uint64_t app_poll_ns; /* last time the application polled (it drives UCX then) */
+    bool thread_drives;           /* KVX_THREAD_DRIVES: the thread never steps aside */
+    uint64_t thread_asides;       /* times it stepped aside (kvx_transport_query) */
     pthread_t thread;
     bool thread_running;
     bool thread_stop;
@@ -48,6 +50,15 @@ typedef struct kvx_engine {
     bool ev_used;      /* some event fd was asked for */
     unsigned ev_kinds; /* the kinds that had something at the last kvx_events_update */
 } kvx_engine_t;
+
+/* The application polled at now (lock held): the progress thread steps aside for it, unless it
+ * always drives (KVX_THREAD_DRIVES) or the application waits on an event fd (one poll per
+ * wake-up: stepping aside would add up to a millisecond to each). */
+static inline void kvx_engine_app_polled(kvx_engine_t *e, uint64_t now)
+{
+    if (!e->ev_used && !e->thread_drives)
+        atomic_store_explicit(&e->app_poll_ns, now, memory_order_relaxed);
+}
 
 /* ---- the engine's life, and the core's hooks (engine.c) ------------------------------------- */
 

@@ -1,7 +1,8 @@
 /*
  * The progress thread: the passive target's, which runs the progress step so that peers'
  * transfers into this region complete while the application never calls kvx. Idle, it sleeps on
- * the worker's event fd; while the application polls (and so drives UCX itself), it steps aside.
+ * the worker's event fd; while the application polls (and so drives UCX itself), it steps aside
+ * (KVX_THREAD_YIELDS; kvx_engine_app_polled says when).
  */
 #include "engine/kvx_engine.h"
 
@@ -41,6 +42,7 @@ static void *kvx_progress_main(void *arg)
             struct pollfd wake = {.fd = e->wake_fd, .events = POLLIN};
             struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)KVX_APP_ACTIVE_NS};
             uint64_t v;
+            e->thread_asides++;
             pthread_mutex_unlock(&e->core->lock);
             do {
                 if (ppoll(&wake, 1, &ts, NULL) > 0) {

@@ -289,6 +289,8 @@ class TestOffline(unittest.TestCase):
                 ({"keepalive_ms": 1.5}, TypeError, r"keepalive_ms: an integer, got float 1.5"),
                 ({"rndv": "sometimes"}, ValueError, r"rndv: one of \['always', 'auto', 'eager'\]"),
                 ({"rndv_thresh": 2**32}, ValueError, r"rndv_thresh: 0..4294967295, got 4294967296"),
+                ({"thread_mode": "sometimes"}, ValueError,
+                 r"thread_mode: one of \['drives', 'yields'\], got 'sometimes'"),
         ):
             args = {"agent_name": "args", **kw}
             with self.subTest(**{k: repr(v)[:20] for k, v in kw.items()}):
@@ -300,7 +302,8 @@ class TestOffline(unittest.TestCase):
             kvx.KvxTransport.owned("owner", 4, 0)
         # the limits themselves are taken
         loc = Local("a" * 63, 2, 4096, num_threads=0, notice_queue=2**20, net_devices="lo",
-                    secret=b"s" * 1024, deadline_ms=10**12, keepalive_ms=5000.0)
+                    secret=b"s" * 1024, deadline_ms=10**12, keepalive_ms=5000.0,
+                    thread_mode="drives")
         self.assertTrue(loc.t.available)
         loc.close()
 
