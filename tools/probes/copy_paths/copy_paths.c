@@ -34,7 +34,7 @@
 #define NSLOT 128
 
 struct shared {
-    _Atomic long go;   /* blocks the sender started */
+    _Atomic long go; /* blocks the sender started */
     char pad1[120];
     _Atomic long done; /* blocks the receiver has (cma) or slots it emptied (ring) */
     char pad2[120];
