@@ -40,12 +40,20 @@ static void query(kvx_transport_t *t, int *mode, uint64_t *asides)
     *asides = a.thread_asides;
 }
 
-/* One round: 8 scattered blocks written tx -> rx, then read back into other blocks of tx's,
- * each completion awaited by spinning on kvx_transport_poll; every byte checked. */
+/* Spin on kvx_transport_poll until transfer id completes, successfully. */
+static void await_ok(kvx_transport_t *tx, uint64_t id)
+{
+    kvx_completion_t c[2];
+    KT_EQ(kt_poll_n(tx, "rx", c, 1, 10000), 1);
+    KT_EQ(c[0].id, id);
+    KT_EQ(c[0].status, 0);
+}
+
+/* One round: 8 scattered blocks written tx -> rx, then read back into other blocks of tx's;
+ * every byte checked. */
 static void round_trip(kvx_transport_t *tx, kt_region_t *r1, kt_region_t *r2, unsigned k)
 {
     uint32_t li[8], ri[8], back[8];
-    kvx_completion_t c[2];
     uint64_t id;
 
     for (unsigned i = 0; i < 8; i++) {
@@ -54,15 +62,11 @@ static void round_trip(kvx_transport_t *tx, kt_region_t *r1, kt_region_t *r2, un
         back[i] = NB / 2 + (k * 8 + i) % (NB / 2);
     }
     KT_OK(kvx_xfer_write(tx, "rx", li, ri, 8, NULL, &id));
-    KT_EQ(kt_poll_n(tx, "rx", c, 1, 10000), 1);
-    KT_EQ(c[0].id, id);
-    KT_EQ(c[0].status, 0);
+    await_ok(tx, id);
     for (unsigned i = 0; i < 8; i++)
         KT_EQ(kt_check(r2, ri[i], 0x61, li[i], k + 1), 0);
     KT_OK(kvx_xfer_read(tx, "rx", back, ri, 8, NULL, &id));
-    KT_EQ(kt_poll_n(tx, "rx", c, 1, 10000), 1);
-    KT_EQ(c[0].id, id);
-    KT_EQ(c[0].status, 0);
+    await_ok(tx, id);
     for (unsigned i = 0; i < 8; i++)
         KT_EQ(kt_check_read(r1, back[i], 0x61, li[i], k + 1), 0);
 }
