@@ -293,9 +293,13 @@ static void run_op(const size_run_t *r, int op, result_t *res, int nres)
     res->create_ms = r->cl.create_ms;
     res->peer_add_ms = r->cl.peer_add_ms;
     res->md_bytes = r->cl.md_bytes;
-    if (op == OP_READ)
+    if (op == OP_READ) {
+        /* a refill rewrites the whole region: every initiator's writes are checked first */
+        if (r->o->clients > 1)
+            ctl_barrier(r->ctl[0], 0x80000000u | (uint32_t)nres, (uint32_t)r->o->clients);
         for (int i = 0; i < npeers; i++)
             ctl_refill(r->ctl[i], r->cl.size, r->cl.nb);
+    }
     if (r->o->clients > 1)
         ctl_barrier(r->ctl[0], (uint32_t)nres, (uint32_t)r->o->clients);
     /* CPU time of this process and of the servers (all their threads) over the run */

@@ -90,7 +90,7 @@ static int fork_initiators(const struct opts *o)
 {
     pid_t cp[MAX_INITIATORS];
     FILE *outs[MAX_INITIATORS];
-    result_t res[MAX_INITIATORS * MAX_SIZES * 2];
+    result_t res[(MAX_INITIATORS + 1) * MAX_SIZES * 2]; /* every line, and their aggregates */
     int n, st, rc = 0, bad = 0;
 
     if (o->clients > MAX_INITIATORS)

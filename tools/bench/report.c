@@ -218,10 +218,12 @@ static void aggregate(result_t *a, const result_t *r)
 
 int report_collect(FILE **outs, int m, result_t *res, int cap)
 {
-    static char opname[MAX_SIZES * 4][8];
+    static char opname[(MAX_INITIATORS + 1) * MAX_SIZES * 2][8]; /* one per result line */
     char line[2048];
     int n = 0, base;
 
+    if (cap > (int)(sizeof(opname) / sizeof(opname[0])))
+        cap = (int)(sizeof(opname) / sizeof(opname[0]));
     for (int k = 0; k < m; k++) {
         while (fgets(line, sizeof(line), outs[k]) != NULL && n < cap) {
             if (line[0] != '{')
