@@ -21,11 +21,11 @@ def apply():
     thresh = os.environ.get("KVX_TEST_RNDV_THRESH")
 
     def _init(self, deadline_ms, stall_ms, keepalive_ms, secret, net_devices, integrity,
-              notice_queue, rndv=None, rndv_thresh=None):
+              notice_queue, rndv=None, rndv_thresh=None, *rest):
         if rndv is None and rndv_thresh is None:
             rndv, rndv_thresh = mode, (int(thresh, 0) if thresh else None)
         orig(self, deadline_ms, stall_ms, keepalive_ms, secret, net_devices, integrity,
-             notice_queue, rndv, rndv_thresh)
+             notice_queue, rndv, rndv_thresh, *rest)
 
     _init.kvx_test_rndv = True
     transport.KvxTransport._init = _init
