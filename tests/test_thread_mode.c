@@ -9,6 +9,7 @@
 #include "harness.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <string.h>
 
 #define NB 256
@@ -117,12 +118,15 @@ int main(int argc, char **argv)
 
     setenv("UCX_TLS", strcmp(tl, "tcp") == 0 ? "tcp" : "sm", 1);
     /* a mode that is neither: refused, nothing made */
-    for (int bad = -1; bad <= 3; bad += 4) {
-        p.thread_mode = bad;
+    static const int bad[] = {-1, 2, 3, INT_MAX, INT_MIN};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        p.thread_mode = bad[i];
         KT_ERR(kvx_transport_create(&p, &t), -EINVAL);
         KT_CHECK(t == NULL);
     }
-    p.thread_mode = KVX_THREAD_DRIVES; /* no thread: accepted, and reported */
+    p.field_mask |= KVX_PARAM_NUM_THREADS; /* no thread: the mode accepted, and reported */
+    p.num_threads = 0;
+    p.thread_mode = KVX_THREAD_DRIVES;
     KT_OK(kvx_transport_create(&p, &t));
     {
         int mode;

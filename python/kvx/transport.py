@@ -510,7 +510,7 @@ class KvxTransport(RegionsMixin, _Base):  # type: ignore[misc, valid-type]
                                  f"{rndv!r}")
             thresh = 0 if rndv_thresh is None else \
                 _int_arg("KvxTransport: rndv_thresh", rndv_thresh, 0, 0xFFFFFFFF)
-        if thread_mode is not None and thread_mode not in _lib.THREAD_MODES:
+        if thread_mode is not None and str(thread_mode) not in _lib.THREAD_MODES:
             raise ValueError(f"KvxTransport: thread_mode: one of {sorted(_lib.THREAD_MODES)}, "
                              f"got {thread_mode!r}")
         lib = _lib.load()
@@ -557,7 +557,7 @@ class KvxTransport(RegionsMixin, _Base):  # type: ignore[misc, valid-type]
             p.rndv_thresh = thresh
         if thread_mode is not None:
             p.field_mask |= _lib.PARAM_THREAD_MODE
-            p.thread_mode = _lib.THREAD_MODES[thread_mode]
+            p.thread_mode = _lib.THREAD_MODES[str(thread_mode)]
         h = ctypes.c_void_p()
         rc = lib.kvx_transport_create(ctypes.byref(p), ctypes.byref(h))
         if rc == -errno.EINVAL:  # every rule is checked above: a libkvx with other rules

@@ -31,6 +31,8 @@ the vLLM process (every one optional):
     KVX_NET_DEVICES   the network devices UCX may use, e.g. "eth0" or "mlx5_0:1,lo"
     KVX_DEADLINE_MS, KVX_STALL_MS, KVX_KEEPALIVE_MS   kvx_params_t's figures (integers)
     KVX_INTEGRITY     "1": a CRC-32C of every piece of data sent, checked by the receiver
+    KVX_THREAD_MODE   "drives" (the default here: the P2P tier checks transfers once per engine
+                      step, and kvx's thread drives UCX in between) or "yields"
 
 config_fields are what vLLM derives from the model (they make the fingerprint, as NIXL's do);
 kvx takes nothing else from them. backends must be None or ["UCX"] (KvxTransport refuses
@@ -80,6 +82,10 @@ def options_from_env(environ=None) -> dict:
                 raise ValueError(f"{var} must be an integer (milliseconds), not {env[var]!r}")
     if env.get("KVX_INTEGRITY", "0") not in ("", "0"):
         kw["integrity"] = True
+    kw["thread_mode"] = env.get("KVX_THREAD_MODE") or "drives"
+    if kw["thread_mode"] not in _lib.THREAD_MODES:
+        raise ValueError(f"KVX_THREAD_MODE must be one of {sorted(_lib.THREAD_MODES)}, not "
+                         f"{kw['thread_mode']!r}")
     return kw
 
 

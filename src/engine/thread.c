@@ -40,18 +40,20 @@ static void *kvx_progress_main(void *arg)
              * thread (a futex call in its posting path, some 3,000 a second). A stop (the wake
              * fd) ends the step aside at once. */
             struct pollfd wake = {.fd = e->wake_fd, .events = POLLIN};
-            struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)KVX_APP_ACTIVE_NS};
-            uint64_t v;
+            uint64_t v, since;
             e->thread_asides++;
             pthread_mutex_unlock(&e->core->lock);
-            do {
+            /* sleep until KVX_APP_ACTIVE_NS after the application's latest poll, no longer */
+            while ((since = kvx_now_ns() -
+                            atomic_load_explicit(&e->app_poll_ns, memory_order_relaxed)) <
+                   KVX_APP_ACTIVE_NS) {
+                struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)(KVX_APP_ACTIVE_NS - since)};
                 if (ppoll(&wake, 1, &ts, NULL) > 0) {
                     if (read(e->wake_fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
                         kvx_warn(e->core, "progress: reading wake fd: %s", strerror(errno));
                     break;
                 }
-            } while (kvx_now_ns() - atomic_load_explicit(&e->app_poll_ns, memory_order_relaxed) <
-                     KVX_APP_ACTIVE_NS);
+            }
             pthread_mutex_lock(&e->core->lock);
             rest.last_work = kvx_now_ns();
             continue;

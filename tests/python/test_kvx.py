@@ -6,6 +6,7 @@ Run: PYTHONPATH=python /usr/bin/python3 -m pytest tests/python   (or -m unittest
 """
 
 import concurrent.futures
+import ctypes
 import gc
 import errno
 import hashlib
@@ -306,6 +307,16 @@ class TestOffline(unittest.TestCase):
                     thread_mode="drives")
         self.assertTrue(loc.t.available)
         loc.close()
+        # the mode reaches kvx (and the default is kvx's: yields); unhashable is a ValueError too
+        for kw, want in (({"thread_mode": "drives"}, 1), ({"thread_mode": "yields"}, 0), ({}, 0)):
+            loc = Local("mode", 2, 4096, **kw)
+            a = kvx._lib.TransportAttr()
+            a.field_mask = kvx._lib.TRANSPORT_ATTR_THREAD
+            self.assertEqual(loc.t._lib.kvx_transport_query(loc.t._h(), ctypes.byref(a)), 0)
+            self.assertEqual(a.thread_mode, want, kw)
+            loc.close()
+        with self.assertRaisesRegex(ValueError, r"^KvxTransport: thread_mode: one of"):
+            kvx.KvxTransport("args", view(), thread_mode=["drives"])
 
     def test_method_errors_name_the_argument_and_the_rule(self):
         """What kvx_peer_add, kvx_peer_connect, kvx_transport_listen, kvx_peer_remove,

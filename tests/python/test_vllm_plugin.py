@@ -327,16 +327,19 @@ class TestVllmPlugin(unittest.TestCase):
     def test_options_from_env(self):
         sys.path.insert(0, os.path.join(ROOT, "python"))
         from kvx.vllm_plugin import options_from_env
-        self.assertEqual(options_from_env({}), {})
+        self.assertEqual(options_from_env({}), {"thread_mode": "drives"})
         self.assertEqual(options_from_env({
             "KVX_SECRET": "s3", "KVX_NET_DEVICES": "lo", "KVX_DEADLINE_MS": "100",
-            "KVX_STALL_MS": "50", "KVX_KEEPALIVE_MS": "20", "KVX_INTEGRITY": "1"}),
+            "KVX_STALL_MS": "50", "KVX_KEEPALIVE_MS": "20", "KVX_INTEGRITY": "1",
+            "KVX_THREAD_MODE": "yields"}),
             {"secret": b"s3", "net_devices": "lo", "deadline_ms": 100, "stall_ms": 50,
-             "keepalive_ms": 20, "integrity": True})
+             "keepalive_ms": 20, "integrity": True, "thread_mode": "yields"})
         self.assertEqual(options_from_env({"KVX_SECRET_FILE": self.secret, "KVX_SECRET": "x"}),
-                         {"secret": open(self.secret, "rb").read()})
+                         {"secret": open(self.secret, "rb").read(), "thread_mode": "drives"})
         with self.assertRaisesRegex(ValueError, "KVX_DEADLINE_MS must be an integer"):
             options_from_env({"KVX_DEADLINE_MS": "soon"})
+        with self.assertRaisesRegex(ValueError, "KVX_THREAD_MODE must be one of"):
+            options_from_env({"KVX_THREAD_MODE": "sometimes"})
 
 
 if __name__ == "__main__":
