@@ -237,6 +237,96 @@ static void rma_attacks(uint64_t base, uint64_t canary)
     }
 }
 
+/* ---- 1b: UCX's zero-copy put, from a peer without peer error handling ----------------------- */
+
+/*
+ * The same, from an endpoint of a context of its own without peer error handling, with a put of
+ * 16 blocks: UCX 1.19.1 then gives the attacker tcp's zero-copy PUT towards the target (the
+ * target's worker address says its tcp interface takes PUT, whatever the target's UCP features),
+ * and the target's uct/tcp writes a PUT_REQ's bytes to the address the frame names, below UCP and
+ * kvx, with nothing checked. kvx turns tcp's PUT off (src/ucx/config.c), so its address offers
+ * none, and the attacker's UCX emulates the put with messages that find no handler.
+ */
+static bool one_host; /* shm: every transport, the attacker on this host */
+
+static void rma_zcopy_attack(const kvx_md_t *md, uint64_t base)
+{
+    static uint8_t buf[16 * BL];
+    ucp_ep_params_t ep_params = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
+                                               UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
+                                 .address = (const ucp_address_t *)md->worker_addr,
+                                 .err_mode = UCP_ERR_HANDLING_MODE_NONE};
+    ucp_mem_map_params_t mp = {.field_mask =
+                                   UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH,
+                               .address = buf,
+                               .length = sizeof(buf)};
+    ucp_context_h c2 = kt_rawucx_context(UCP_FEATURE_AM | UCP_FEATURE_RMA);
+    ucp_worker_h w2 = kt_rawucx_worker(c2, on_reply);
+    ucp_request_param_t p = {0};
+    ucp_mem_h memh;
+    ucp_rkey_h rkey;
+    ucp_ep_h e2;
+    void *packed, *req;
+    size_t packed_len;
+    uint32_t blocks[16];
+    uint64_t end;
+    bool unpacked;
+
+    if (one_host) {
+        /* on one host UCX 1.19 moves such a put by cma, process_vm_writev: the kernel lets any
+         * process of the target's user write into it that way, with or without UCX, so the
+         * boundary there is the user (docs/security.md); the attack is made over tcp */
+        ucp_worker_destroy(w2);
+        ucp_cleanup(c2);
+        kt_log("a zero-copy UCX put on one host: not made (cma: the user is the boundary)");
+        return;
+    }
+    memset(buf, 0xab, sizeof(buf));
+    KT_CHECK(ucp_ep_create(w2, &ep_params, &e2) == UCS_OK);
+    KT_CHECK(ucp_mem_map(c2, &mp, &memh) == UCS_OK);
+    KT_CHECK(ucp_rkey_pack(c2, memh, &packed, &packed_len) == UCS_OK);
+    unpacked = ucp_ep_rkey_unpack(e2, packed, &rkey) == UCS_OK;
+    KT_CHECK(unpacked); /* the attack is made: the key unpacked and the put posted */
+    req = ucp_put_nbx(e2, buf, sizeof(buf), base, rkey, &p);
+    end = kt_now_ns() + 1000000000ull; /* 1 s for it to land, if it can */
+    while (kt_now_ns() < end && UCS_PTR_IS_PTR(req) &&
+           ucp_request_check_status(req) == UCS_INPROGRESS)
+        ucp_worker_progress(w2);
+    kt_log("a zero-copy UCX put of %zu bytes at the region's base, without peer error handling: "
+           "%s",
+           sizeof(buf),
+           !UCS_PTR_IS_PTR(req) ? ucs_status_string(UCS_PTR_STATUS(req))
+           : ucp_request_check_status(req) == UCS_INPROGRESS
+               ? "in progress after 1 s"
+               : ucs_status_string(ucp_request_check_status(req)));
+    for (uint32_t i = 0; i < 16; i++)
+        blocks[i] = i;
+    /* blocks 0-15 still hold the target's own data */
+    KT_EQ(kt_target_verify(&tg, blocks, blocks, 16, 8, 0), 0);
+    ucp_rkey_destroy(rkey);
+    ucp_rkey_buffer_release(packed);
+    if (UCS_PTR_IS_PTR(req)) {
+        ucp_request_cancel(w2, req);
+        while (ucp_request_check_status(req) == UCS_INPROGRESS)
+            ucp_worker_progress(w2);
+        ucp_request_free(req);
+    }
+    {
+        ucp_request_param_t cp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                                  .flags = UCP_EP_CLOSE_FLAG_FORCE};
+        void *creq = ucp_ep_close_nbx(e2, &cp);
+        end = kt_now_ns() + 2000000000ull;
+        while (UCS_PTR_IS_PTR(creq) && ucp_request_check_status(creq) == UCS_INPROGRESS &&
+               kt_now_ns() < end)
+            ucp_worker_progress(w2);
+        if (UCS_PTR_IS_PTR(creq) && ucp_request_check_status(creq) != UCS_INPROGRESS)
+            ucp_request_free(creq);
+    }
+    ucp_mem_unmap(c2, memh);
+    ucp_worker_destroy(w2);
+    ucp_cleanup(c2);
+}
+
 /* ---- 2, 3: kvx's messages ------------------------------------------------------------------ */
 
 /* A HELLO naming the worker address addr (alen bytes) for its replies; with a secret, signed. */
@@ -1293,6 +1383,8 @@ static int attack(void)
     attacker_start(&md);
     rma_attacks(base, canary);
     KT_EQ(kt_target_canaries(&tg), 0);
+    rma_zcopy_attack(&md, base);
+    KT_EQ(kt_target_canaries(&tg), 0);
     message_attacks(&md);
     notice_attacks();
     KT_EQ(kt_target_canaries(&tg), 0);
@@ -1342,6 +1434,8 @@ int main(int argc, char **argv)
         return kt_two_hosts(&ns, &tg, &a, attack, 90);
     if (strcmp(mode, "tcp") == 0)
         setenv("UCX_TLS", "tcp", 1);
+    else
+        one_host = true;
     tg = kt_target_start(&a);
     attack();
     return kt_target_stop(&tg);
