@@ -294,6 +294,10 @@ int kvx_ucx_create(kvx_ucx_t *u, const kvx_ucx_config_t *cfg)
      *   UCX 1.13 matches modified keys without the transport's prefix ("TX_SEG_SIZE"); later
      *   versions want "TCP_TX_SEG_SIZE". The form this version takes is tried first, and UCX's
      *   report decides (kvx_ucx_start).
+     * - tcp's zero-copy PUT off: kvx never puts, and with it on, a worker address offers it to
+     *   any peer, whose puts UCX 1.19's tcp writes to the address the frame names, below UCP and
+     *   kvx, unchecked (test_hostile, "1b"; docs/security.md). A peer writing UCX's tcp frames
+     *   itself is not stopped by this: uct/tcp takes a PUT frame whatever this setting says.
      */
     memset(set, 0, sizeof(set));
     ucp_get_version(&major, &minor, &release);
@@ -310,6 +314,12 @@ int kvx_ucx_create(kvx_ucx_t *u, const kvx_ucx_config_t *cfg)
             {old ? "TX_SEG_SIZE" : "TCP_TX_SEG_SIZE", old ? "TCP_TX_SEG_SIZE" : "TX_SEG_SIZE"},
             tx,
             "60k",
+            -1,
+            false};
+        set[nset++] = (kvx_ucx_setting_t){
+            {old ? "PUT_ENABLE" : "TCP_PUT_ENABLE", old ? "TCP_PUT_ENABLE" : "PUT_ENABLE"},
+            NULL,
+            "n",
             -1,
             false};
     }
