@@ -260,8 +260,11 @@ static void rma_zcopy_attack(const kvx_md_t *md, uint64_t base)
                                    UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH,
                                .address = buf,
                                .length = sizeof(buf)};
-    ucp_context_h c2 = kt_rawucx_context(UCP_FEATURE_AM | UCP_FEATURE_RMA);
-    ucp_worker_h w2 = kt_rawucx_worker(c2, on_reply);
+    ucp_params_t pp = {.field_mask = UCP_PARAM_FIELD_FEATURES,
+                       .features = UCP_FEATURE_AM | UCP_FEATURE_RMA};
+    ucp_config_t *cfg;
+    ucp_context_h c2;
+    ucp_worker_h w2;
     ucp_request_param_t p = {0};
     ucp_mem_h memh;
     ucp_rkey_h rkey;
@@ -272,6 +275,11 @@ static void rma_zcopy_attack(const kvx_md_t *md, uint64_t base)
     uint64_t end;
     bool unpacked;
 
+    KT_CHECK(ucp_config_read(NULL, NULL, &cfg) == UCS_OK);
+    kt_rawucx_put(cfg, true); /* a stock UCX: tcp's PUT on */
+    KT_CHECK(ucp_init(&pp, cfg, &c2) == UCS_OK);
+    ucp_config_release(cfg);
+    w2 = kt_rawucx_worker(c2, on_reply);
     if (one_host) {
         /* on one host UCX 1.19 moves such a put by cma, process_vm_writev: the kernel lets any
          * process of the target's user write into it that way, with or without UCX, so the

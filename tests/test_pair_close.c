@@ -15,6 +15,7 @@
  */
 #include "harness.h"
 #include "kvx_int.h"
+#include "rawucx.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -104,7 +105,6 @@ static int listener_main(int sock)
             ans[KVX_WIRE_MD_LEN] = {0}, go;
     ucp_context_h ctx;
     ucp_listener_h l;
-    ucp_params_t pp = {.field_mask = UCP_PARAM_FIELD_FEATURES, .features = UCP_FEATURE_AM};
     ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
                               .thread_mode = UCS_THREAD_MODE_SINGLE};
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
@@ -120,7 +120,7 @@ static int listener_main(int sock)
     char addr[KVX_ADDR_MAX];
     bool have_req = false;
 
-    KT_CHECK(ucp_init(&pp, NULL, &ctx) == UCS_OK);
+    ctx = kt_rawucx_context(UCP_FEATURE_AM); /* kvx's UCX settings: peers must agree on them */
     KT_CHECK(ucp_worker_create(ctx, &wp, &ls.w) == UCS_OK);
     KT_CHECK(ucp_worker_set_am_recv_handler(ls.w, &hp) == UCS_OK);
     KT_CHECK(ucp_listener_create(ls.w, &lp, &l) == UCS_OK);
