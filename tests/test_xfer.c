@@ -200,6 +200,8 @@ int main(int argc, char **argv)
     kt_log("settings applied:\n%s", applied);
     KT_CHECK(strstr(applied, setting) != NULL);
     KT_CHECK(strstr(applied, "KEEPALIVE_INTERVAL=1000ms") != NULL);
+    if (strcmp(mode, "tcp") == 0) /* tcp's zero-copy PUT off (TCP_PUT_ENABLE on UCX 1.19) */
+        KT_CHECK(strstr(applied, "PUT_ENABLE=n") != NULL);
     KT_CHECK(!ignored);
     return 0;
 }

@@ -55,6 +55,7 @@ typedef struct kvx_ucx_setting {
     char val[32];
     int form;      /* which key was applied, -1: none (the user's choice stands) */
     bool rejected; /* UCX reported the applied form unused */
+    bool forced;   /* applied whatever the environment says (a UCX_* variable is warned about) */
 } kvx_ucx_setting_t;
 
 /*
@@ -145,8 +146,13 @@ static void kvx_ucx_apply(kvx_ucx_t *u, ucp_config_t *cfg, kvx_ucx_setting_t *st
     st->form = -1;
     for (int i = 0; i < 2 && st->key[i] != NULL; i++) {
         snprintf(env, sizeof(env), "UCX_%s", st->key[i]);
-        if (getenv(env) != NULL)
+        if (getenv(env) == NULL)
+            continue;
+        if (!st->forced)
             return;
+        if (strcmp(getenv(env), st->val) != 0 && !st->rejected)
+            kvx_warn(u, "ucx: %s=%s ignored: kvx keeps %s=%s", env, getenv(env), st->key[i],
+                     st->val);
     }
     for (const char *const *e = st->user_env; e != NULL && *e != NULL; e++)
         if (getenv(*e) != NULL)
@@ -298,15 +304,16 @@ int kvx_ucx_create(kvx_ucx_t *u, const kvx_ucx_config_t *cfg)
      *   any peer, whose puts UCX 1.19's tcp writes to the address the frame names, below UCP and
      *   kvx, unchecked (test_hostile, "1b"; docs/security.md). A peer writing UCX's tcp frames
      *   itself is not stopped by this: uct/tcp takes a PUT frame whatever this setting says.
+     *   Forced: a UCX_TCP_PUT_ENABLE (or UCX_PUT_ENABLE, which 1.19 ignores) is warned about.
      */
     memset(set, 0, sizeof(set));
     ucp_get_version(&major, &minor, &release);
     if (major == 1 && minor <= 13)
         kvx_ucx_reuseaddr_env(u);
     if (kvx_ucx_tls_uses_shm()) {
-        set[nset++] = (kvx_ucx_setting_t){{"MM_ERROR_HANDLING", NULL}, eh, "y", -1, false};
-        set[nset++] = (kvx_ucx_setting_t){{"MM_SEG_SIZE", NULL}, seg, "32k", -1, false};
-        set[nset++] = (kvx_ucx_setting_t){{"MM_FIFO_SIZE", NULL}, fifo, "128", -1, false};
+        set[nset++] = (kvx_ucx_setting_t){{"MM_ERROR_HANDLING", NULL}, eh, "y", -1, false, false};
+        set[nset++] = (kvx_ucx_setting_t){{"MM_SEG_SIZE", NULL}, seg, "32k", -1, false, false};
+        set[nset++] = (kvx_ucx_setting_t){{"MM_FIFO_SIZE", NULL}, fifo, "128", -1, false, false};
     }
     if (kvx_ucx_tls_uses_tcp()) {
         bool old = major == 1 && minor <= 13;
@@ -315,25 +322,28 @@ int kvx_ucx_create(kvx_ucx_t *u, const kvx_ucx_config_t *cfg)
             tx,
             "60k",
             -1,
+            false,
             false};
         set[nset++] = (kvx_ucx_setting_t){
             {old ? "PUT_ENABLE" : "TCP_PUT_ENABLE", old ? "TCP_PUT_ENABLE" : "PUT_ENABLE"},
             NULL,
             "n",
             -1,
-            false};
+            false,
+            true};
     }
     /* SO_REUSEADDR for a listener (kvx_ucx_reuseaddr_env says why; on 1.13, done there) */
     if (!(major == 1 && minor <= 13))
-        set[nset++] = (kvx_ucx_setting_t){{"TCP_CM_REUSEADDR", NULL}, reuse, "y", -1, false};
+        set[nset++] = (kvx_ucx_setting_t){{"TCP_CM_REUSEADDR", NULL}, reuse, "y", -1, false, false};
     if (cfg->keepalive_ms != 0) {
         kvx_ucx_setting_t *st = &set[nset++];
-        *st = (kvx_ucx_setting_t){{"KEEPALIVE_INTERVAL", NULL}, NULL, "", -1, false};
+        *st = (kvx_ucx_setting_t){{"KEEPALIVE_INTERVAL", NULL}, NULL, "", -1, false, false};
         snprintf(st->val, sizeof(st->val), "%llums", (unsigned long long)cfg->keepalive_ms);
         /* UCX checks 128 endpoints per round by default: with more peers than that, a dead one
          * could go unnoticed for several intervals, and the endpoints peers left behind here
          * after removing us would be reclaimed at only 128 per interval. */
-        set[nset++] = (kvx_ucx_setting_t){{"KEEPALIVE_NUM_EPS", NULL}, NULL, "inf", -1, false};
+        set[nset++] =
+            (kvx_ucx_setting_t){{"KEEPALIVE_NUM_EPS", NULL}, NULL, "inf", -1, false, false};
     }
     rc = kvx_ucx_start(u, cfg->net_devices, set, nset);
     if (rc == 1)
