@@ -13,12 +13,13 @@ byte, posts the same READ handle again into zeroed buffers and checks again.
   pair.py --net shm -- py_pair.py --backend KVX
 """
 import argparse
-import json
 import os
 import sys
 import time
 
 import numpy as np
+
+from lineproto import protocol, recv, send  # noqa: E402
 
 import nixl
 
@@ -34,25 +35,6 @@ TIMEOUT = 30.0
 
 def pattern(i, n, salt=0):
     return np.random.default_rng(1000 * salt + i).integers(0, 256, n, dtype=np.uint8)
-
-
-def protocol():
-    """The protocol keeps the real stdout; NIXL's and UCX's prints go to stderr."""
-    out = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)
-    return out
-
-
-def send(f, obj):
-    f.write(json.dumps(obj) + "\n")
-    f.flush()
-
-
-def recv():
-    line = sys.stdin.readline()
-    if not line:
-        raise SystemExit("the other side exited")
-    return json.loads(line)
 
 
 def agent(name, backend):

@@ -45,6 +45,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from lineproto import protocol, recv, send  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SEED_FILE = os.path.join(HERE, "seed", "nixl_transport.py")
 SEED_TEXT = "000_9117e50321713665.txt"
@@ -122,25 +124,7 @@ class Failures(logging.Handler):
             self.seen.append((time.monotonic(), msg))
 
 
-# ---- the line protocol --------------------------------------------------------------------------
-
-def protocol():
-    out = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)
-    return out
-
-
-def send(f, obj):
-    f.write(json.dumps(obj) + "\n")
-    f.flush()
-
-
-def recv():
-    line = sys.stdin.readline()
-    if not line:
-        raise SystemExit("the other side exited")
-    return json.loads(line)
-
+# ---- regions and their patterns --------------------------------------------------------------
 
 def region(nb, bl):
     return np.zeros((nb, bl), dtype=np.uint8)
