@@ -171,7 +171,7 @@ int kvx_transport_poll(kvx_transport_t *t, const char *peer_id, kvx_completion_t
         return -ESHUTDOWN;
     kvx_progress_step(&t->engine);
     /* an application that polls in a loop drives UCX itself: the thread may step aside */
-    kvx_engine_app_polled(&t->engine, kvx_now_ns());
+    kvx_engine_app_polled(&t->engine);
     if (peer_id != NULL) {
         kvx_peer_t *p = kvx_peer_lookup(&t->core, peer_id);
         if (p != NULL)

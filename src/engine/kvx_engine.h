@@ -51,13 +51,13 @@ typedef struct kvx_engine {
     unsigned ev_kinds; /* the kinds that had something at the last kvx_events_update */
 } kvx_engine_t;
 
-/* The application polled at now (lock held): the progress thread steps aside for it, unless it
- * always drives (KVX_THREAD_DRIVES) or the application waits on an event fd (one poll per
- * wake-up: stepping aside would add up to a millisecond to each). */
-static inline void kvx_engine_app_polled(kvx_engine_t *e, uint64_t now)
+/* The application polled (lock held): the progress thread steps aside for it, unless it always
+ * drives (KVX_THREAD_DRIVES) or the application waits on an event fd (one poll per wake-up:
+ * stepping aside would add up to a millisecond to each). The clock is read only then. */
+static inline void kvx_engine_app_polled(kvx_engine_t *e)
 {
     if (!e->ev_used && !e->thread_drives)
-        atomic_store_explicit(&e->app_poll_ns, now, memory_order_relaxed);
+        atomic_store_explicit(&e->app_poll_ns, kvx_now_ns(), memory_order_relaxed);
 }
 
 /* ---- the engine's life, and the core's hooks (engine.c) ------------------------------------- */

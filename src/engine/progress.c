@@ -236,7 +236,7 @@ int kvx_progress_wait_cq(kvx_engine_t *e, const char *peer_id, uint64_t end)
         }
         n = kvx_progress_step(e);
         now = kvx_now_ns();
-        kvx_engine_app_polled(e, now);
+        kvx_engine_app_polled(e);
         p = peer_id != NULL ? kvx_peer_lookup(e->core, peer_id) : NULL;
         if (peer_id != NULL ? p != NULL && !kvx_list_empty(&p->cq)
                             : !kvx_list_empty(&e->core->ready)) {
